@@ -1,0 +1,1 @@
+"""ml_collections configs: `python train.py --config=configs/<name>.py`."""

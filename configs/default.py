@@ -1,0 +1,101 @@
+"""Defaults shared by every config: the paper's base model on WMT14 EN-DE.
+
+Every key is documented here; other configs change only what differs.
+Override any key on the command line: `--config.num_train_steps=1000`,
+`--config.model.d_ff=4096`.
+"""
+
+import ml_collections
+
+from flax_transformer.config import TransformerConfig
+
+
+def model_config(**changes) -> ml_collections.ConfigDict:
+  """`config.model`: exactly the fields of `TransformerConfig` (defaults: paper base)."""
+  return ml_collections.ConfigDict(TransformerConfig(**changes).to_dict())
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+
+  # --- Data ---------------------------------------------------------------
+  # tfds builder name ('wmt14_translate/de-en', any '*_translate'), 'multi30k'
+  # (the project's own loader), or 'text' (source/target files below).
+  config.dataset_name = "wmt14_translate/de-en"
+  config.eval_dataset_name = ""  # '' = same as dataset_name.
+  config.train_split = "train"
+  config.eval_split = "validation"
+  config.test_split = "test"
+  config.source_lang = "en"
+  config.target_lang = "de"
+  config.data_dir = ""  # tfds data dir ('' = tfds default, ~/tensorflow_datasets).
+  config.manual_dir = ""  # Local copy of raw files (multi30k: the .gz files).
+  # 'text' dataset: line-aligned files (plain or .gz), one sentence per line.
+  config.train_source_file = ""
+  config.train_target_file = ""
+  config.eval_source_file = ""
+  config.eval_target_file = ""
+
+  # --- Vocabulary (one sentencepiece model shared by source and target) ---
+  config.vocab_path = ""  # Existing .model file; '' = train one into the workdir.
+  config.vocab_size = ml_collections.FieldReference(37000)  # Paper: ~37k shared BPE.
+  config.vocab_model_type = "bpe"  # sentencepiece model type: 'bpe' | 'unigram'.
+  config.vocab_max_sentences = 2_000_000  # Sentence pairs read to train the vocabulary.
+  config.vocab_character_coverage = 1.0
+
+  # --- Batching -----------------------------------------------------------
+  config.max_source_length = 256  # Training pairs longer than this are filtered.
+  config.max_target_length = 256
+  config.batch_tokens = 25_000  # Paper: ~25k source + ~25k target tokens per batch.
+  config.packing = True  # Pack several pairs into one row (segment ids, positions).
+  config.eval_batch_tokens = 8192
+  config.shuffle_buffer_size = 65_536
+
+  # --- Model (paper base) -------------------------------------------------
+  config.model = model_config()
+  config.model.vocab_size = config.get_ref("vocab_size")
+
+  # --- Optimisation (paper section 5.3) ----------------------------------
+  config.num_train_steps = 100_000
+  config.warmup_steps = 4000
+  # lrate = learning_rate * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
+  config.learning_rate = 1.0  # Scale on the paper's schedule (1.0 = paper).
+  config.adam_b1 = 0.9
+  config.adam_b2 = 0.98
+  config.adam_eps = 1e-9
+  config.weight_decay = 0.0
+  config.label_smoothing = 0.1  # eps_ls.
+  config.grad_clip_norm = 0.0  # 0 = no clipping (paper).
+  config.grad_accum_steps = 1
+
+  # --- Loop, checkpoints, evaluation -------------------------------------
+  config.seed = 0
+  config.log_every_steps = 100
+  config.eval_every_steps = 5000
+  config.num_eval_steps = -1  # -1 = the whole eval split.
+  config.bleu_every_steps = 5000  # Beam-search BLEU on the eval split; 0 = never.
+  config.num_bleu_sentences = -1  # -1 = all.
+  config.checkpoint_every_steps = 2000
+  config.keep_checkpoints = 20  # Paper: average of the last 5 (base) / 20 (big).
+  config.nan_policy = "stop"  # 'stop' | 'skip' on a non-finite loss.
+
+  # --- Decoding (paper section 6.1) --------------------------------------
+  config.beam_size = 4
+  config.alpha = 0.6  # Length penalty ((5 + |Y|) / 6)^alpha.
+  config.max_extra = 50  # Max output length = source length + 50.
+
+  # --- Devices ------------------------------------------------------------
+  # Mesh axis sizes; -1 = all remaining devices. Product must equal the device count.
+  config.mesh = ml_collections.ConfigDict({"data": -1, "fsdp": 1, "tensor": 1})
+  # Logical axis -> mesh axis (or None = replicated), as data.
+  config.logical_axis_rules = (
+      ("batch", ("data", "fsdp")),
+      ("vocab", "tensor"),
+      ("embed", "fsdp"),
+      ("mlp", "tensor"),
+      ("heads", "tensor"),
+      ("kv", None),
+      ("length", None),
+  )
+  config.peak_flops_per_device = 0.0  # For MFU in logs; 0 = not reported.
+  return config

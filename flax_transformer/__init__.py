@@ -1,0 +1,20 @@
+"""flax-transformer: the Transformer of "Attention Is All You Need" in JAX/Flax."""
+
+from flax_transformer.attention import (MultiHeadAttention, attention_weights, causal_mask,
+                                        padding_mask, scaled_dot_product_attention,
+                                        segment_mask)
+from flax_transformer.config import TransformerConfig
+from flax_transformer.layers import (DecoderLayer, Embedding, EncoderLayer, FeedForward,
+                                     PositionEncoding, SubLayer, sinusoidal_position_encoding)
+from flax_transformer.model import (Decoder, Encoder, Transformer, count_params, init_cache,
+                                    shift_right)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Decoder", "DecoderLayer", "Embedding", "Encoder", "EncoderLayer", "FeedForward",
+    "MultiHeadAttention", "PositionEncoding", "SubLayer", "Transformer", "TransformerConfig",
+    "attention_weights", "causal_mask", "count_params", "init_cache", "padding_mask",
+    "scaled_dot_product_attention", "segment_mask", "shift_right",
+    "sinusoidal_position_encoding",
+]

@@ -1,0 +1,161 @@
+"""Scaled dot-product and multi-head attention (paper section 3.2).
+
+Shapes: B batch, T query length, S key/value length, N heads (`num_heads`),
+H per-head width (`d_k` for queries/keys, `d_v` for values).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from flax_transformer.config import TransformerConfig
+
+# Logical axis names of parameters and activations; `sharding` maps them to a mesh.
+Q_KERNEL_AXES = ("embed", "heads", "kv")
+OUT_KERNEL_AXES = ("heads", "kv", "embed")
+
+
+def padding_mask(query_tokens: jax.Array, key_tokens: jax.Array) -> jax.Array:
+  """[B, T], [B, S] token ids -> bool [B, 1, T, S]: both positions are real (id != 0)."""
+  return (query_tokens[:, None, :, None] != 0) & (key_tokens[:, None, None, :] != 0)
+
+
+def causal_mask(length: int) -> jax.Array:
+  """bool [1, 1, T, T]: query t may see keys 0..t (no illegal leftward flow)."""
+  return jnp.tril(jnp.ones((length, length), dtype=bool))[None, None]
+
+
+def segment_mask(query_segments: jax.Array, key_segments: jax.Array) -> jax.Array:
+  """[B, T], [B, S] packed-sequence ids -> bool [B, 1, T, S]: same sequence only."""
+  return query_segments[:, None, :, None] == key_segments[:, None, None, :]
+
+
+def combine_masks(*masks: jax.Array | None) -> jax.Array | None:
+  """Logical AND of the masks that are not None (None when all are)."""
+  present = [m for m in masks if m is not None]
+  if not present:
+    return None
+  out = present[0]
+  for m in present[1:]:
+    out = out & m
+  return out
+
+
+def attention_weights(query: jax.Array, key: jax.Array,
+                      mask: jax.Array | None = None) -> jax.Array:
+  """softmax(Q K^T / sqrt(d_k)) -> [B, N, T, S], in float32.
+
+  query [B, T, N, d_k], key [B, S, N, d_k], mask bool broadcastable to
+  [B, N, T, S] (True = may attend). Illegal connections get a large negative
+  logit, so a fully masked row (a padding query) stays finite.
+  """
+  d_k = query.shape[-1]
+  logits = jnp.einsum("btnh,bsnh->bnts", query, key,
+                      preferred_element_type=jnp.float32) / np.sqrt(d_k).astype(np.float32)
+  if mask is not None:
+    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+  return jax.nn.softmax(logits, axis=-1)
+
+
+def scaled_dot_product_attention(
+    query: jax.Array, key: jax.Array, value: jax.Array,
+    mask: jax.Array | None = None, *, dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
+) -> jax.Array:
+  """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V (paper eq. 1).
+
+  query [B, T, N, d_k], key [B, S, N, d_k], value [B, S, N, d_v],
+  mask bool broadcastable to [B, N, T, S]; returns [B, T, N, d_v].
+  Uses `jax.nn.dot_product_attention` (cuDNN flash attention on GPUs) unless
+  attention dropout is active or d_k != d_v, which the fused kernel lacks.
+  """
+  use_dropout = dropout_rng is not None and dropout_rate > 0.0
+  if not use_dropout and key.shape == value.shape:
+    return jax.nn.dot_product_attention(query, key, value, mask=mask)
+  weights = attention_weights(query, key, mask)
+  if use_dropout:
+    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+    weights = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+  return jnp.einsum("bnts,bsnh->btnh", weights.astype(value.dtype), value)
+
+
+class MultiHeadAttention(nn.Module):
+  """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O (paper section 3.2.2).
+
+  Attributes:
+    config: the model's hyper-parameters (`num_heads`, `d_k`, `d_v`, `d_model`).
+    decode: cache keys/values and attend one new query per call (decoder
+      self-attention during incremental decoding).
+  """
+
+  config: TransformerConfig
+  decode: bool = False
+
+  @nn.compact
+  def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array,
+               mask: jax.Array | None = None) -> jax.Array:
+    """inputs_q [B, T, d_model], inputs_kv [B, S, d_model] -> [B, T, d_model]."""
+    cfg = self.config
+    n, d_k, d_v = cfg.num_heads, cfg.head_dim_k, cfg.head_dim_v
+
+    def projection(features: int, name: str) -> nn.Module:
+      return nn.DenseGeneral(
+          features=(n, features), axis=-1, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+          kernel_init=nn.with_logical_partitioning(nn.initializers.xavier_uniform(),
+                                                   Q_KERNEL_AXES),
+          bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("heads", "kv")),
+          name=name)
+
+    query = projection(d_k, "query")(inputs_q)
+    key = projection(d_k, "key")(inputs_kv)
+    value = projection(d_v, "value")(inputs_kv)
+    query = nn.with_logical_constraint(query, ("batch", "length", "heads", "kv"))
+    key = nn.with_logical_constraint(key, ("batch", "length", "heads", "kv"))
+    value = nn.with_logical_constraint(value, ("batch", "length", "heads", "kv"))
+
+    if self.decode:
+      key, value, mask = self._update_cache(key, value, mask)
+
+    dropout_rng = None
+    if not cfg.deterministic and cfg.attention_dropout_rate > 0.0:
+      dropout_rng = self.make_rng("dropout")
+    if self.is_mutable_collection("intermediates"):
+      # Only when asked (attention plots): the fused kernel never forms weights.
+      self.sow("intermediates", "attention_weights", attention_weights(query, key, mask))
+    x = scaled_dot_product_attention(query, key, value, mask,
+                                     dropout_rate=cfg.attention_dropout_rate,
+                                     dropout_rng=dropout_rng)
+    out = nn.DenseGeneral(
+        features=cfg.d_model, axis=(-2, -1), dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+        kernel_init=nn.with_logical_partitioning(nn.initializers.xavier_uniform(),
+                                                 OUT_KERNEL_AXES),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+        name="out")(x)
+    return nn.with_logical_constraint(out, ("batch", "length", "embed"))
+
+  def _update_cache(self, key, value, mask):
+    """Writes this step's key/value at the cache index; masks future slots.
+
+    On the first (initialising) call the cache takes the full target length
+    from `key` and the call attends as usual; afterwards each call brings one
+    position ([B, 1, N, H]) and attends over every cached position <= it.
+    """
+    initialised = self.has_variable("cache", "cached_key")
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+    index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+    if not initialised:
+      return key, value, mask
+    if key.shape[1] != 1:
+      raise ValueError(f"decode=True takes one target position per call, got {key.shape[1]}")
+    i = index.value
+    cached_key.value = jax.lax.dynamic_update_slice_in_dim(cached_key.value, key, i, axis=1)
+    cached_value.value = jax.lax.dynamic_update_slice_in_dim(
+        cached_value.value, value, i, axis=1)
+    index.value = i + 1
+    max_len = cached_key.value.shape[1]
+    visible = (jnp.arange(max_len) <= i)[None, None, None, :]
+    return cached_key.value, cached_value.value, combine_masks(mask, visible)

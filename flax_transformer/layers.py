@@ -1,0 +1,155 @@
+"""Building blocks of the Transformer: embeddings, positions, FFN, encoder/decoder layers.
+
+Shapes: B batch, T length, D `d_model`, F `d_ff`, V `vocab_size`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from flax_transformer.attention import MultiHeadAttention
+from flax_transformer.config import TransformerConfig
+
+
+def sinusoidal_position_encoding(max_len: int, d_model: int) -> np.ndarray:
+  """float32 [max_len, d_model] table (paper section 3.5).
+
+  PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same angle).
+  """
+  pos = np.arange(max_len, dtype=np.float64)[:, None]
+  two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]
+  angle = pos / np.power(10000.0, two_i / d_model)
+  table = np.zeros((max_len, d_model), dtype=np.float64)
+  table[:, 0::2] = np.sin(angle)
+  table[:, 1::2] = np.cos(angle[:, : d_model // 2])
+  return table.astype(np.float32)
+
+
+class PositionEncoding(nn.Module):
+  """Adds position information to embeddings: sinusoidal (paper) or learned (Table 3 E)."""
+
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+    """x [B, T, D], positions int [B, T] (index within each packed sequence) -> [B, T, D]."""
+    cfg = self.config
+    if cfg.positional == "learned":
+      table = self.param(
+          "position_embedding",
+          nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), (None, "embed")),
+          (cfg.max_len, cfg.d_model), cfg.param_dtype)
+    else:
+      table = jnp.asarray(sinusoidal_position_encoding(cfg.max_len, cfg.d_model))
+    return x + jnp.take(table, positions, axis=0).astype(x.dtype)
+
+
+class Embedding(nn.Module):
+  """Token embedding scaled by sqrt(d_model); `attend` is the tied pre-softmax projection."""
+
+  config: TransformerConfig
+
+  def setup(self):
+    cfg = self.config
+    # Init std d_model^-0.5, so scaled embeddings start with unit variance.
+    self.embedding = self.param(
+        "embedding",
+        nn.with_logical_partitioning(nn.initializers.normal(stddev=cfg.d_model ** -0.5),
+                                     ("vocab", "embed")),
+        (cfg.vocab_size, cfg.d_model), cfg.param_dtype)
+
+  def __call__(self, ids: jax.Array) -> jax.Array:
+    """ids int [B, T] -> [B, T, D] = E[ids] * sqrt(d_model)."""
+    cfg = self.config
+    x = jnp.take(jnp.asarray(self.embedding, cfg.dtype), ids, axis=0)
+    return x * jnp.asarray(np.sqrt(cfg.d_model), cfg.dtype)
+
+  def attend(self, x: jax.Array) -> jax.Array:
+    """x [B, T, D] -> logits [B, T, V] = x E^T."""
+    return jnp.einsum("btd,vd->btv", x, jnp.asarray(self.embedding, self.config.dtype))
+
+
+class FeedForward(nn.Module):
+  """FFN(x) = max(0, x W1 + b1) W2 + b2 (paper eq. 2): [B, T, D] -> [B, T, D]."""
+
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    cfg = self.config
+    h = nn.Dense(cfg.d_ff, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                 kernel_init=nn.with_logical_partitioning(
+                     nn.initializers.xavier_uniform(), ("embed", "mlp")),
+                 bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)),
+                 name="w1")(x)
+    h = nn.relu(h)
+    h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
+    out = nn.Dense(cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                   kernel_init=nn.with_logical_partitioning(
+                       nn.initializers.xavier_uniform(), ("mlp", "embed")),
+                   bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+                   name="w2")(h)
+    return nn.with_logical_constraint(out, ("batch", "length", "embed"))
+
+
+def layer_norm(config: TransformerConfig, name: str | None = None) -> nn.LayerNorm:
+  return nn.LayerNorm(epsilon=config.layer_norm_epsilon, dtype=config.dtype,
+                      param_dtype=config.param_dtype,
+                      scale_init=nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                      bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+                      name=name)
+
+
+class SubLayer(nn.Module):
+  """Residual connection around `sublayer`, with dropout and layer normalisation.
+
+  'post' (paper): LayerNorm(x + Dropout(Sublayer(x))).
+  'pre': x + Dropout(Sublayer(LayerNorm(x))).
+  """
+
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, sublayer: Callable[[jax.Array], jax.Array]) -> jax.Array:
+    cfg = self.config
+    dropout = nn.Dropout(cfg.dropout_rate, deterministic=cfg.deterministic)
+    if cfg.norm == "pre":
+      return x + dropout(sublayer(layer_norm(cfg, "norm")(x)))
+    return layer_norm(cfg, "norm")(x + dropout(sublayer(x)))
+
+
+class EncoderLayer(nn.Module):
+  """Self-attention then FFN, each wrapped in a `SubLayer`: [B, S, D] -> [B, S, D]."""
+
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, x: jax.Array, mask: jax.Array | None) -> jax.Array:
+    cfg = self.config
+    attention = MultiHeadAttention(cfg, name="self_attention")
+    x = SubLayer(cfg, name="attention_block")(x, lambda h: attention(h, h, mask))
+    return SubLayer(cfg, name="ffn_block")(x, FeedForward(cfg, name="ffn"))
+
+
+class DecoderLayer(nn.Module):
+  """Masked self-attention, encoder-decoder attention, FFN: [B, T, D] -> [B, T, D]."""
+
+  config: TransformerConfig
+
+  @nn.compact
+  def __call__(self, y: jax.Array, encoded: jax.Array, self_mask: jax.Array | None,
+               cross_mask: jax.Array | None) -> jax.Array:
+    cfg = self.config
+    self_attention = MultiHeadAttention(cfg, decode=cfg.decode, name="self_attention")
+    cross_attention = MultiHeadAttention(cfg, name="cross_attention")
+    y = SubLayer(cfg, name="self_attention_block")(
+        y, lambda h: self_attention(h, h, self_mask))
+    # Queries from the decoder; keys and values from the encoder's last layer.
+    y = SubLayer(cfg, name="cross_attention_block")(
+        y, lambda h: cross_attention(h, encoded, cross_mask))
+    return SubLayer(cfg, name="ffn_block")(y, FeedForward(cfg, name="ffn"))

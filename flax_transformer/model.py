@@ -1,0 +1,173 @@
+"""The encoder-decoder Transformer (paper section 3.1, Figure 1).
+
+Token id 0 is padding. Shapes: B batch, S source length, T target length,
+D `d_model`, V `vocab_size`. Packed rows carry `*_segmentation` (which
+sequence a token belongs to, 0 = padding) and `*_positions` (index within it).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from flax_transformer.attention import (causal_mask, combine_masks, padding_mask,
+                                        segment_mask)
+from flax_transformer.config import TransformerConfig
+from flax_transformer.layers import (DecoderLayer, Embedding, EncoderLayer,
+                                     PositionEncoding, layer_norm)
+
+
+def shift_right(targets: jax.Array, segmentation: jax.Array | None = None) -> jax.Array:
+  """[B, T] -> [B, T] decoder inputs: 0 (start token) then targets[:, :-1].
+
+  With packing, every sequence's first position also gets the start token.
+  """
+  shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+  if segmentation is not None:
+    previous = jnp.pad(segmentation, ((0, 0), (1, 0)))[:, :-1]
+    shifted = jnp.where(segmentation == previous, shifted, 0)
+  return shifted
+
+
+def default_positions(tokens: jax.Array) -> jax.Array:
+  return jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+
+
+class Encoder(nn.Module):
+  """Embedding, positions, dropout, `encoder_layers` x EncoderLayer: [B, S] -> [B, S, D]."""
+
+  config: TransformerConfig
+  embedding: nn.Module
+
+  @nn.compact
+  def __call__(self, inputs, inputs_positions=None, inputs_segmentation=None):
+    cfg = self.config
+    if inputs_positions is None:
+      inputs_positions = default_positions(inputs)
+    mask = padding_mask(inputs, inputs)
+    if inputs_segmentation is not None:
+      mask = combine_masks(mask, segment_mask(inputs_segmentation, inputs_segmentation))
+    x = PositionEncoding(cfg, name="position")(self.embedding(inputs), inputs_positions)
+    x = nn.Dropout(cfg.dropout_rate, deterministic=cfg.deterministic)(x)
+    x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
+    for i in range(cfg.encoder_layers):
+      x = EncoderLayer(cfg, name=f"layer_{i}")(x, mask)
+    if cfg.norm == "pre":
+      x = layer_norm(cfg, "final_norm")(x)
+    return x
+
+
+class Decoder(nn.Module):
+  """Shifted targets -> logits [B, T, V], attending to the encoder output."""
+
+  config: TransformerConfig
+  embedding: nn.Module  # Also the pre-softmax projection when shared.
+
+  @nn.compact
+  def __call__(self, encoded, inputs, targets, targets_positions=None,
+               inputs_segmentation=None, targets_segmentation=None):
+    cfg = self.config
+    if cfg.decode:
+      # One position per call; the caller feeds the previous output token.
+      decoder_inputs = targets
+      initialised = self.has_variable("cache", "decode_step")
+      step = self.variable("cache", "decode_step", lambda: jnp.array(0, jnp.int32))
+      if initialised:
+        positions = jnp.full(targets.shape, step.value, jnp.int32)
+        step.value = step.value + 1
+      else:  # Creating the cache from a full-length target shape.
+        positions = default_positions(targets)
+      self_mask = None  # The attention cache masks positions not yet written.
+      cross_mask = (inputs != 0)[:, None, None, :]
+    else:
+      decoder_inputs = shift_right(targets, targets_segmentation)
+      positions = default_positions(targets) if targets_positions is None else targets_positions
+      # Shifted inputs hold a 0 start token, so padding comes from `targets`.
+      self_mask = combine_masks(padding_mask(targets, targets), causal_mask(targets.shape[1]))
+      cross_mask = padding_mask(targets, inputs)
+      if targets_segmentation is not None:
+        self_mask = combine_masks(
+            self_mask, segment_mask(targets_segmentation, targets_segmentation))
+      if targets_segmentation is not None and inputs_segmentation is not None:
+        cross_mask = combine_masks(
+            cross_mask, segment_mask(targets_segmentation, inputs_segmentation))
+
+    y = PositionEncoding(cfg, name="position")(self.embedding(decoder_inputs), positions)
+    y = nn.Dropout(cfg.dropout_rate, deterministic=cfg.deterministic)(y)
+    y = nn.with_logical_constraint(y, ("batch", "length", "embed"))
+    for i in range(cfg.decoder_layers):
+      y = DecoderLayer(cfg, name=f"layer_{i}")(y, encoded, self_mask, cross_mask)
+    if cfg.norm == "pre":
+      y = layer_norm(cfg, "final_norm")(y)
+
+    if cfg.share_embeddings:
+      logits = self.embedding.attend(y)
+    else:
+      logits = nn.DenseGeneral(
+          cfg.vocab_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype, use_bias=False,
+          kernel_init=nn.with_logical_partitioning(nn.initializers.xavier_uniform(),
+                                                   ("embed", "vocab")),
+          name="logits")(y)
+    logits = nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
+    return logits.astype(jnp.float32)
+
+
+class Transformer(nn.Module):
+  """Encoder-decoder Transformer.
+
+  `__call__(inputs [B, S], targets [B, T]) -> logits [B, T, V]` with teacher
+  forcing (targets are shifted right inside). For inference, `encode` once, then
+  `decode` with `config.decode=True` one position at a time using the 'cache'
+  collection (see `init_cache`).
+  """
+
+  config: TransformerConfig
+
+  def setup(self):
+    cfg = self.config
+    if cfg.share_embeddings:
+      source_embedding = target_embedding = Embedding(cfg, name="shared_embedding")
+    else:
+      source_embedding = Embedding(cfg, name="source_embedding")
+      target_embedding = Embedding(cfg, name="target_embedding")
+    self.encoder = Encoder(cfg, embedding=source_embedding)
+    self.decoder = Decoder(cfg, embedding=target_embedding)
+
+  def encode(self, inputs, inputs_positions=None, inputs_segmentation=None):
+    """inputs int [B, S] -> encoded [B, S, D]."""
+    return self.encoder(inputs, inputs_positions, inputs_segmentation)
+
+  def decode(self, encoded, inputs, targets, targets_positions=None,
+             inputs_segmentation=None, targets_segmentation=None):
+    """encoded [B, S, D], inputs [B, S], targets [B, T] -> logits float32 [B, T, V].
+
+    With `config.decode`, `targets` is [B, 1]: the token emitted at the previous
+    step (0 at the first), and the cache advances by one position.
+    """
+    return self.decoder(encoded, inputs, targets, targets_positions,
+                        inputs_segmentation, targets_segmentation)
+
+  def __call__(self, inputs, targets, inputs_positions=None, targets_positions=None,
+               inputs_segmentation=None, targets_segmentation=None):
+    """inputs [B, S], targets [B, T] -> logits float32 [B, T, V]."""
+    encoded = self.encode(inputs, inputs_positions, inputs_segmentation)
+    return self.decode(encoded, inputs, targets, targets_positions,
+                       inputs_segmentation, targets_segmentation)
+
+
+def init_cache(config: TransformerConfig, batch_size: int, max_decode_len: int,
+               source_len: int = 1) -> dict:
+  """Zeroed key/value cache for incremental decoding of up to `max_decode_len` tokens."""
+  model = Transformer(config.replace(decode=True, deterministic=True))
+  shapes = jax.eval_shape(
+      lambda: model.init(jax.random.PRNGKey(0),
+                         jnp.ones((batch_size, source_len), jnp.int32),
+                         jnp.ones((batch_size, max_decode_len), jnp.int32)))["cache"]
+  return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def count_params(params) -> int:
+  """Number of scalars in a parameter tree (boxed or not)."""
+  return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(nn.unbox(params))))

@@ -1,0 +1,63 @@
+"""Configs: the dataclass validates, config files hold exactly its fields."""
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+
+from flax_transformer import TransformerConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from configs import base, big, table3  # noqa: E402
+
+
+def test_model_section_holds_exactly_the_dataclass_fields():
+  fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+  for config in [base.get_config(), big.get_config()] + [
+      table3.get_config(row) for row in table3.ROWS]:
+    assert set(config.model.to_dict()) == fields
+    TransformerConfig.from_dict(config.model.to_dict())
+
+
+def test_defaults_are_the_paper_base_model():
+  cfg = TransformerConfig()
+  assert (cfg.num_layers, cfg.d_model, cfg.d_ff, cfg.num_heads) == (6, 512, 2048, 8)
+  assert (cfg.head_dim_k, cfg.head_dim_v, cfg.dropout_rate) == (64, 64, 0.1)
+  assert (cfg.norm, cfg.positional, cfg.share_embeddings) == ("post", "sinusoidal", True)
+
+
+def test_table3_rows_change_what_the_paper_says():
+  a1 = TransformerConfig.from_dict(table3.get_config("A1").model.to_dict())
+  assert (a1.num_heads, a1.head_dim_k, a1.head_dim_v) == (1, 512, 512)
+  b16 = TransformerConfig.from_dict(table3.get_config("B16").model.to_dict())
+  assert (b16.head_dim_k, b16.head_dim_v) == (16, 64)
+  c256 = TransformerConfig.from_dict(table3.get_config("C256").model.to_dict())
+  assert c256.head_dim_k == 32
+  assert table3.get_config("Dls2").label_smoothing == 0.2
+  assert table3.get_config("E").model.positional == "learned"
+  with pytest.raises(ValueError, match="Unknown Table 3 row 'Z9'"):
+    table3.get_config("Z9")
+
+
+def test_vocab_size_flows_into_the_model():
+  config = base.get_config()
+  config.vocab_size = 8000
+  assert config.model.vocab_size == 8000
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"d_model": 100, "num_heads": 8}, "d_model=100 is not divisible by num_heads=8"),
+    ({"norm": "middle"}, "norm must be one of"),
+    ({"positional": "rotary"}, "positional must be one of"),
+    ({"dropout_rate": 1.5}, "dropout_rate must be in"),
+    ({"dtype": "float99"}, "dtype is not a dtype"),
+])
+def test_invalid_model_config_names_the_field(changes, message):
+  with pytest.raises(ValueError, match=message):
+    TransformerConfig(**changes)
+
+
+def test_unknown_model_key_is_named():
+  with pytest.raises(ValueError, match="Unknown model config key.*d_modle"):
+    TransformerConfig.from_dict({"d_modle": 3})

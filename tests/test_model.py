@@ -1,0 +1,174 @@
+"""The Transformer's invariants: positions, causality, padding, packing, caching, size."""
+
+import math
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from flax_transformer import (Transformer, TransformerConfig, count_params, init_cache,
+                              sinusoidal_position_encoding)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from configs import big, default, table3  # noqa: E402
+
+TINY = TransformerConfig(vocab_size=50, d_model=32, d_ff=64, num_heads=4, num_layers=2,
+                         max_len=32, deterministic=True)
+
+
+@pytest.fixture(scope="module", params=["post", "pre"])
+def tiny(request):
+  cfg = TINY.replace(norm=request.param)
+  model = Transformer(cfg)
+  src = jnp.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 0, 0, 0]], jnp.int32)
+  tgt = jnp.array([[12, 13, 14, 0, 0], [15, 16, 17, 18, 0]], jnp.int32)
+  params = model.init(jax.random.PRNGKey(0), src, tgt)["params"]
+  apply = jax.jit(lambda p, s, t: model.apply({"params": p}, s, t))
+  return cfg, model, params, apply, src, tgt
+
+
+def test_sinusoidal_encoding_matches_formula():
+  d_model = 64
+  table = sinusoidal_position_encoding(200, d_model)
+  for pos in (0, 1, 7, 50, 199):
+    for i in (0, 1, 5, 31):
+      angle = pos / 10000 ** (2 * i / d_model)
+      assert abs(table[pos, 2 * i] - math.sin(angle)) < 1e-6
+      assert abs(table[pos, 2 * i + 1] - math.cos(angle)) < 1e-6
+
+
+def test_causality(tiny):
+  _, _, params, apply, src, tgt = tiny
+  base = np.asarray(apply(params, src, tgt))
+  for t in range(3):
+    changed = tgt.at[0, t].set(40)
+    out = np.asarray(apply(params, src, changed))
+    # Target t is fed at position t + 1 (shifted right): positions <= t must not move.
+    np.testing.assert_array_equal(out[0, : t + 1], base[0, : t + 1])
+    assert np.abs(out[0, t + 1 :] - base[0, t + 1 :]).max() > 1e-4
+    np.testing.assert_array_equal(out[1], base[1])
+
+
+def test_padding_does_not_change_logits(tiny):
+  _, _, params, apply, src, tgt = tiny
+  base = np.asarray(apply(params, src, tgt))
+  real = np.asarray(tgt != 0)  # Logits at padded targets are never used.
+  longer = jnp.pad(src, ((0, 0), (0, 4)))
+  np.testing.assert_allclose(np.asarray(apply(params, longer, tgt))[real], base[real], atol=1e-5)
+  # Changing a real source token does change them (so the check above can fail).
+  assert np.abs(np.asarray(apply(params, src.at[0, 1].set(3), tgt)) - base).max() > 1e-4
+
+
+def test_packed_row_equals_separate_rows(tiny):
+  _, model, params, _, _, _ = tiny
+  a_src, a_tgt = [5, 6, 7], [12, 13, 14, 15]
+  b_src, b_tgt = [8, 9], [16, 17, 18]
+  packed = dict(
+      inputs=jnp.array([a_src + b_src + [0]]),
+      targets=jnp.array([a_tgt + b_tgt + [0]]),
+      inputs_segmentation=jnp.array([[1, 1, 1, 2, 2, 0]]),
+      targets_segmentation=jnp.array([[1, 1, 1, 1, 2, 2, 2, 0]]),
+      inputs_positions=jnp.array([[0, 1, 2, 0, 1, 0]]),
+      targets_positions=jnp.array([[0, 1, 2, 3, 0, 1, 2, 0]]),
+  )
+  logits = np.asarray(model.apply({"params": params}, **packed))[0]
+  alone_a = np.asarray(model.apply({"params": params}, jnp.array([a_src]), jnp.array([a_tgt])))[0]
+  alone_b = np.asarray(model.apply({"params": params}, jnp.array([b_src]), jnp.array([b_tgt])))[0]
+  np.testing.assert_allclose(logits[:4], alone_a, atol=1e-5)
+  np.testing.assert_allclose(logits[4:7], alone_b, atol=1e-5)
+
+
+def test_cached_decoding_reproduces_teacher_forcing(tiny):
+  cfg, model, params, apply, src, tgt = tiny
+  teacher = np.asarray(apply(params, src, tgt))
+  encoded = model.apply({"params": params}, src, method=Transformer.encode)
+  decoder = Transformer(cfg.replace(decode=True))
+  cache = init_cache(cfg, batch_size=2, max_decode_len=tgt.shape[1])
+
+  @jax.jit
+  def step(cache, previous):
+    logits, updated = decoder.apply({"params": params, "cache": cache}, encoded, src, previous,
+                                    method=Transformer.decode, mutable=["cache"])
+    return logits[:, 0], updated["cache"]
+
+  previous = jnp.zeros((2, 1), jnp.int32)
+  for t in range(tgt.shape[1]):
+    logits, cache = step(cache, previous)
+    real = np.asarray(tgt[:, t] != 0)
+    np.testing.assert_allclose(np.asarray(logits)[real], teacher[real, t], atol=1e-5, rtol=1e-5)
+    previous = tgt[:, t : t + 1]
+
+
+def test_dropout_only_when_not_deterministic(tiny):
+  cfg, _, params, apply, src, tgt = tiny
+  train_model = Transformer(cfg.replace(deterministic=False, dropout_rate=0.3))
+  run = lambda seed: np.asarray(train_model.apply(  # noqa: E731
+      {"params": params}, src, tgt, rngs={"dropout": jax.random.PRNGKey(seed)}))
+  assert np.abs(run(1) - run(2)).max() > 1e-3
+  np.testing.assert_array_equal(run(1), run(1))
+  eval_model = Transformer(cfg.replace(dropout_rate=0.3))  # deterministic=True
+  np.testing.assert_allclose(eval_model.apply({"params": params}, src, tgt),
+                             apply(params, src, tgt), atol=1e-5)
+
+
+def test_bfloat16_activations_close_to_float32(tiny):
+  cfg, _, params, apply, src, tgt = tiny
+  bf16 = Transformer(cfg.replace(dtype="bfloat16"))
+  low = np.asarray(bf16.apply({"params": params}, src, tgt))
+  high = np.asarray(apply(params, src, tgt))
+  assert low.dtype == np.float32 and np.isfinite(low).all()
+  real = np.asarray(tgt != 0)
+  scale = np.abs(high[real]).max()
+  assert np.abs(low[real] - high[real]).max() < 0.05 * scale
+  assert (low[real].argmax(-1) == high[real].argmax(-1)).mean() > 0.8
+
+
+def test_learned_positions_and_unshared_embeddings_run():
+  cfg = TINY.replace(positional="learned", share_embeddings=False)
+  src = jnp.ones((1, 4), jnp.int32)
+  params = Transformer(cfg).init(jax.random.PRNGKey(0), src, src)["params"]
+  assert "target_embedding" in params and "logits" in params["decoder"]
+  assert params["encoder"]["position"]["position_embedding"].value.shape == (32, 32)
+
+
+def test_every_parameter_has_logical_axis_names(tiny):
+  _, _, params, _, _, _ = tiny
+  leaves = jax.tree_util.tree_leaves(params, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  assert leaves and all(isinstance(x, nn.Partitioned) for x in leaves)
+  assert all(len(x.names) == x.value.ndim for x in leaves)
+
+
+PAPER_PARAMS_M = {  # Table 3, millions, shared 37k vocabulary.
+    "base": 65, "B16": 58, "B32": 60, "C2": 36, "C4": 50, "C8": 80, "C256": 28,
+    "C1024": 168, "Cff1024": 53, "Cff4096": 90,
+}
+
+
+def params_of(model_cfg: TransformerConfig) -> int:
+  x = jnp.ones((1, 8), jnp.int32)
+  shapes = jax.eval_shape(lambda: Transformer(model_cfg).init(jax.random.PRNGKey(0), x, x))
+  return count_params(shapes["params"])
+
+
+def test_base_parameter_count_from_real_initialisation():
+  cfg = TransformerConfig.from_dict(table3.get_config("base").model.to_dict())
+  x = jnp.ones((1, 8), jnp.int32)
+  real = Transformer(cfg).init(jax.random.PRNGKey(0), x, x)["params"]
+  assert count_params(real) == params_of(cfg)
+  assert abs(count_params(real) / 65e6 - 1) < 0.08
+
+
+@pytest.mark.parametrize("row", sorted(PAPER_PARAMS_M))
+def test_table3_parameter_counts(row):
+  cfg = TransformerConfig.from_dict(table3.get_config(row).model.to_dict())
+  assert cfg.vocab_size == 37000
+  assert abs(params_of(cfg) / (PAPER_PARAMS_M[row] * 1e6) - 1) < 0.08
+
+
+def test_big_parameter_count():
+  cfg = TransformerConfig.from_dict(big.get_config().model.to_dict())
+  assert abs(params_of(cfg) / 213e6 - 1) < 0.08
