@@ -1,0 +1,219 @@
+"""Batches of token ids: packed training rows, length-bucketed eval batches, placement.
+
+A training batch is a dict of int32 [rows, length] arrays: `inputs`, `targets`
+and, when packed, `inputs_segmentation`, `targets_segmentation` (which pair a
+token belongs to, 0 = padding) and `inputs_positions`, `targets_positions`
+(index within the pair). Token id 0 is padding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Iterator, Sequence
+
+import grain
+import jax
+import numpy as np
+from grain import experimental as grain_experimental
+
+from flax_transformer.tokenizer import Tokenizer
+
+READ_THREADS = 0  # Reading in this thread: grain's read-ahead threads cost more than they save here.
+_PACKED_RENAMES = {"inputs_segment_ids": "inputs_segmentation",
+                   "targets_segment_ids": "targets_segmentation"}
+
+
+class _TokenizePair:
+  """(source, target) strings -> {'inputs', 'targets'} int32 ids with EOS."""
+
+  def __init__(self, tokenizer: Tokenizer):
+    self.tokenizer = tokenizer
+
+  def __call__(self, pair):
+    source, target = pair
+    return {"inputs": self.tokenizer.tokenize(source),
+            "targets": self.tokenizer.tokenize(target)}
+
+
+def tokenized(pairs: Sequence, tokenizer: Tokenizer) -> grain.MapDataset:
+  """Random-access (source, target) pairs -> lazily tokenized examples."""
+  return grain.MapDataset.source(pairs).map(_TokenizePair(tokenizer))
+
+
+def _fits(max_source_length: int, max_target_length: int):
+  def keep(example) -> bool:
+    return (len(example["inputs"]) <= max_source_length
+            and len(example["targets"]) <= max_target_length)
+  return keep
+
+
+def _pad_example(lengths: dict[str, int]):
+  def pad(example):
+    return {k: np.pad(v, (0, lengths[k] - len(v))) for k, v in example.items()}
+  return pad
+
+
+def _rename_packed(batch):
+  return {_PACKED_RENAMES.get(k, k): v for k, v in batch.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainBatching:
+  """How training batches are formed.
+
+  rows: rows per host batch (global rows / process count).
+  max_source_length / max_target_length: row widths; longer pairs are filtered.
+  packing: several pairs per row (segment ids, positions), else one pair per row.
+  """
+
+  rows: int
+  max_source_length: int
+  max_target_length: int
+  packing: bool = True
+
+
+def train_dataset(examples: grain.MapDataset, batching: TrainBatching, *, seed: int,
+                  process_index: int = 0, process_count: int = 1,
+                  num_epochs: int | None = None) -> grain.IterDataset:
+  """Shuffled, filtered, packed or padded, batched training stream of this host.
+
+  Each host reads a disjoint 1/process_count of the examples; epochs are
+  reshuffled. `num_epochs=None` repeats forever; with a finite count, the last
+  batch is completed with all-padding rows so that no pair is dropped.
+  Iterators of the result support `get_state()` / `set_state()` for resuming.
+  """
+  ds = examples[process_index::process_count].shuffle(seed=seed).repeat(num_epochs)
+  ds = ds.filter(_fits(batching.max_source_length, batching.max_target_length))
+  lengths = {"inputs": batching.max_source_length, "targets": batching.max_target_length}
+  it = ds.to_iter_dataset(grain.ReadOptions(num_threads=READ_THREADS, prefetch_buffer_size=32))
+  if batching.packing:
+    it = grain_experimental.FirstFitPackIterDataset(
+        it, length_struct=lengths, num_packing_bins=batching.rows, shuffle_bins=True,
+        seed=seed)
+    it = it.map(_rename_packed)
+  else:
+    it = it.map(_pad_example(lengths))
+  it = it.batch(batching.rows, drop_remainder=False)
+  return it.map(_complete_rows(batching.rows))
+
+
+def _complete_rows(rows: int):
+  def complete(batch):
+    missing = rows - next(iter(batch.values())).shape[0]
+    if missing == 0:
+      return batch
+    return {k: np.pad(v, ((0, missing), (0, 0))) for k, v in batch.items()}
+  return complete
+
+
+def nonpad_fraction(batch) -> float:
+  """Share of non-padding positions over inputs and targets."""
+  real = sum(int((batch[k] != 0).sum()) for k in ("inputs", "targets"))
+  total = batch["inputs"].size + batch["targets"].size
+  return real / total
+
+
+# --- Evaluation -----------------------------------------------------------------
+
+def bucket_length(length: int, multiple: int = 16) -> int:
+  """Row width for a sequence: rounded up to a multiple, so few shapes compile."""
+  return max(multiple, -(-length // multiple) * multiple)
+
+
+def eval_batches(token_ids: Sequence[tuple[np.ndarray, np.ndarray]], *, batch_tokens: int,
+                 max_length: int, row_multiple: int = 1, length_multiple: int = 16
+                 ) -> Iterator[dict[str, np.ndarray]]:
+  """Every example, sorted by length into token-budgeted, padded batches.
+
+  token_ids: (source ids, target ids) per example (target may be empty for
+  translation). Sequences longer than `max_length` are truncated (counted and
+  logged), never dropped. Yields dicts with `inputs`, `targets` [rows, width]
+  and `index` [rows] (position in `token_ids`, -1 for filler rows); rows is a
+  multiple of `row_multiple` (the data-parallel size).
+  """
+  truncated = 0
+  lengths = []
+  for source, target in token_ids:
+    if len(source) > max_length or len(target) > max_length:
+      truncated += 1
+    lengths.append(min(max(len(source), len(target), 1), max_length))
+  if truncated:
+    logging.warning("%d of %d sequences are longer than max_len=%d and were truncated",
+                    truncated, len(token_ids), max_length)
+  order = np.argsort(np.asarray(lengths), kind="stable")
+  start = 0
+  while start < len(order):
+    width = bucket_length(lengths[order[start]], length_multiple)
+    width = min(width, bucket_length(max_length, length_multiple))
+    rows = max(row_multiple, (batch_tokens // width) // row_multiple * row_multiple)
+    members = [i for i in order[start:start + rows] if lengths[i] <= width]
+    start += len(members)
+    batch = {"inputs": np.zeros((rows, width), np.int32),
+             "targets": np.zeros((rows, width), np.int32),
+             "index": np.full((rows,), -1, np.int32)}
+    for row, i in enumerate(members):
+      source, target = token_ids[i]
+      source, target = source[:max_length], target[:max_length]
+      batch["inputs"][row, :len(source)] = source
+      batch["targets"][row, :len(target)] = target
+      batch["index"][row] = i
+    yield batch
+
+
+# --- Placement ------------------------------------------------------------------
+
+def host_rows(batch: dict[str, np.ndarray], process_index: int, process_count: int):
+  """This host's contiguous share of a global batch's rows."""
+  rows = next(iter(batch.values())).shape[0]
+  if rows % process_count:
+    raise ValueError(f"batch of {rows} rows does not split over {process_count} processes")
+  size = rows // process_count
+  return {k: v[process_index * size:(process_index + 1) * size] for k, v in batch.items()}
+
+
+def to_global_arrays(local_batch: dict[str, np.ndarray],
+                     sharding: jax.sharding.Sharding) -> dict[str, jax.Array]:
+  """Host-local rows -> global `jax.Array`s sharded over the mesh's batch axes."""
+  return {k: jax.make_array_from_process_local_data(sharding, v)
+          for k, v in local_batch.items()}
+
+
+# --- From a config ----------------------------------------------------------------
+
+def vocabulary_sentences(pairs: Sequence, max_sentences: int) -> Iterator[str]:
+  """Source and target sentences of up to `max_sentences` pairs, evenly spread."""
+  step = max(1, len(pairs) // max(1, max_sentences))
+  for i in range(0, len(pairs), step):
+    source, target = pairs[i]
+    yield source
+    yield target
+
+
+def build_tokenizer(config, workdir: str, train_pairs: Sequence,
+                    process_index: int = 0) -> Tokenizer:
+  """The shared vocabulary: config.vocab_path, or the workdir's, or trained now."""
+  from flax_transformer.tokenizer import load_or_train_tokenizer
+
+  return load_or_train_tokenizer(
+      workdir, lambda: vocabulary_sentences(train_pairs, config.vocab_max_sentences),
+      vocab_path=config.vocab_path, vocab_size=config.vocab_size,
+      model_type=config.vocab_model_type,
+      character_coverage=config.vocab_character_coverage, process_index=process_index)
+
+
+def train_batching(config, data_parallel_size: int, process_count: int = 1) -> TrainBatching:
+  """Rows per host from `config.batch_tokens` (or `per_device_batch_size`)."""
+  if config.get("per_device_batch_size", 0):
+    global_rows = config.per_device_batch_size * data_parallel_size
+  else:
+    global_rows = max(1, config.batch_tokens // config.max_target_length)
+    global_rows = max(data_parallel_size,
+                      global_rows // data_parallel_size * data_parallel_size)
+  if global_rows % process_count:
+    raise ValueError(f"global batch of {global_rows} rows does not split over "
+                     f"{process_count} processes")
+  return TrainBatching(rows=global_rows // process_count,
+                       max_source_length=config.max_source_length,
+                       max_target_length=config.max_target_length,
+                       packing=config.packing)

@@ -1,0 +1,224 @@
+"""Parallel corpora as random-access sequences of (source, target) sentence pairs.
+
+Three kinds: tensorflow-datasets translation builders (prepared as array_record,
+read with `tfds.data_source`, no TensorFlow needed), Multi30k (public raw files,
+fetched or read from a local folder), and a user's own line-aligned text files.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import logging
+import os
+import shutil
+import urllib.request
+from pathlib import Path
+from typing import Sequence
+
+
+class DataError(ValueError):
+  """Bad or missing input data; the message names the file (and line)."""
+
+
+class TextPairs(Sequence):
+  """In-memory (source, target) pairs."""
+
+  def __init__(self, sources: list[str], targets: list[str], name: str = "text"):
+    if len(sources) != len(targets):
+      raise DataError(f"{name}: {len(sources)} source lines but {len(targets)} target lines")
+    self.sources, self.targets, self.name = sources, targets, name
+
+  def __len__(self):
+    return len(self.sources)
+
+  def __getitem__(self, i):
+    return self.sources[i], self.targets[i]
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+  """UTF-8 lines of a plain or .gz file, without line terminators.
+
+  Raises DataError naming the file (and line) when it is missing, empty, not
+  gzip despite its name, or not valid UTF-8.
+  """
+  path = Path(path)
+  if not path.is_file():
+    raise DataError(f"{path}: no such file")
+  opener = gzip.open if path.suffix == ".gz" else open
+  lines = []
+  try:
+    with opener(path, "rb") as f:
+      for number, raw in enumerate(f, start=1):
+        try:
+          lines.append(raw.decode("utf-8").rstrip("\r\n"))
+        except UnicodeDecodeError as e:
+          raise DataError(f"{path}:{number}: invalid UTF-8 at byte {e.start}") from None
+  except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError.
+    raise DataError(f"{path}: cannot read ({e})") from None
+  if not lines:
+    raise DataError(f"{path}: file is empty")
+  return lines
+
+
+def read_parallel_files(source_path, target_path) -> TextPairs:
+  """Line-aligned source/target files -> TextPairs; counts must match."""
+  sources, targets = read_lines(source_path), read_lines(target_path)
+  if len(sources) != len(targets):
+    raise DataError(f"line counts differ: {source_path} has {len(sources)} lines, "
+                    f"{target_path} has {len(targets)}")
+  return TextPairs(sources, targets, name=f"{source_path} | {target_path}")
+
+
+# --- Multi30k -----------------------------------------------------------------
+
+MULTI30K_URL = ("https://raw.githubusercontent.com/multi30k/dataset/"
+                "a3d2e0d26b56f3846f66a952536ffed4e401d05a/data/task1/raw/{file}")
+MULTI30K_SPLITS = {"train": "train", "validation": "val", "test_2016_flickr": "test_2016_flickr"}
+MULTI30K_LANGS = ("en", "de", "fr")
+MULTI30K_SHA256 = {
+    "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
+    "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
+    "test_2016_flickr.fr.gz": "6d326e188d259fb1d04ac19eae3af956559b3a0b93d7635e56c90987c40c8b90",
+    "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
+    "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
+    "train.fr.gz": "622e75069e9f4c577425c4f277116ce66e63a2401c0a2312d90073cb12379a3c",
+    "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
+    "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
+    "val.fr.gz": "ca3106f1a72390591d25f6c45cb4cd39dec4cd3f123e099748a3ce5256c160e9",
+}
+
+
+def _sha256(path: Path) -> str:
+  digest = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      digest.update(block)
+  return digest.hexdigest()
+
+
+def fetch_multi30k_file(file: str, cache_dir: Path, url_template: str = MULTI30K_URL) -> Path:
+  """Downloads one Multi30k file into `cache_dir` (once), checking its SHA-256."""
+  target = cache_dir / file
+  if target.is_file() and _sha256(target) == MULTI30K_SHA256[file]:
+    return target
+  cache_dir.mkdir(parents=True, exist_ok=True)
+  url = url_template.format(file=file)
+  logging.info("Downloading %s", url)
+  partial = target.with_suffix(target.suffix + ".partial")
+  try:
+    with urllib.request.urlopen(url, timeout=60) as response, open(partial, "wb") as out:
+      shutil.copyfileobj(response, out)
+  except OSError as e:
+    raise DataError(f"cannot download Multi30k file {url} ({e}); with no internet, set "
+                    "config.manual_dir to a folder holding the raw .gz files") from None
+  if _sha256(partial) != MULTI30K_SHA256[file]:
+    partial.unlink()
+    raise DataError(f"{url}: checksum mismatch (download corrupted or file changed)")
+  os.replace(partial, target)
+  return target
+
+
+def multi30k(split: str, source_lang: str, target_lang: str, *, manual_dir: str = "",
+             data_dir: str = "") -> TextPairs:
+  """Multi30k task 1 pairs for `split` in 'train' | 'validation' | 'test_2016_flickr'.
+
+  Read from `manual_dir` when given, else fetched from the dataset's public
+  repository into `data_dir`/multi30k (default ~/.cache/flax_transformer).
+  """
+  if split not in MULTI30K_SPLITS:
+    raise DataError(f"multi30k has no split {split!r}; splits: {', '.join(MULTI30K_SPLITS)}")
+  for lang in (source_lang, target_lang):
+    if lang not in MULTI30K_LANGS:
+      raise DataError(f"multi30k has no language {lang!r}; languages: {MULTI30K_LANGS}")
+  paths = []
+  for lang in (source_lang, target_lang):
+    file = f"{MULTI30K_SPLITS[split]}.{lang}.gz"
+    if manual_dir:
+      path = Path(manual_dir) / file
+      if not path.is_file():
+        raise DataError(f"{path}: no such file (config.manual_dir={manual_dir!r} should hold "
+                        f"the Multi30k raw .gz files)")
+    else:
+      cache = Path(data_dir or Path.home() / ".cache" / "flax_transformer") / "multi30k"
+      path = fetch_multi30k_file(file, cache)
+    paths.append(path)
+  return read_parallel_files(*paths)
+
+
+# --- tensorflow-datasets -------------------------------------------------------
+
+def _import_tfds_module(name: str) -> None:
+  """Registers a catalog builder such as 'wmt14_translate/de-en'.
+
+  Without TensorFlow, tfds cannot import its whole catalog, so builders are
+  found only once their own module is imported.
+  """
+  import importlib
+
+  family = name.split("/")[0].split(":")[0]
+  if family.endswith("_translate"):
+    try:
+      importlib.import_module(f"tensorflow_datasets.translate.{family[:-len('_translate')]}")
+    except ImportError:
+      pass  # Not a catalog module: tfds's own lookup reports the name.
+
+
+class TfdsPairs(Sequence):
+  """A tfds translation split read through `tfds.data_source` (array_record)."""
+
+  def __init__(self, name: str, split: str, source_lang: str, target_lang: str,
+               data_dir: str = "", download: bool = True):
+    import tensorflow_datasets as tfds  # Heavy import, only when used.
+
+    data_dir = data_dir or None
+    _import_tfds_module(name)
+    try:
+      builder = tfds.builder(name, data_dir=data_dir, file_format="array_record")
+    except Exception as e:  # tfds raises several unrelated types for unknown names.
+      raise DataError(f"tfds dataset {name!r}: {e}") from None
+    if not builder.is_prepared():
+      if not download:
+        raise DataError(f"tfds dataset {name!r} is not prepared in {builder.data_dir}")
+      logging.info("Preparing tfds %s in %s (array_record); this can take hours for WMT",
+                   name, builder.data_dir)
+      builder.download_and_prepare(file_format="array_record")
+    if split not in builder.info.splits:
+      raise DataError(f"tfds dataset {name!r} has no split {split!r}; splits: "
+                      f"{', '.join(builder.info.splits)}")
+    languages = set(builder.info.features.keys())
+    for lang in (source_lang, target_lang):
+      if lang not in languages:
+        raise DataError(f"tfds dataset {name!r} has no language {lang!r}; "
+                        f"features: {sorted(languages)}")
+    self._source = tfds.data_source(name, split=split, data_dir=data_dir)
+    self.source_lang, self.target_lang = source_lang, target_lang
+    self.name = f"{name}:{split}"
+
+  def __len__(self):
+    return len(self._source)
+
+  def __getitem__(self, i):
+    record = self._source[i]
+    text = lambda v: v.decode("utf-8") if isinstance(v, bytes) else str(v)  # noqa: E731
+    return text(record[self.source_lang]), text(record[self.target_lang])
+
+
+def load_pairs(config, split: str, dataset_name: str | None = None) -> Sequence:
+  """The (source, target) pairs of `split` for the config's dataset.
+
+  `config.dataset_name`: 'multi30k', 'text' (config.{train,eval}_{source,target}_file),
+  or any tfds translation builder name.
+  """
+  name = dataset_name or config.dataset_name
+  if name == "multi30k":
+    return multi30k(split, config.source_lang, config.target_lang,
+                    manual_dir=config.manual_dir, data_dir=config.data_dir)
+  if name == "text":
+    prefix = "train" if split == config.train_split else "eval"
+    src, tgt = config[f"{prefix}_source_file"], config[f"{prefix}_target_file"]
+    if not src or not tgt:
+      raise DataError(f"dataset_name='text' needs config.{prefix}_source_file and "
+                      f"config.{prefix}_target_file")
+    return read_parallel_files(src, tgt)
+  return TfdsPairs(name, split, config.source_lang, config.target_lang, config.data_dir)

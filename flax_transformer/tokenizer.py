@@ -1,0 +1,114 @@
+"""One sentencepiece vocabulary shared by source and target (paper section 5.1).
+
+Ids: 0 padding, 1 end of sequence (appended to every sequence), 2 unknown.
+Normalisation is 'identity' and extra whitespace is collapsed, so
+`detokenize(tokenize(x)) == " ".join(x.split())` for text the vocabulary covers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import sentencepiece as spm
+
+PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+VOCAB_FILENAME = "vocab.model"
+
+
+class Tokenizer:
+  """Text <-> int32 ids with EOS appended; wraps a sentencepiece model file."""
+
+  def __init__(self, model_path: str | os.PathLike):
+    path = Path(model_path)
+    if not path.is_file():
+      raise FileNotFoundError(f"vocabulary file not found: {path}")
+    # sentencepiece parses a protobuf: no pickle, no code execution.
+    self._sp = spm.SentencePieceProcessor(model_file=str(path))
+    if self._sp.pad_id() != PAD_ID or self._sp.eos_id() != EOS_ID:
+      raise ValueError(f"{path}: vocabulary must use pad id {PAD_ID} and eos id {EOS_ID}, got "
+                       f"{self._sp.pad_id()} and {self._sp.eos_id()}")
+    self.path = path
+
+  @property
+  def vocab_size(self) -> int:
+    return self._sp.get_piece_size()
+
+  def tokenize(self, text: str) -> np.ndarray:
+    """str -> int32 [len + 1], ending in EOS."""
+    return np.asarray(self._sp.encode(text) + [EOS_ID], np.int32)
+
+  def tokenize_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+    return [np.asarray(ids + [EOS_ID], np.int32) for ids in self._sp.encode(list(texts))]
+
+  def detokenize(self, ids: Iterable[int]) -> str:
+    """ids -> text; stops at the first EOS, skips padding."""
+    out = []
+    for i in np.asarray(ids).tolist():
+      if i == EOS_ID:
+        break
+      if i != PAD_ID:
+        out.append(i)
+    return self._sp.decode(out)
+
+
+def train_tokenizer(sentences: Iterable[str], output_path: str | os.PathLike, *,
+                    vocab_size: int, model_type: str = "bpe",
+                    character_coverage: float = 1.0) -> Tokenizer:
+  """Trains a sentencepiece model on `sentences`; writes it atomically to `output_path`."""
+  output_path = Path(output_path)
+  output_path.parent.mkdir(parents=True, exist_ok=True)
+  start = time.time()
+  count = 0
+
+  def counted():
+    nonlocal count
+    for s in sentences:
+      count += 1
+      if count % 200_000 == 0:
+        logging.info("vocabulary: read %d sentences (%.0f s)", count, time.time() - start)
+      yield s
+
+  logging.info("Training a %d-piece %s vocabulary -> %s", vocab_size, model_type, output_path)
+  with tempfile.TemporaryDirectory(dir=output_path.parent) as tmp:
+    prefix = os.path.join(tmp, "spm")
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=counted(), model_prefix=prefix, vocab_size=vocab_size,
+        model_type=model_type, character_coverage=character_coverage,
+        pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
+        normalization_rule_name="identity", remove_extra_whitespaces=True,
+        input_sentence_size=0, shuffle_input_sentence=False,
+        minloglevel=2, num_threads=os.cpu_count() or 1)
+    os.replace(prefix + ".model", output_path)  # Atomic: readers never see half a file.
+  logging.info("Vocabulary trained on %d sentences in %.1f s", count, time.time() - start)
+  return Tokenizer(output_path)
+
+
+def load_or_train_tokenizer(workdir: str | os.PathLike, sentences_fn, *, vocab_path: str = "",
+                            vocab_size: int, model_type: str = "bpe",
+                            character_coverage: float = 1.0, process_index: int = 0,
+                            wait_timeout_s: float = 3600.0) -> Tokenizer:
+  """The workdir's vocabulary: `vocab_path` if given, else reused, else trained.
+
+  Only process 0 trains (from `sentences_fn()`); other processes wait for the file.
+  """
+  if vocab_path:
+    return Tokenizer(vocab_path)
+  path = Path(workdir) / VOCAB_FILENAME
+  if path.is_file():
+    return Tokenizer(path)
+  if process_index == 0:
+    return train_tokenizer(sentences_fn(), path, vocab_size=vocab_size, model_type=model_type,
+                           character_coverage=character_coverage)
+  deadline = time.time() + wait_timeout_s
+  while not path.is_file():
+    if time.time() > deadline:
+      raise TimeoutError(f"process {process_index}: no vocabulary at {path} after "
+                         f"{wait_timeout_s:.0f} s (process 0 trains it)")
+    time.sleep(1.0)
+  return Tokenizer(path)

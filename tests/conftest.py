@@ -1,0 +1,34 @@
+"""Shared fixtures: the real Multi30k files and a vocabulary trained on them once."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
+
+
+@pytest.fixture(scope="session")
+def multi30k_dir() -> str:
+  if not (MULTI30K / "train.en.gz").is_file():
+    raise FileNotFoundError(f"Multi30k expected at {MULTI30K} (../shared/data/multi30k)")
+  return str(MULTI30K)
+
+
+@pytest.fixture(scope="session")
+def multi30k_tokenizer(multi30k_dir, tmp_path_factory):
+  from flax_transformer import data, sources, tokenizer
+
+  pairs = sources.multi30k("train", "en", "de", manual_dir=multi30k_dir)
+  path = tmp_path_factory.mktemp("vocab") / tokenizer.VOCAB_FILENAME
+  return tokenizer.train_tokenizer(data.vocabulary_sentences(pairs, 100_000), path,
+                                   vocab_size=4000)
+
+
+def pytest_configure(config):
+  # Every sharding feature is tested on 8 simulated CPU devices; set before jax starts.
+  flags = os.environ.get("XLA_FLAGS", "")
+  if "xla_force_host_platform_device_count" not in flags:
+    os.environ["XLA_FLAGS"] = (flags + " --xla_force_host_platform_device_count=8").strip()
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")

@@ -1,0 +1,252 @@
+"""Input pipeline: sources, vocabulary, packing, resuming, host sharding, eval batches."""
+
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import grain
+import numpy as np
+import pytest
+
+from flax_transformer import data, sources, tokenizer
+
+
+# --- Sources --------------------------------------------------------------------
+
+def write(path, content: bytes):
+  opener = gzip.open if str(path).endswith(".gz") else open
+  with opener(path, "wb") as f:
+    f.write(content)
+  return str(path)
+
+
+def test_text_files_plain_and_gzip(tmp_path):
+  src = write(tmp_path / "a.en", "Hello world\nSecond line\n".encode())
+  tgt = write(tmp_path / "a.de.gz", "Hallo Welt\nZweite Zeile\n".encode())
+  pairs = sources.read_parallel_files(src, tgt)
+  assert len(pairs) == 2 and pairs[1] == ("Second line", "Zweite Zeile")
+
+
+@pytest.mark.parametrize("src, tgt, message", [
+    (b"a\nb\nc\n", b"x\ny\n", r"line counts differ: .*a\.en has 3 lines, .*b\.de has 2"),
+    (b"", b"x\n", r"a\.en: file is empty"),
+    (b"ok\nbad \xff\xfe here\n", b"x\ny\n", r"a\.en:2: invalid UTF-8 at byte 4"),
+])
+def test_bad_text_files_are_named(tmp_path, src, tgt, message):
+  with pytest.raises(sources.DataError, match=message):
+    sources.read_parallel_files(write(tmp_path / "a.en", src), write(tmp_path / "b.de", tgt))
+
+
+def test_missing_file_and_split_are_named(tmp_path, multi30k_dir):
+  with pytest.raises(sources.DataError, match="nothere.en: no such file"):
+    sources.read_lines(tmp_path / "nothere.en")
+  with pytest.raises(sources.DataError, match="multi30k has no split 'test2017'"):
+    sources.multi30k("test2017", "en", "de", manual_dir=multi30k_dir)
+  with pytest.raises(sources.DataError, match=r"train\.en\.gz: no such file"):
+    sources.multi30k("train", "en", "de", manual_dir=str(tmp_path))
+
+
+def test_multi30k_splits_from_local_folder(multi30k_dir):
+  sizes = {split: len(sources.multi30k(split, "en", "fr", manual_dir=multi30k_dir))
+           for split in sources.MULTI30K_SPLITS}
+  assert sizes == {"train": 29000, "validation": 1014, "test_2016_flickr": 1000}
+
+
+def test_multi30k_fetch_verifies_checksums(tmp_path, multi30k_dir):
+  # The download path, served from a local URL (no internet here).
+  template = "file://" + multi30k_dir + "/{file}"
+  path = sources.fetch_multi30k_file("val.de.gz", tmp_path / "cache", template)
+  assert path.read_bytes() == open(os.path.join(multi30k_dir, "val.de.gz"), "rb").read()
+  bad = tmp_path / "bad"
+  bad.mkdir()
+  write(bad / "val.en.gz", b"tampered\n")
+  with pytest.raises(sources.DataError, match="checksum mismatch"):
+    sources.fetch_multi30k_file("val.en.gz", tmp_path / "cache2", "file://" + str(bad) + "/{file}")
+  assert not (tmp_path / "cache2" / "val.en.gz").exists()
+
+
+def test_tfds_translation_builder_prepared_as_array_record(tmp_path):
+  """A translation builder like wmt14_translate, prepared and read without TensorFlow."""
+  import tensorflow_datasets as tfds
+
+  class TinyTranslate(tfds.core.GeneratorBasedBuilder):
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+      return tfds.core.DatasetInfo(
+          builder=self, features=tfds.features.Translation(languages=("de", "en")))
+
+    def _split_generators(self, dl_manager):
+      return {"train": self._generate_examples(20), "validation": self._generate_examples(3)}
+
+    def _generate_examples(self, n):
+      for i in range(n):
+        yield i, {"en": f"sentence {i} ü", "de": f"Satz {i} ü"}
+
+  TinyTranslate(data_dir=str(tmp_path)).download_and_prepare(file_format="array_record")
+  pairs = sources.TfdsPairs("tiny_translate", "train", "en", "de", data_dir=str(tmp_path))
+  assert len(pairs) == 20
+  assert sorted(pairs[i] for i in range(20))[0] == ("sentence 0 ü", "Satz 0 ü")
+  with pytest.raises(sources.DataError, match="has no split 'test'"):
+    sources.TfdsPairs("tiny_translate", "test", "en", "de", data_dir=str(tmp_path))
+  with pytest.raises(sources.DataError, match="has no language 'fr'"):
+    sources.TfdsPairs("tiny_translate", "train", "en", "fr", data_dir=str(tmp_path))
+
+
+# --- Vocabulary ------------------------------------------------------------------
+
+def test_tokenizer_round_trip_on_validation(multi30k_tokenizer, multi30k_dir):
+  tok = multi30k_tokenizer
+  val = sources.multi30k("validation", "en", "de", manual_dir=multi30k_dir)
+  for source, target in val:
+    for text in (source, target):
+      ids = tok.tokenize(text)
+      assert ids[-1] == tokenizer.EOS_ID and (ids[:-1] > tokenizer.EOS_ID).all()
+      # Normalisation: runs of ASCII spaces collapse, ends are stripped.
+      assert tok.detokenize(ids) == re.sub(" +", " ", text.strip(" "))
+
+
+def test_vocabulary_reused_and_other_hosts_wait(tmp_path, multi30k_tokenizer):
+  workdir = tmp_path / "w"
+  workdir.mkdir()
+  (workdir / tokenizer.VOCAB_FILENAME).write_bytes(multi30k_tokenizer.path.read_bytes())
+  never = lambda: (_ for _ in ()).throw(AssertionError("must not retrain"))  # noqa: E731
+  tok = tokenizer.load_or_train_tokenizer(workdir, never, vocab_size=4000)
+  assert tok.vocab_size == multi30k_tokenizer.vocab_size
+  with pytest.raises(TimeoutError, match="process 1: no vocabulary"):
+    tokenizer.load_or_train_tokenizer(tmp_path / "empty", never, vocab_size=4000,
+                                      process_index=1, wait_timeout_s=0.5)
+
+
+# --- Training batches -----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def multi30k_examples(multi30k_dir, multi30k_tokenizer):
+  pairs = sources.multi30k("train", "en", "de", manual_dir=multi30k_dir)
+  return data.tokenized(pairs, multi30k_tokenizer)
+
+
+def test_packing_keeps_most_tokens(multi30k_examples):
+  batching = data.TrainBatching(rows=48, max_source_length=64, max_target_length=64)
+  it = iter(data.train_dataset(multi30k_examples, batching, seed=0))
+  fractions = []
+  for _ in range(20):
+    batch = next(it)
+    assert batch["inputs"].shape == (48, 64)
+    fractions.append(data.nonpad_fraction(batch))
+  print(f"non-pad fraction, packed Multi30k EN->DE 48x64: {np.mean(fractions):.3f}")
+  assert np.mean(fractions) >= 0.90
+  # Segments restart positions at 0 and targets end each segment with EOS.
+  row_seg, row_tok = batch["targets_segmentation"][0], batch["targets"][0]
+  for seg in set(row_seg[row_seg > 0].tolist()):
+    where = np.nonzero(row_seg == seg)[0]
+    assert (batch["targets_positions"][0][where] == np.arange(len(where))).all()
+    assert row_tok[where[-1]] == tokenizer.EOS_ID
+
+
+def synthetic_examples(n: int) -> grain.MapDataset:
+  """Example i: inputs [i + 3, EOS] (so ids identify examples), targets of varying length."""
+  items = [{"inputs": np.array([i + 3, 1], np.int32),
+            "targets": np.arange(3, 3 + 1 + i % 7, dtype=np.int32)} for i in range(n)]
+  return grain.MapDataset.source(items)
+
+
+def example_ids(batch) -> list[int]:
+  ids = batch["inputs"][batch["inputs"] > 2] - 3
+  return ids.tolist()
+
+
+def test_two_hosts_eight_devices_see_every_example_once():
+  import jax
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+  assert jax.device_count() == 8, "tests run with 8 simulated CPU devices"
+  n = 203
+  batching = data.TrainBatching(rows=8, max_source_length=8, max_target_length=8)
+  seen = []
+  mesh = Mesh(np.array(jax.devices()), ("data",))
+  sharding = NamedSharding(mesh, PartitionSpec("data"))
+  for host in range(2):
+    for batch in data.train_dataset(synthetic_examples(n), batching, seed=3,
+                                    process_index=host, process_count=2, num_epochs=1):
+      seen.extend(example_ids(batch))
+      placed = data.to_global_arrays(batch, sharding)
+      assert placed["inputs"].sharding == sharding
+      assert len(placed["inputs"].addressable_shards) == 8
+      np.testing.assert_array_equal(np.asarray(placed["inputs"]), batch["inputs"])
+  assert sorted(seen) == list(range(n))
+
+
+RESUME_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numpy as np, grain
+    from flax_transformer import data
+    items = [{"inputs": np.array([i + 3, 1], np.int32),
+              "targets": np.arange(3, 3 + 1 + i % 7, dtype=np.int32)} for i in range(97)]
+    ds = data.train_dataset(grain.MapDataset.source(items),
+                            data.TrainBatching(rows=4, max_source_length=8, max_target_length=8),
+                            seed=5)
+    it = iter(ds)
+    mode, k = sys.argv[1], int(sys.argv[2])
+    if mode == "save":
+      for _ in range(k):
+        next(it)
+      print(json.dumps(it.get_state()))
+    else:
+      it.set_state(json.loads(sys.stdin.read()))
+      print(json.dumps([next(it)["inputs"].tolist() for _ in range(k)]))
+""")
+
+
+def test_iterator_state_restored_in_a_fresh_process():
+  run = lambda *args, stdin=None: subprocess.run(  # noqa: E731
+      [sys.executable, "-c", RESUME_SCRIPT, *args], input=stdin, capture_output=True,
+      text=True, check=True).stdout.strip().splitlines()[-1]
+  state = run("save", "7")
+  resumed = json.loads(run("load", "30", stdin=state))
+  items = [{"inputs": np.array([i + 3, 1], np.int32),
+            "targets": np.arange(3, 3 + 1 + i % 7, dtype=np.int32)} for i in range(97)]
+  it = iter(data.train_dataset(grain.MapDataset.source(items),
+                               data.TrainBatching(4, 8, 8), seed=5))
+  uninterrupted = [next(it)["inputs"].tolist() for _ in range(37)]
+  assert resumed == uninterrupted[7:]
+
+
+def test_long_pairs_are_filtered_from_training_only():
+  batching = data.TrainBatching(rows=4, max_source_length=8, max_target_length=4, packing=False)
+  seen = [i for b in data.train_dataset(synthetic_examples(30), batching, seed=0, num_epochs=1)
+          for i in example_ids(b)]
+  # Example i has 1 + i % 7 target tokens: only those with <= 4 remain.
+  assert sorted(seen) == [i for i in range(30) if 1 + i % 7 <= 4]
+
+
+# --- Eval batches ----------------------------------------------------------------
+
+def test_eval_batches_keep_every_example_and_restore_order():
+  rng = np.random.default_rng(0)
+  examples = [(np.arange(1, rng.integers(2, 90)), np.arange(1, rng.integers(2, 40)))
+              for _ in range(157)]
+  examples.append((np.array([], np.int32), np.array([], np.int32)))  # An empty line.
+  found = {}
+  widths = set()
+  for batch in data.eval_batches(examples, batch_tokens=512, max_length=64, row_multiple=4):
+    assert batch["inputs"].shape[0] % 4 == 0
+    widths.add(batch["inputs"].shape[1])
+    for row, i in enumerate(batch["index"]):
+      if i >= 0:
+        found[int(i)] = batch["inputs"][row]
+  assert sorted(found) == list(range(len(examples)))
+  assert widths <= {16, 32, 48, 64}
+  for i, (source, _) in enumerate(examples):
+    kept = source[:64]
+    np.testing.assert_array_equal(found[i][:len(kept)], kept)
+
+
+def test_wmt14_catalog_builder_is_found_without_tensorflow(tmp_path):
+  with pytest.raises(sources.DataError, match="is not prepared"):
+    sources.TfdsPairs("wmt14_translate/de-en", "train", "en", "de", data_dir=str(tmp_path),
+                      download=False)
