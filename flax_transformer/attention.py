@@ -82,6 +82,48 @@ def scaled_dot_product_attention(
   return jnp.einsum("bnts,bsnh->btnh", weights.astype(value.dtype), value)
 
 
+class HeadsProjection(nn.Module):
+  """x [..., D] -> [..., num_heads, head_dim]: the W_i^Q, W_i^K or W_i^V of every head."""
+
+  num_heads: int
+  head_dim: int
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    # Declared with its full [D, N, H] shape (not flattened), so the logical
+    # names always match the array they describe.
+    kernel = self.param(
+        "kernel", nn.with_logical_partitioning(
+            nn.initializers.xavier_uniform(in_axis=0, out_axis=(1, 2)), Q_KERNEL_AXES),
+        (x.shape[-1], self.num_heads, self.head_dim), self.param_dtype)
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros,
+                                                           ("heads", "kv")),
+                      (self.num_heads, self.head_dim), self.param_dtype)
+    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=self.dtype)
+    return jnp.einsum("...d,dnh->...nh", x, kernel) + bias
+
+
+class OutputProjection(nn.Module):
+  """Concat(head_1..head_h) W^O: [..., num_heads, d_v] -> [..., features]."""
+
+  features: int
+  dtype: jnp.dtype = jnp.float32
+  param_dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    kernel = self.param(
+        "kernel", nn.with_logical_partitioning(
+            nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2), OUT_KERNEL_AXES),
+        (x.shape[-2], x.shape[-1], self.features), self.param_dtype)
+    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+                      (self.features,), self.param_dtype)
+    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=self.dtype)
+    return jnp.einsum("...nh,nhd->...d", x, kernel) + bias
+
+
 class MultiHeadAttention(nn.Module):
   """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O (paper section 3.2.2).
 
@@ -102,12 +144,8 @@ class MultiHeadAttention(nn.Module):
     n, d_k, d_v = cfg.num_heads, cfg.head_dim_k, cfg.head_dim_v
 
     def projection(features: int, name: str) -> nn.Module:
-      return nn.DenseGeneral(
-          features=(n, features), axis=-1, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-          kernel_init=nn.with_logical_partitioning(nn.initializers.xavier_uniform(),
-                                                   Q_KERNEL_AXES),
-          bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("heads", "kv")),
-          name=name)
+      return HeadsProjection(n, features, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                             name=name)
 
     query = projection(d_k, "query")(inputs_q)
     key = projection(d_k, "key")(inputs_kv)
@@ -128,12 +166,8 @@ class MultiHeadAttention(nn.Module):
     x = scaled_dot_product_attention(query, key, value, mask,
                                      dropout_rate=cfg.attention_dropout_rate,
                                      dropout_rng=dropout_rng)
-    out = nn.DenseGeneral(
-        features=cfg.d_model, axis=(-2, -1), dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-        kernel_init=nn.with_logical_partitioning(nn.initializers.xavier_uniform(),
-                                                 OUT_KERNEL_AXES),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-        name="out")(x)
+    out = OutputProjection(cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                           name="out")(x)
     return nn.with_logical_constraint(out, ("batch", "length", "embed"))
 
   def _update_cache(self, key, value, mask):

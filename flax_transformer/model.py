@@ -105,7 +105,7 @@ class Decoder(nn.Module):
     if cfg.share_embeddings:
       logits = self.embedding.attend(y)
     else:
-      logits = nn.DenseGeneral(
+      logits = nn.Dense(
           cfg.vocab_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype, use_bias=False,
           kernel_init=nn.with_logical_partitioning(nn.initializers.xavier_uniform(),
                                                    ("embed", "vocab")),

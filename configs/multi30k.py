@@ -1,0 +1,43 @@
+"""Multi30k EN->DE (29k caption pairs) sized for a good model on 2 CPU cores in under an hour.
+
+`--config.target_lang=fr` for EN->FR. Deviations from the paper's base model,
+for a dataset ~150x smaller than WMT14 and a CPU budget: d_model 256, d_ff
+1024, 4 heads, 3+3 layers, an 8k shared vocabulary, ~3k-token batches,
+warmup 1000. Data is read from `manual_dir` (here ../shared/data/multi30k),
+or fetched from the dataset's public repository when `manual_dir` is ''.
+"""
+
+from configs import default
+
+
+def get_config():
+  config = default.get_config()
+  config.dataset_name = "multi30k"
+  config.manual_dir = "../shared/data/multi30k"
+  config.eval_split = "validation"
+  config.test_split = "test_2016_flickr"
+  config.source_lang = "en"
+  config.target_lang = "de"
+
+  config.vocab_size = 8000
+  config.vocab_max_sentences = 100_000
+
+  config.model.d_model = 256
+  config.model.d_ff = 1024
+  config.model.num_heads = 4
+  config.model.num_layers = 3
+  config.model.max_len = 128
+
+  config.max_source_length = 64
+  config.max_target_length = 64
+  config.batch_tokens = 3072
+  config.num_train_steps = 6000
+  config.warmup_steps = 1000
+  config.log_every_steps = 50
+  config.eval_every_steps = 500
+  config.bleu_every_steps = 1000
+  config.num_bleu_sentences = -1
+  config.eval_batch_tokens = 4096
+  config.checkpoint_every_steps = 500
+  config.keep_checkpoints = 5
+  return config

@@ -1,0 +1,123 @@
+"""Checkpoints of the training state and the data iterator (orbax), and their averaging.
+
+Layout: `<workdir>/checkpoints/<step>/{state,data}`; orbax writes each step to a
+temporary directory and renames it when complete, so a crash mid-save leaves
+the previous checkpoints as they were.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+CHECKPOINT_DIR = "checkpoints"
+
+
+class CheckpointError(RuntimeError):
+  """Checkpoints exist but none can be used; the message says what was wrong."""
+
+
+def checkpoint_dir(workdir: str | Path) -> Path:
+  return Path(workdir).absolute() / CHECKPOINT_DIR
+
+
+class Checkpointer:
+  """Saves and restores {'state': pytree, 'data': grain iterator} per step."""
+
+  def __init__(self, workdir: str | Path, *, max_to_keep: int | None = None,
+               asynchronous: bool = True, read_only: bool = False):
+    self.directory = checkpoint_dir(workdir)
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
+        enable_async_checkpointing=asynchronous, cleanup_tmp_directories=not read_only)
+    self.manager = ocp.CheckpointManager(
+        self.directory, options=options,
+        item_handlers={"state": ocp.PyTreeCheckpointHandler(),
+                       "data": grain.checkpoint.CheckpointHandler()})
+
+  def steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
+
+  def save(self, step: int, state: Any, data_iterator=None, *, force: bool = False) -> bool:
+    """Starts saving (asynchronously); the data iterator's position is taken now."""
+    items = {"state": ocp.args.PyTreeSave(state)}
+    if data_iterator is not None:
+      items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
+    return self.manager.save(step, args=ocp.args.Composite(**items), force=force)
+
+  def wait(self) -> None:
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    self.manager.close()
+
+  def restore(self, step: int, abstract_state: Any, data_iterator=None):
+    """The state at `step` (shaped and sharded like `abstract_state`); sets the iterator."""
+    restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_state)
+    items = {"state": ocp.args.PyTreeRestore(item=abstract_state, restore_args=restore_args)}
+    if data_iterator is not None:
+      items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+    restored = self.manager.restore(step, args=ocp.args.Composite(**items))
+    return restored["state"]
+
+  def restore_latest(self, abstract_state: Any, data_iterator=None):
+    """(step, state) of the newest checkpoint that loads, or (None, None) if there are none.
+
+    A newer checkpoint that fails to load is reported and skipped; if every one
+    fails, CheckpointError: existing work is never silently replaced by a fresh start.
+    """
+    steps = self.steps()
+    problems = []
+    for step in reversed(steps):
+      try:
+        state = self.restore(step, abstract_state, data_iterator)
+      except Exception as e:  # orbax/tensorstore raise many types for damaged files.
+        problem = f"step {step}: {type(e).__name__}: {_first_line(e)}"
+        problems.append(problem)
+        logging.warning("Checkpoint %s/%d cannot be loaded (%s); trying an older one",
+                        self.directory, step, problem)
+        continue
+      if problems:
+        logging.warning("Resumed from step %d; newer checkpoints were unusable: %s", step,
+                        "; ".join(problems))
+      return step, state
+    if problems:
+      raise CheckpointError(
+          f"none of the {len(steps)} checkpoints in {self.directory} can be loaded ("
+          + "; ".join(problems) + "). Refusing to start from scratch over existing work: "
+          "fix or move that directory away.")
+    return None, None
+
+  def restore_params(self, step: int, abstract_params: Any) -> Any:
+    """Only the parameters of the checkpoint at `step` (no optimizer state)."""
+    target = {"params": abstract_params}
+    restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+    restored = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.PyTreeRestore(item=target, restore_args=restore_args,
+                                     partial_restore=True)))
+    return restored["state"]["params"]
+
+
+def _first_line(error: BaseException) -> str:
+  text = str(error).strip().splitlines()
+  return text[0][:300] if text else ""
+
+
+def average_params(checkpointer: Checkpointer, steps: Sequence[int], abstract_params: Any):
+  """Element-wise mean of the parameters at `steps` (paper: last 5 or 20 checkpoints)."""
+  if not steps:
+    raise CheckpointError(f"no checkpoints to average in {checkpointer.directory}")
+  total = None
+  for step in steps:
+    params = checkpointer.restore_params(step, abstract_params)
+    params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params)
+    total = params if total is None else jax.tree_util.tree_map(jnp.add, total, params)
+  scale = np.float32(1.0 / len(steps))
+  return jax.tree_util.tree_map(lambda x, a: (x * scale).astype(a.dtype), total, abstract_params)

@@ -1,0 +1,66 @@
+"""What the entry points share: logging set-up, multi-process start, errors -> exit codes."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+
+from absl import logging as absl_logging
+
+EXIT_BAD_INPUT = 2  # Bad config, data, workdir: the message says what to fix.
+EXIT_FAILED = 1  # The run itself failed (e.g. the loss diverged).
+
+
+def bad_input_errors() -> tuple[type[BaseException], ...]:
+  from flax_transformer.checkpoints import CheckpointError
+  from flax_transformer.loop import ConfigError
+  from flax_transformer.sharding import ShardingConfigError
+  from flax_transformer.sources import DataError
+
+  return (ConfigError, DataError, ShardingConfigError, CheckpointError, FileNotFoundError)
+
+
+@contextlib.contextmanager
+def exit_on_errors():
+  """Known problems become one line on stderr and an exit code, not a traceback."""
+  from flax_transformer.loop import NonFiniteLossError
+
+  try:
+    yield
+  except bad_input_errors() as e:
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_BAD_INPUT)
+  except NonFiniteLossError as e:
+    print(f"error: {e}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_FAILED)
+
+
+def setup_logging() -> None:
+  absl_logging.set_verbosity(absl_logging.INFO)
+  # Libraries' INFO chatter (orbax, tfds, absl) would drown the progress lines.
+  for name in ("absl", "orbax", "jax", "tensorflow_datasets", "grain"):
+    logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def maybe_initialize_distributed(coordinator_address: str | None, num_processes: int | None,
+                                 process_id: int | None) -> None:
+  """Joins a multi-process run (one process per host) when asked to."""
+  import jax
+
+  if not coordinator_address:
+    return
+  if jax.config.jax_platforms in (None, "", "cpu"):
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(coordinator_address=coordinator_address,
+                             num_processes=num_processes, process_id=process_id)
+
+
+def run_training(config, workdir: str, *, coordinator_address=None, num_processes=None,
+                 process_id=None) -> None:
+  setup_logging()
+  with exit_on_errors():
+    maybe_initialize_distributed(coordinator_address, num_processes, process_id)
+    from flax_transformer.loop import train_and_evaluate
+
+    train_and_evaluate(config, workdir)

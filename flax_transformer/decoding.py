@@ -1,0 +1,207 @@
+"""Model-agnostic autoregressive search: beam search, greedy and sampling.
+
+A model enters only through `tokens_to_logits(ids [N, 1], cache) -> (logits
+[N, V], cache)`, where N is batch x beams and every cache leaf with a leading
+dimension N is a per-sequence state (reordered when beams are). Token 0 (pad)
+is never generated; `eos_id` ends a sequence.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+TokensToLogits = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
+NEG_INF = -1.0e7  # Finite, so sums of it stay ordered and never NaN.
+PAD_ID = 0
+
+
+def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
+  """GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha."""
+  return ((5.0 + length.astype(jnp.float32)) / 6.0) ** alpha
+
+
+def repeat_beams(x: jax.Array, beam_size: int) -> jax.Array:
+  """[B, ...] -> [B * beam_size, ...], each row repeated beam_size times."""
+  return jnp.repeat(x, beam_size, axis=0)
+
+
+def _gather_beams(tree, indices: jax.Array, batch_size: int, beam_size: int):
+  """Reorders [B*K_old, ...] (or [B, K_old, ...]) leaves by beam indices [B, K_new]."""
+  flat_rows = (jnp.arange(batch_size)[:, None] * beam_size + indices).reshape(-1)
+
+  def gather(x):
+    if x.ndim == 0 or x.shape[0] != batch_size * beam_size:
+      return x  # Shared state (cache indices, step counters).
+    return x[flat_rows]
+  return jax.tree_util.tree_map(gather, tree)
+
+
+def _forbid(log_probs: jax.Array, step: jax.Array, max_lengths: jax.Array,
+            eos_id: int) -> jax.Array:
+  """Never pad; only EOS at a sequence's last allowed position. log_probs [B, K, V]."""
+  vocab = jnp.arange(log_probs.shape[-1])
+  log_probs = jnp.where(vocab == PAD_ID, NEG_INF, log_probs)
+  at_limit = (step + 1 >= max_lengths)[:, None, None]
+  return jnp.where(at_limit & (vocab != eos_id), NEG_INF, log_probs)
+
+
+class BeamState(NamedTuple):
+  step: jax.Array  # int32 [], tokens generated so far.
+  alive_seqs: jax.Array  # int32 [B, K, L]
+  alive_log_probs: jax.Array  # float32 [B, K]
+  finished_seqs: jax.Array  # int32 [B, K, L]
+  finished_scores: jax.Array  # float32 [B, K], length-penalised; NEG_INF if none.
+  cache: Any
+
+
+class SearchResult(NamedTuple):
+  sequences: jax.Array  # int32 [B, K, L], best first, EOS-terminated, 0-padded.
+  scores: jax.Array  # float32 [B, K]: log P / lp (beam) or log P (greedy/sampling).
+
+
+def beam_search(tokens_to_logits: TokensToLogits, cache, *, batch_size: int, beam_size: int,
+                max_decode_len: int, alpha: float = 0.6, eos_id: int = 1,
+                max_lengths: jax.Array | None = None) -> SearchResult:
+  """Beam search maximising log P(Y) / lp(Y) (paper section 6.1).
+
+  cache: the model's state for batch_size * beam_size rows (beams of a
+  sentence adjacent, see `repeat_beams`). max_lengths: int [B] longest output
+  per sentence, EOS included (default max_decode_len). Stops when no live beam
+  can still beat the K-th best finished hypothesis of every sentence.
+  """
+  b, k, length = batch_size, beam_size, max_decode_len
+  if max_lengths is None:
+    max_lengths = jnp.full((b,), length, jnp.int32)
+  max_lengths = jnp.minimum(max_lengths, length)
+  state = BeamState(
+      step=jnp.array(0, jnp.int32),
+      alive_seqs=jnp.zeros((b, k, length), jnp.int32),
+      # Only beam 0 is live at first, so the K beams do not start as copies.
+      alive_log_probs=jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (b, 1)),
+      finished_seqs=jnp.zeros((b, k, length), jnp.int32),
+      finished_scores=jnp.full((b, k), NEG_INF, jnp.float32),
+      cache=cache)
+
+  def not_done(s: BeamState) -> jax.Array:
+    # The best a live beam can reach: its log-prob now, penalised at its longest.
+    best_alive = s.alive_log_probs[:, 0] / length_penalty(max_lengths, alpha)
+    worst_finished = s.finished_scores[:, -1]
+    open_sentence = (best_alive > worst_finished) & (s.alive_log_probs[:, 0] > NEG_INF / 2)
+    return (s.step < length) & jnp.any(open_sentence)
+
+  def step_fn(s: BeamState) -> BeamState:
+    previous = jnp.where(s.step > 0,
+                         jax.lax.dynamic_index_in_dim(s.alive_seqs, s.step - 1, 2, False), 0)
+    logits, cache = tokens_to_logits(previous.reshape(b * k, 1), s.cache)
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(b, k, -1)
+    log_probs = _forbid(log_probs, s.step, max_lengths, eos_id)
+    vocab = log_probs.shape[-1]
+    candidates = (s.alive_log_probs[:, :, None] + log_probs).reshape(b, k * vocab)
+    # 2K candidates: even if K of them end in EOS, K remain to stay alive.
+    top_log_probs, top_ids = jax.lax.top_k(candidates, min(2 * k, k * vocab))
+    top_beams, top_tokens = top_ids // vocab, top_ids % vocab
+    top_seqs = jnp.take_along_axis(s.alive_seqs, top_beams[:, :, None], axis=1)
+    top_seqs = jax.lax.dynamic_update_index_in_dim(top_seqs, top_tokens, s.step, axis=2)
+    ended = top_tokens == eos_id
+    dead = top_log_probs <= NEG_INF / 2
+
+    # Live beams: the best K candidates that did not just end.
+    alive_scores = jnp.where(ended | dead, 2 * NEG_INF, top_log_probs)
+    alive_log_probs, alive_pick = jax.lax.top_k(alive_scores, k)
+    alive_seqs = jnp.take_along_axis(top_seqs, alive_pick[:, :, None], axis=1)
+    origin = jnp.take_along_axis(top_beams, alive_pick, axis=1)
+    cache = _gather_beams(cache, origin, b, k)
+
+    # Finished: the best K of those kept so far and those that just ended.
+    new_scores = top_log_probs / length_penalty(s.step + 1, alpha)
+    new_scores = jnp.where(ended & ~dead, new_scores, NEG_INF)
+    pool_scores = jnp.concatenate([s.finished_scores, new_scores], axis=1)
+    pool_seqs = jnp.concatenate([s.finished_seqs, top_seqs], axis=1)
+    finished_scores, finished_pick = jax.lax.top_k(pool_scores, k)
+    finished_seqs = jnp.take_along_axis(pool_seqs, finished_pick[:, :, None], axis=1)
+    return BeamState(s.step + 1, alive_seqs, alive_log_probs, finished_seqs, finished_scores,
+                     cache)
+
+  final = jax.lax.while_loop(not_done, step_fn, state)
+  return SearchResult(final.finished_seqs, final.finished_scores)
+
+
+class SampleState(NamedTuple):
+  step: jax.Array
+  seqs: jax.Array  # int32 [B, L]
+  log_probs: jax.Array  # float32 [B]
+  done: jax.Array  # bool [B]
+  cache: Any
+  rng: jax.Array
+
+
+def sample_search(tokens_to_logits: TokensToLogits, cache, *, batch_size: int,
+                  max_decode_len: int, eos_id: int = 1, temperature: float = 0.0,
+                  top_k: int = 0, top_p: float = 1.0, rng: jax.Array | None = None,
+                  max_lengths: jax.Array | None = None) -> SearchResult:
+  """One sequence per row: greedy (temperature 0) or sampled with temperature/top-k/top-p.
+
+  Scores are the sequences' log-probabilities under the (temperature-free) model.
+  """
+  b, length = batch_size, max_decode_len
+  if max_lengths is None:
+    max_lengths = jnp.full((b,), length, jnp.int32)
+  max_lengths = jnp.minimum(max_lengths, length)
+  if temperature > 0 and rng is None:
+    raise ValueError("sampling (temperature > 0) needs an rng")
+  state = SampleState(jnp.array(0, jnp.int32), jnp.zeros((b, length), jnp.int32),
+                      jnp.zeros((b,), jnp.float32), jnp.zeros((b,), bool), cache,
+                      rng if rng is not None else jax.random.PRNGKey(0))
+
+  def not_done(s: SampleState):
+    return (s.step < length) & ~jnp.all(s.done)
+
+  def step_fn(s: SampleState) -> SampleState:
+    previous = jnp.where(s.step > 0, jax.lax.dynamic_index_in_dim(s.seqs, s.step - 1, 1, False),
+                         0)
+    logits, cache = tokens_to_logits(previous.reshape(b, 1), s.cache)
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
+    log_probs = _forbid(log_probs[:, None, :], s.step, max_lengths, eos_id)[:, 0]
+    rng, key = jax.random.split(s.rng)
+    if temperature > 0:
+      token = jax.random.categorical(key, _truncate(log_probs / temperature, top_k, top_p))
+    else:
+      token = jnp.argmax(log_probs, axis=-1)
+    token = jnp.where(s.done, PAD_ID, token).astype(jnp.int32)
+    chosen = jnp.take_along_axis(log_probs, token[:, None], axis=1)[:, 0]
+    seqs = jax.lax.dynamic_update_index_in_dim(s.seqs, token, s.step, axis=1)
+    return SampleState(s.step + 1, seqs, s.log_probs + jnp.where(s.done, 0.0, chosen),
+                       s.done | (token == eos_id), cache, rng)
+
+  final = jax.lax.while_loop(not_done, step_fn, state)
+  return SearchResult(final.seqs[:, None, :], final.log_probs[:, None])
+
+
+def _truncate(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
+  """Keeps the top_k most likely tokens and the smallest set with mass >= top_p."""
+  if top_k > 0:
+    kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
+    logits = jnp.where(logits < kth, NEG_INF, logits)
+  if top_p < 1.0:
+    sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
+    mass_before = jnp.cumsum(jax.nn.softmax(sorted_logits), axis=-1) - jax.nn.softmax(
+        sorted_logits)
+    kept = jnp.where(mass_before < top_p, sorted_logits, jnp.inf)
+    threshold = jnp.min(kept, axis=-1, keepdims=True)
+    logits = jnp.where(logits < threshold, NEG_INF, logits)
+  return logits
+
+
+def trim(sequence: np.ndarray, eos_id: int = 1) -> list[int]:
+  """Ids up to (not including) the first EOS, padding removed."""
+  out = []
+  for i in np.asarray(sequence).tolist():
+    if i == eos_id:
+      break
+    if i != PAD_ID:
+      out.append(i)
+  return out

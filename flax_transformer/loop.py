@@ -1,0 +1,311 @@
+"""The training loop: data in, sharded steps, evaluation, checkpoints, metrics out.
+
+`train_and_evaluate(config, workdir)` is everything `train.py` does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import resource
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import sacrebleu
+
+from flax_transformer import data as data_lib
+from flax_transformer import sharding as sharding_lib
+from flax_transformer.checkpoints import Checkpointer
+from flax_transformer.config import TransformerConfig
+from flax_transformer.metrics import METRICS_FILE, create_writer
+from flax_transformer.sources import load_pairs
+from flax_transformer.training import Trainer, evaluate
+from flax_transformer.translator import SearchConfig, make_search_fn, translate_ids
+
+RUN_FILE = "run.json"  # Model config and vocabulary of a workdir, checked on restart.
+# Fields that may differ between runs sharing a workdir (they change no parameter).
+MUTABLE_MODEL_FIELDS = {"dropout_rate", "attention_dropout_rate", "deterministic", "decode",
+                        "dtype"}
+
+
+class ConfigError(ValueError):
+  """A config value that cannot work; the message names the key and the fix."""
+
+
+class NonFiniteLossError(RuntimeError):
+  """The loss became NaN or infinite."""
+
+
+def model_config_from(config) -> TransformerConfig:
+  try:
+    return TransformerConfig.from_dict(config.model.to_dict())
+  except ValueError as e:
+    raise ConfigError(f"config.model: {e}") from None
+
+
+def check_config(config) -> None:
+  """Rejects settings that cannot work before anything expensive starts."""
+  positive = ("num_train_steps", "warmup_steps", "batch_tokens", "max_source_length",
+              "max_target_length", "grad_accum_steps", "log_every_steps",
+              "checkpoint_every_steps", "eval_every_steps", "eval_batch_tokens", "beam_size")
+  for key in positive:
+    if config[key] <= 0:
+      raise ConfigError(f"config.{key} must be positive, got {config[key]}")
+  if not 0.0 <= config.label_smoothing < 1.0:
+    raise ConfigError(f"config.label_smoothing must be in [0, 1), got {config.label_smoothing}")
+  if config.nan_policy not in ("stop", "skip"):
+    raise ConfigError(f"config.nan_policy must be 'stop' or 'skip', got {config.nan_policy!r}")
+  model = model_config_from(config)
+  longest = max(config.max_source_length, config.max_target_length)
+  if longest > model.max_len:
+    raise ConfigError(f"config.max_source_length/max_target_length ({longest}) exceed "
+                      f"config.model.max_len ({model.max_len}); raise model.max_len")
+
+
+def check_workdir_compatible(workdir: Path, model_config: TransformerConfig,
+                             vocab_size: int) -> None:
+  """Records the run's model in the workdir, or refuses one that differs from it."""
+  record = {"model": model_config.to_dict(), "vocab_size": vocab_size}
+  path = workdir / RUN_FILE
+  if not path.exists():
+    path.write_text(json.dumps(record, indent=1))
+    return
+  previous = json.loads(path.read_text())
+  differences = [f"model.{k}: workdir has {v!r}, config has {record['model'].get(k)!r}"
+                 for k, v in previous["model"].items()
+                 if k not in MUTABLE_MODEL_FIELDS and record["model"].get(k) != v]
+  if previous.get("vocab_size") != vocab_size:
+    differences.append(f"vocabulary size: workdir has {previous.get('vocab_size')}, "
+                       f"now {vocab_size}")
+  if differences:
+    raise ConfigError(f"{workdir} holds a run with a different model: " + "; ".join(differences)
+                      + ". Use a new --workdir, or the workdir's values.")
+
+
+class StopRequest:
+  """SIGTERM / SIGINT ask the loop to checkpoint and exit cleanly."""
+
+  def __init__(self):
+    self.signal_name = None
+
+  def install(self):
+    for sig in (signal.SIGTERM, signal.SIGINT):
+      signal.signal(sig, self._handle)
+
+  def _handle(self, signum, frame):
+    if self.signal_name is not None:  # Second signal: stop now.
+      raise KeyboardInterrupt
+    self.signal_name = signal.Signals(signum).name
+    logging.warning("%s received: saving a checkpoint, then exiting", self.signal_name)
+
+
+def _format_seconds(seconds: float) -> str:
+  if not math.isfinite(seconds):
+    return "?"
+  seconds = int(seconds)
+  return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else \
+      f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def _previous_wall_time(workdir: Path) -> float:
+  """Wall time already spent by earlier runs in this workdir (from metrics.jsonl)."""
+  path = workdir / METRICS_FILE
+  if not path.exists():
+    return 0.0
+  wall = 0.0
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      try:
+        wall = float(json.loads(line).get("wall_s", wall))
+      except (ValueError, AttributeError):
+        continue  # A line cut by a crash; the rest of the file still counts.
+  return wall
+
+
+@dataclasses.dataclass
+class EvalSet:
+  """Tokenized evaluation pairs and their raw references (for BLEU)."""
+
+  ids: list  # (source ids, target ids) per pair.
+  references: list[str]
+
+
+def _eval_set(config, tokenizer) -> EvalSet:
+  pairs = load_pairs(config, config.eval_split, config.eval_dataset_name or None)
+  pairs = [pairs[i] for i in range(len(pairs))]
+  return EvalSet(ids=[(tokenizer.tokenize(s), tokenizer.tokenize(t)) for s, t in pairs],
+                 references=[t for _, t in pairs])
+
+
+def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
+  """Trains `config` in `workdir` (resuming if it holds checkpoints); returns last metrics."""
+  workdir = Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  check_config(config)
+  model_config = model_config_from(config)
+  process_index, process_count = jax.process_index(), jax.process_count()
+  mesh = sharding_lib.make_mesh(config.mesh)
+  dp_size = sharding_lib.data_parallel_size(mesh)
+  batching = data_lib.train_batching(config, dp_size, process_count)
+  global_rows = batching.rows * process_count
+  sharding_lib.check_divisible(global_rows, mesh)
+  if global_rows % (dp_size * config.grad_accum_steps):
+    raise ConfigError(f"global batch of {global_rows} rows does not split into "
+                      f"config.grad_accum_steps={config.grad_accum_steps} micro-batches over "
+                      f"{dp_size} data-parallel devices")
+
+  logging.info("Devices: %d (%s), mesh %s, %d process(es)", jax.device_count(),
+               jax.devices()[0].platform, dict(mesh.shape), process_count)
+  train_pairs = load_pairs(config, config.train_split)
+  logging.info("Training pairs: %d (%s)", len(train_pairs), config.dataset_name)
+  tokenizer = data_lib.build_tokenizer(config, str(workdir), train_pairs, process_index)
+  if tokenizer.vocab_size != model_config.vocab_size:
+    logging.info("Model vocabulary size %d -> %d (the vocabulary's)", model_config.vocab_size,
+                 tokenizer.vocab_size)
+    model_config = model_config.replace(vocab_size=tokenizer.vocab_size)
+  if process_index == 0:
+    check_workdir_compatible(workdir, model_config, tokenizer.vocab_size)
+
+  train_iter = iter(data_lib.train_dataset(
+      data_lib.tokenized(train_pairs, tokenizer), batching, seed=config.seed,
+      process_index=process_index, process_count=process_count))
+  eval_set = _eval_set(config, tokenizer)
+  trainer = Trainer(model_config, config, mesh)
+  checkpointer = Checkpointer(workdir, max_to_keep=config.keep_checkpoints)
+  start_step, state = checkpointer.restore_latest(trainer.abstract_state, train_iter)
+  if state is None:
+    start_step, state = 0, trainer.init_state(config.seed)
+    logging.info("Starting from scratch in %s", workdir)
+  else:
+    logging.info("Resumed from the checkpoint of step %d", start_step)
+
+  def place(batch):
+    return data_lib.to_global_arrays(
+        data_lib.host_rows(batch, process_index, process_count), trainer.batch_sharding)
+
+  host_eval_batches = []  # Formed once; placed on the devices at each evaluation.
+  for batch in data_lib.eval_batches(eval_set.ids, batch_tokens=config.eval_batch_tokens,
+                                     max_length=model_config.max_len, row_multiple=dp_size):
+    if 0 <= config.num_eval_steps <= len(host_eval_batches):
+      break
+    batch.pop("index")
+    host_eval_batches.append(batch)
+
+  def eval_batches():
+    return (place(batch) for batch in host_eval_batches)
+
+  search = SearchConfig(beam_size=config.beam_size, alpha=config.alpha,
+                        max_extra=config.max_extra)
+  search_fn = jax.jit(make_search_fn(model_config, search),
+                      out_shardings=sharding_lib.replicated(mesh))
+
+  def bleu(params) -> dict[str, float]:
+    n = len(eval_set.ids) if config.num_bleu_sentences < 0 else config.num_bleu_sentences
+    with jax.set_mesh(mesh):
+      hyps = translate_ids(search_fn, params, [s for s, _ in eval_set.ids[:n]],
+                           batch_tokens=config.eval_batch_tokens, max_length=model_config.max_len,
+                           row_multiple=dp_size, place=lambda x: place({"inputs": x})["inputs"])
+    hypotheses = [tokenizer.detokenize(h[0][0]) for h in hyps]
+    references = eval_set.references[:n]
+    return {"bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
+            "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score}
+
+  writer = create_writer(workdir, process_index)
+  if start_step == 0:
+    writer.write_hparams({"model": model_config.to_dict(), **config.to_dict()})
+  stop = StopRequest()
+  stop.install()
+  wall_before = _previous_wall_time(workdir)
+  run_start = time.time()
+  peak = config.peak_flops_per_device * jax.device_count()
+
+  first = place(next(train_iter))
+  compile_start = time.time()
+  step_flops = trainer.compile_train_step(state, first)
+  logging.info("Train step compiled in %.1f s (%.3g FLOPs/step)", time.time() - compile_start,
+               step_flops)
+  pending = []  # Device metrics of steps not yet logged (fetching each would sync).
+  last = {}
+  timer_step, timer_start = start_step, time.time()
+  step = start_step
+  batch = first
+  while step < config.num_train_steps:
+    state, metrics = trainer.train_step(state, batch)
+    step += 1
+    pending.append((step, metrics))
+    is_last = step == config.num_train_steps
+    want_log = step % config.log_every_steps == 0 or is_last or stop.signal_name
+    want_eval = step % config.eval_every_steps == 0 or is_last
+    want_bleu = config.bleu_every_steps > 0 and (step % config.bleu_every_steps == 0 or is_last)
+    want_save = step % config.checkpoint_every_steps == 0 or is_last or stop.signal_name
+    if not (want_log or want_eval or want_save):
+      batch = place(next(train_iter))  # Overlaps with the device computing this step.
+      continue
+
+    fetched = jax.device_get([m for _, m in pending])
+    for (s, _), m in zip(pending, fetched):
+      if m["nonfinite"]:
+        message = f"non-finite loss ({m['loss']}) at step {s}"
+        if config.nan_policy == "stop":
+          checkpointer.wait()
+          raise NonFiniteLossError(message + ": stopping; the last checkpoint holds the "
+                                   "parameters before it (set config.nan_policy='skip' to "
+                                   "skip such steps instead)")
+        logging.warning("%s: update skipped", message)
+    now = time.time()
+    elapsed = now - timer_start
+    steps_done = step - timer_step
+    summary = {k: float(np.mean([m[k] for m in fetched])) for k in
+               ("loss", "nll", "accuracy", "learning_rate", "grad_norm")}
+    tokens = float(np.sum([m["tokens"] for m in fetched]))
+    step_time = elapsed / max(steps_done, 1)
+    summary.update(tokens_per_s=tokens / max(elapsed, 1e-9), step_time_s=step_time,
+                   wall_s=wall_before + now - run_start)
+    if step_flops:
+      summary["gflops_per_s"] = step_flops * steps_done / max(elapsed, 1e-9) / 1e9
+      if peak:
+        summary["mfu"] = summary["gflops_per_s"] * 1e9 / peak
+    pending = []
+    timer_step, timer_start = step, now
+
+    if want_eval:
+      summary.update(evaluate(trainer, state.params, eval_batches()))
+    if want_bleu:
+      summary.update(bleu(state.params))
+    summary["wall_s"] = wall_before + time.time() - run_start
+    eta = (config.num_train_steps - step) * step_time
+    rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    line = (f"step {step}/{config.num_train_steps} | loss {summary['loss']:.4f} | "
+            f"lr {summary['learning_rate']:.2e} | {summary['tokens_per_s']:,.0f} tok/s | "
+            f"{step_time:.3f} s/step | ETA {_format_seconds(eta)} | peak RSS {rss_gb:.1f} GB")
+    if "mfu" in summary:
+      line += f" | MFU {100 * summary['mfu']:.1f}%"
+    if want_eval:
+      line += (f" || eval loss {summary['eval_loss']:.4f} ppl {summary['eval_perplexity']:.2f}"
+               f" acc {summary['eval_accuracy']:.3f}")
+    if want_bleu:
+      line += f" BLEU {summary['bleu']:.2f} chrF {summary['chrf']:.2f}"
+    logging.info("%s", line)
+    writer.write_scalars(step, summary)
+    writer.flush()
+    last = summary
+    if want_save:
+      checkpointer.save(step, state, train_iter, force=True)
+    if stop.signal_name:
+      logging.warning("Stopped by %s at step %d; checkpoint saved", stop.signal_name, step)
+      break
+    if not is_last:
+      # Only now: a checkpoint must hold the iterator before this batch is drawn.
+      batch = place(next(train_iter))
+    timer_start = time.time()  # Evaluation and saving are not step time.
+
+  checkpointer.wait()
+  checkpointer.close()
+  writer.close()
+  return last

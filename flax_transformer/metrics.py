@@ -1,0 +1,105 @@
+"""Where training metrics go: TensorBoard and `metrics.jsonl` (process 0 only).
+
+clu's metric writers would be the natural choice, but `clu.metric_writers`
+imports TensorFlow when imported; this project has no TensorFlow dependency,
+so TensorBoard files are written through tensorboardX behind the same
+`write_scalars(step, scalars)` interface.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _plain(value: Any):
+  value = np.asarray(value).item() if np.ndim(value) == 0 else np.asarray(value).tolist()
+  if isinstance(value, float) and not math.isfinite(value):
+    return str(value)  # JSON has no NaN/inf; keep the fact, as a string.
+  return value
+
+
+class JsonlWriter:
+  """Appends one JSON object per `write_scalars` call: {"step": s, **scalars}.
+
+  The file is opened for appending, so a resumed run continues it.
+  """
+
+  def __init__(self, path: str | os.PathLike):
+    self.path = Path(path)
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    self._file = open(self.path, "a", encoding="utf-8")
+
+  def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
+    record = {"step": int(step), **{k: _plain(v) for k, v in scalars.items()}}
+    self._file.write(json.dumps(record) + "\n")
+
+  def write_hparams(self, hparams: Mapping[str, Any]) -> None:
+    del hparams  # The workdir's run.json records the model.
+
+  def flush(self) -> None:
+    self._file.flush()
+
+  def close(self) -> None:
+    self._file.close()
+
+
+class TensorBoardWriter:
+  """TensorBoard event files through tensorboardX (no TensorFlow needed)."""
+
+  def __init__(self, logdir: str | os.PathLike):
+    from tensorboardX import SummaryWriter
+
+    self._writer = SummaryWriter(str(logdir))
+
+  def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
+    for key, value in scalars.items():
+      self._writer.add_scalar(key, float(np.asarray(value)), global_step=int(step))
+
+  def write_hparams(self, hparams: Mapping[str, Any]) -> None:
+    self._writer.add_text("hparams", json.dumps(dict(hparams), default=str, indent=1))
+
+  def flush(self) -> None:
+    self._writer.flush()
+
+  def close(self) -> None:
+    self._writer.close()
+
+
+class MultiWriter:
+  """Sends every call to each writer."""
+
+  def __init__(self, writers: Sequence[Any]):
+    self.writers = list(writers)
+
+  def write_scalars(self, step, scalars):
+    for w in self.writers:
+      w.write_scalars(step, scalars)
+
+  def write_hparams(self, hparams):
+    for w in self.writers:
+      w.write_hparams(hparams)
+
+  def flush(self):
+    for w in self.writers:
+      w.flush()
+
+  def close(self):
+    for w in self.writers:
+      w.close()
+
+
+def create_writer(workdir: str | os.PathLike, process_index: int = 0) -> MultiWriter:
+  """Process 0 writes TensorBoard and metrics.jsonl; other processes write nothing."""
+  if process_index != 0:
+    return MultiWriter([])
+  workdir = Path(workdir)
+  return MultiWriter([JsonlWriter(workdir / METRICS_FILE),
+                      TensorBoardWriter(workdir / "tensorboard")])

@@ -1,0 +1,83 @@
+"""Device mesh and logical-axis sharding: parameters and batches placed by rules alone.
+
+Mesh axes: 'data' (batch), 'fsdp' (batch, and parameters' `embed` dimension),
+'tensor' (heads, mlp and vocab dimensions). Rules map logical axis names
+(carried by every parameter, see `attention`, `layers`) to mesh axes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+from flax import linen as nn
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+
+class ShardingConfigError(ValueError):
+  """A mesh or batch setting that cannot work; the message names key and fix."""
+
+
+def mesh_shape(mesh_config: Mapping[str, int], device_count: int) -> tuple[int, ...]:
+  """Sizes of MESH_AXES from `config.mesh`; one axis may be -1 (all the rest)."""
+  unknown = sorted(set(mesh_config) - set(MESH_AXES))
+  if unknown:
+    raise ShardingConfigError(f"config.mesh has unknown axis {unknown}; axes: {MESH_AXES}")
+  sizes = [int(mesh_config.get(axis, 1)) for axis in MESH_AXES]
+  if sum(s == -1 for s in sizes) > 1:
+    raise ShardingConfigError("config.mesh: only one axis may be -1")
+  if any(s == 0 or s < -1 for s in sizes):
+    raise ShardingConfigError(f"config.mesh sizes must be positive or -1, got {dict(mesh_config)}")
+  fixed = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes:
+    if device_count % fixed:
+      raise ShardingConfigError(
+          f"config.mesh={dict(mesh_config)}: fixed axes multiply to {fixed}, which does not "
+          f"divide the {device_count} devices; choose sizes whose product divides {device_count}")
+    sizes[sizes.index(-1)] = device_count // fixed
+  if math.prod(sizes) != device_count:
+    raise ShardingConfigError(
+        f"config.mesh={dict(mesh_config)} needs {math.prod(sizes)} devices but "
+        f"{device_count} are present; set one axis to -1 or make the product {device_count}")
+  return tuple(sizes)
+
+
+def make_mesh(mesh_config: Mapping[str, int], devices: Sequence[jax.Device] | None = None) -> Mesh:
+  devices = list(devices if devices is not None else jax.devices())
+  shape = mesh_shape(mesh_config, len(devices))
+  return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+  return math.prod(mesh.shape[a] for a in BATCH_AXES)
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Rows split over the data-parallel axes, everything else replicated."""
+  return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, PartitionSpec())
+
+
+def logical_shardings(abstract_tree: Any, mesh: Mesh, rules: Sequence[tuple[str, Any]]):
+  """NamedShardings for a tree whose leaves may be `nn.Partitioned` (logical names).
+
+  Unnamed leaves (step counters, optimizer scalars) are replicated.
+  """
+  specs = nn.get_partition_spec(abstract_tree)
+  return nn.logical_to_mesh_sharding(specs, mesh, [tuple(r) for r in rules])
+
+
+def check_divisible(batch_rows: int, mesh: Mesh, key: str = "batch_tokens") -> None:
+  size = data_parallel_size(mesh)
+  if batch_rows % size:
+    raise ShardingConfigError(
+        f"global batch of {batch_rows} rows is not divisible by the data-parallel size {size} "
+        f"(mesh data x fsdp); change config.{key} or config.mesh")

@@ -1,0 +1,206 @@
+"""The training model: loss, optimiser, sharded train/eval steps (paper section 5).
+
+`Trainer` holds what is compiled once per run: the jitted, sharded train and
+eval steps and the state's shardings. The loop that feeds it lives in `loop`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import linen as nn
+
+from flax_transformer import sharding as sharding_lib
+from flax_transformer.config import TransformerConfig
+from flax_transformer.model import Transformer
+
+MODEL_INPUT_KEYS = ("inputs", "targets", "inputs_positions", "targets_positions",
+                    "inputs_segmentation", "targets_segmentation")
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array  # int32 [], optimiser updates applied so far.
+  params: Any
+  opt_state: Any
+
+
+def learning_rate_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) -> optax.Schedule:
+  """lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5) (paper eq. 3).
+
+  optax counts updates from 0; the paper's step numbers start at 1.
+  """
+  def schedule(count):
+    step = jnp.asarray(count, jnp.float32) + 1.0
+    return scale * d_model ** -0.5 * jnp.minimum(step ** -0.5, step * warmup_steps ** -1.5)
+  return schedule
+
+
+def make_optimizer(config, d_model: int) -> optax.GradientTransformation:
+  """Adam(beta1, beta2, eps) on the paper's schedule; optional clipping and weight decay."""
+  schedule = learning_rate_schedule(d_model, config.warmup_steps, config.learning_rate)
+  parts = []
+  if config.grad_clip_norm > 0:
+    parts.append(optax.clip_by_global_norm(config.grad_clip_norm))
+  if config.weight_decay > 0:
+    parts.append(optax.adamw(schedule, b1=config.adam_b1, b2=config.adam_b2,
+                             eps=config.adam_eps, weight_decay=config.weight_decay))
+  else:
+    parts.append(optax.adam(schedule, b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps))
+  return optax.chain(*parts)
+
+
+def cross_entropy_sums(logits: jax.Array, targets: jax.Array,
+                       label_smoothing: float) -> dict[str, jax.Array]:
+  """Sums over non-pad target tokens of the smoothed loss, NLL and correct predictions.
+
+  logits float32 [B, T, V], targets int [B, T]. Label smoothing puts eps_ls / V
+  on every class and 1 - eps_ls on the true one (Szegedy et al., paper 5.4):
+  loss = (1 - eps_ls) * NLL + eps_ls * mean_v(-log p_v).
+  """
+  weights = (targets != 0).astype(jnp.float32)
+  nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+  log_probs = jax.nn.log_softmax(logits)
+  uniform = -jnp.mean(log_probs, axis=-1)
+  loss = (1.0 - label_smoothing) * nll + label_smoothing * uniform
+  correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+  return {"loss": jnp.sum(loss * weights), "nll": jnp.sum(nll * weights),
+          "correct": jnp.sum(correct * weights), "tokens": jnp.sum(weights)}
+
+
+def model_inputs(batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+  return {k: batch[k] for k in MODEL_INPUT_KEYS if k in batch}
+
+
+class Trainer:
+  """Sharded, jitted train and eval steps for one model config, config and mesh."""
+
+  def __init__(self, model_config: TransformerConfig, config, mesh: jax.sharding.Mesh):
+    self.model_config = model_config
+    self.config = config
+    self.mesh = mesh
+    self.rules = tuple(tuple(r) for r in config.logical_axis_rules)
+    self.train_model = Transformer(model_config.replace(deterministic=False, decode=False))
+    self.eval_model = Transformer(model_config.replace(deterministic=True, decode=False))
+    self.optimizer = make_optimizer(config, model_config.d_model)
+    self.schedule = learning_rate_schedule(model_config.d_model, config.warmup_steps,
+                                           config.learning_rate)
+
+    boxed = jax.eval_shape(self._boxed_init, jax.random.PRNGKey(0))
+    self.state_shardings = sharding_lib.logical_shardings(boxed, mesh, self.rules)
+    self.abstract_state = jax.tree_util.tree_map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        nn.unbox(boxed), self.state_shardings)
+    self.batch_sharding = sharding_lib.batch_sharding(mesh)
+    replicated = sharding_lib.replicated(mesh)
+    self._init = jax.jit(lambda rng: nn.unbox(self._boxed_init(rng)),
+                         out_shardings=self.state_shardings)
+    self._train_step = jax.jit(self._train_step_fn, in_shardings=(self.state_shardings,
+                                                                  self.batch_sharding),
+                               out_shardings=(self.state_shardings, replicated),
+                               donate_argnums=(0,))
+    self._compiled_train_step = None  # Set by compile_train_step (fixed batch shape).
+    self._eval_step = jax.jit(self._eval_step_fn,
+                              in_shardings=(self.state_shardings.params, self.batch_sharding),
+                              out_shardings=replicated)
+
+  def _boxed_init(self, rng) -> TrainState:
+    dummy = jnp.ones((1, 8), jnp.int32)
+    params = self.eval_model.init(rng, dummy, dummy)["params"]
+    return TrainState(step=jnp.array(0, jnp.int32), params=params,
+                      opt_state=self.optimizer.init(params))
+
+  def init_state(self, seed: int) -> TrainState:
+    with jax.set_mesh(self.mesh):
+      return self._init(jax.random.PRNGKey(seed))
+
+  # --- Steps ---------------------------------------------------------------------
+
+  def _loss_sums(self, params, batch, rng):
+    logits = self.train_model.apply({"params": params}, **model_inputs(batch),
+                                    rngs={"dropout": rng})
+    sums = cross_entropy_sums(logits, batch["targets"], self.config.label_smoothing)
+    return sums["loss"], sums
+
+  def _train_step_fn(self, state: TrainState, batch):
+    config = self.config
+    # One key per step, independent of the mesh: the same run on any device layout.
+    rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), state.step)
+    grad_fn = jax.grad(self._loss_sums, has_aux=True)
+    accum = config.grad_accum_steps
+    if accum == 1:
+      grads, sums = grad_fn(state.params, batch, rng)
+    else:
+      micro = jax.tree_util.tree_map(
+          lambda x: x.reshape((accum, x.shape[0] // accum) + x.shape[1:]), batch)
+
+      def accumulate(carry, inputs):
+        index, microbatch = inputs
+        grads, sums = grad_fn(state.params, microbatch, jax.random.fold_in(rng, index))
+        return jax.tree_util.tree_map(jnp.add, carry, (grads, sums)), None
+
+      zeros = jax.tree_util.tree_map(jnp.zeros_like, jax.eval_shape(
+          grad_fn, state.params, jax.tree_util.tree_map(lambda x: x[0], micro), rng))
+      (grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(accum), micro))
+
+    # Normalise by the batch's non-pad target tokens (all micro-batches together).
+    tokens = jnp.maximum(sums["tokens"], 1.0)
+    grads = jax.tree_util.tree_map(lambda g: g / tokens, grads)
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
+    updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    # A non-finite step changes nothing; the loop stops or skips on `nonfinite`.
+    keep = lambda new, old: jax.tree_util.tree_map(  # noqa: E731
+        lambda n, o: jnp.where(finite, n, o), new, old)
+    new_state = TrainState(step=state.step + 1, params=keep(params, state.params),
+                           opt_state=keep(opt_state, state.opt_state))
+    metrics = {"loss": sums["loss"] / tokens, "nll": sums["nll"] / tokens,
+               "accuracy": sums["correct"] / tokens, "tokens": sums["tokens"],
+               "learning_rate": self.schedule(state.step), "grad_norm": grad_norm,
+               "nonfinite": ~finite}
+    return new_state, metrics
+
+  def _eval_step_fn(self, params, batch):
+    logits = self.eval_model.apply({"params": params}, **model_inputs(batch))
+    return cross_entropy_sums(logits, batch["targets"], self.config.label_smoothing)
+
+  def compile_train_step(self, state: TrainState, batch) -> float:
+    """Compiles the train step for this batch shape; returns its FLOPs (XLA's count)."""
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      self._compiled_train_step = self._train_step.lower(state, batch).compile()
+    analysis = self._compiled_train_step.cost_analysis()
+    if isinstance(analysis, (list, tuple)):
+      analysis = analysis[0] if analysis else {}
+    return float((analysis or {}).get("flops", 0.0))
+
+  def train_step(self, state: TrainState, batch) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One optimiser update; `state` is donated (do not reuse it)."""
+    if self._compiled_train_step is not None:
+      return self._compiled_train_step(state, batch)
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      return self._train_step(state, batch)
+
+  def eval_step(self, params, batch) -> dict[str, jax.Array]:
+    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+      return self._eval_step(params, batch)
+
+
+def evaluate(trainer: Trainer, params, batches) -> dict[str, float]:
+  """Loss, perplexity and token accuracy over eval batches (already placed)."""
+  totals = None
+  for batch in batches:
+    sums = trainer.eval_step(params, batch)
+    totals = sums if totals is None else jax.tree_util.tree_map(jnp.add, totals, sums)
+  if totals is None:
+    raise ValueError("evaluation set is empty")
+  totals = {k: float(v) for k, v in jax.device_get(totals).items()}
+  tokens = max(totals["tokens"], 1.0)
+  return {"eval_loss": totals["loss"] / tokens,
+          "eval_perplexity": float(np.exp(totals["nll"] / tokens)),
+          "eval_accuracy": totals["correct"] / tokens}

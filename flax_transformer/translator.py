@@ -1,0 +1,134 @@
+"""Translation with a trained Transformer: jitted beam search over batches of text.
+
+`make_search_fn` glues the model to the model-agnostic search in `decoding`;
+`Translator` adds the vocabulary, length-bucketed batching and checkpoint
+loading, for notebooks and servers (decode.py is a thin shell over it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from flax_transformer import decoding
+from flax_transformer.config import TransformerConfig
+from flax_transformer.model import Transformer, init_cache
+from flax_transformer.tokenizer import EOS_ID, Tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchConfig:
+  """How to search: beam (beam_size > 1 or temperature 0 with beam_size 1) or sampling.
+
+  max_extra: outputs may be up to source length + max_extra tokens (paper: 50),
+  capped by the model's max_len. nbest: hypotheses returned per sentence.
+  """
+
+  beam_size: int = 4
+  alpha: float = 0.6
+  max_extra: int = 50
+  nbest: int = 1
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+
+  def __post_init__(self):
+    if self.beam_size < 1:
+      raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
+    if not 1 <= self.nbest <= self.beam_size:
+      raise ValueError(f"nbest must be in [1, beam_size={self.beam_size}], got {self.nbest}")
+    if self.temperature < 0:
+      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+
+
+def make_search_fn(model_config: TransformerConfig, search: SearchConfig
+                   ) -> Callable[[Any, jax.Array, jax.Array], decoding.SearchResult]:
+  """(params, inputs int [B, S], rng) -> SearchResult; jit it (shapes are static)."""
+  encoder = Transformer(model_config.replace(deterministic=True, decode=False))
+  decoder = Transformer(model_config.replace(deterministic=True, decode=True))
+
+  def search_fn(params, inputs, rng):
+    batch, source_len = inputs.shape
+    max_decode_len = min(source_len + search.max_extra, model_config.max_len)
+    max_lengths = jnp.minimum((inputs != 0).sum(axis=1) + search.max_extra, max_decode_len)
+    encoded = encoder.apply({"params": params}, inputs, method=Transformer.encode)
+    sampling = search.temperature > 0 or search.beam_size == 1
+    rows = 1 if sampling else search.beam_size
+    # The encoder runs once per sentence; beams share its output.
+    encoded, inputs = decoding.repeat_beams(encoded, rows), decoding.repeat_beams(inputs, rows)
+    cache = init_cache(model_config, batch * rows, max_decode_len, source_len)
+
+    def tokens_to_logits(ids, cache):
+      logits, updated = decoder.apply({"params": params, "cache": cache}, encoded, inputs, ids,
+                                      method=Transformer.decode, mutable=["cache"])
+      return logits[:, 0], updated["cache"]
+
+    if sampling:
+      return decoding.sample_search(
+          tokens_to_logits, cache, batch_size=batch, max_decode_len=max_decode_len,
+          eos_id=EOS_ID, temperature=search.temperature, top_k=search.top_k,
+          top_p=search.top_p, rng=rng, max_lengths=max_lengths)
+    return decoding.beam_search(
+        tokens_to_logits, cache, batch_size=batch, beam_size=search.beam_size,
+        max_decode_len=max_decode_len, alpha=search.alpha, eos_id=EOS_ID,
+        max_lengths=max_lengths)
+
+  return search_fn
+
+
+class Progress:
+  """Rate and ETA of long work, printed to stderr at most every `every_s` seconds."""
+
+  def __init__(self, total: int, what: str, every_s: float = 5.0, stream=None):
+    self.total, self.what, self.every_s = total, what, every_s
+    self.stream = stream if stream is not None else sys.stderr
+    self.start = self.last = time.time()
+    self.done = 0
+
+  def update(self, n: int) -> None:
+    self.done += n
+    now = time.time()
+    if now - self.last >= self.every_s or self.done >= self.total:
+      self.last = now
+      rate = self.done / max(now - self.start, 1e-9)
+      eta = (self.total - self.done) / rate if rate > 0 else float("inf")
+      print(f"{self.what}: {self.done}/{self.total} ({rate:.1f}/s, ETA {eta:.0f} s)",
+            file=self.stream, flush=True)
+
+
+def translate_ids(search_fn, params, sources: Sequence[np.ndarray], *, batch_tokens: int,
+                  max_length: int, row_multiple: int = 1, nbest: int = 1, seed: int = 0,
+                  place: Callable[[np.ndarray], Any] = jnp.asarray,
+                  progress: Progress | None = None):
+  """Token ids of each source -> per source, `nbest` (ids, score) pairs, best first.
+
+  Sources are sorted by length into token-budgeted batches (few compiled
+  shapes) and returned in their original order. `place` puts a host batch on
+  the devices (e.g. sharded over the mesh's data axes).
+  """
+  from flax_transformer.data import eval_batches  # Local: data imports grain.
+
+  results: list[Any] = [None] * len(sources)
+  pairs = [(s, np.zeros((0,), np.int32)) for s in sources]
+  rng = jax.random.PRNGKey(seed)
+  for batch in eval_batches(pairs, batch_tokens=batch_tokens, max_length=max_length,
+                            row_multiple=row_multiple):
+    rng, key = jax.random.split(rng)
+    out = search_fn(params, place(batch["inputs"]), key)
+    sequences, scores = jax.device_get((out.sequences, out.scores))
+    for row, index in enumerate(batch["index"]):
+      if index >= 0:
+        results[index] = [(decoding.trim(sequences[row, j], EOS_ID), float(scores[row, j]))
+                          for j in range(min(nbest, sequences.shape[1]))]
+    if progress is not None:
+      progress.update(int((batch["index"] >= 0).sum()))
+  return results

@@ -1,0 +1,33 @@
+"""Train a Transformer: python train.py --config=configs/multi30k.py --workdir=DIR.
+
+Every config key can be overridden: --config.num_train_steps=1000. Bad
+configs and data exit with code 2 and a message naming the problem.
+"""
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from flax_transformer import cli
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file("config", None, "Training config file (configs/*.py[:ARG]).",
+                                lock_config=True)
+flags.DEFINE_string("workdir", None, "Directory for checkpoints, vocabulary and metrics; "
+                    "a rerun with the same workdir resumes.")
+flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for multi-process "
+                    "runs (jax.distributed); unset: single process, or auto-detected on "
+                    "Cloud TPU / SLURM.")
+flags.DEFINE_integer("num_processes", None, "Number of processes (with --coordinator_address).")
+flags.DEFINE_integer("process_id", None, "This process's index (with --coordinator_address).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+  cli.run_training(FLAGS.config, FLAGS.workdir, coordinator_address=FLAGS.coordinator_address,
+                   num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
+
+
+if __name__ == "__main__":
+  app.run(main)
