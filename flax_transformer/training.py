@@ -151,7 +151,7 @@ class Trainer:
     # Normalise by the batch's non-pad target tokens (all micro-batches together).
     tokens = jnp.maximum(sums["tokens"], 1.0)
     grads = jax.tree_util.tree_map(lambda g: g / tokens, grads)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(sums["loss"]) & jnp.isfinite(grad_norm)
     updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)

@@ -1,0 +1,285 @@
+"""Training: the recipe, sharding equivalence, metrics, resuming, signals, bad configs."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from configs import tiny
+from flax_transformer import sharding, training
+from flax_transformer.checkpoints import Checkpointer
+from flax_transformer.loop import ConfigError, train_and_evaluate
+from flax_transformer.metrics import METRICS_FILE
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_config(multi30k_dir, **changes):
+  config = tiny.get_config()
+  config.manual_dir = multi30k_dir
+  config.unlock()
+  for key, value in changes.items():
+    node = config
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  config.lock()
+  return config
+
+
+def read_metrics(workdir):
+  with open(Path(workdir) / METRICS_FILE) as f:
+    return [json.loads(line) for line in f]
+
+
+def test_schedule_is_the_papers_formula():
+  schedule = training.learning_rate_schedule(d_model=512, warmup_steps=4000)
+  for step in (1, 100, 3999, 4000, 4001, 100_000):
+    expected = 512 ** -0.5 * min(step ** -0.5, step * 4000 ** -1.5)
+    assert abs(float(schedule(step - 1)) - expected) < 1e-9
+
+
+def test_label_smoothed_loss_against_explicit_distribution():
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(2, 3, 7)).astype(np.float32)
+  targets = np.array([[3, 5, 0], [1, 0, 0]])
+  eps = 0.1
+  sums = training.cross_entropy_sums(jnp.asarray(logits), jnp.asarray(targets), eps)
+  log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  expected = 0.0
+  for b, t in zip(*np.nonzero(targets)):
+    q = np.full(7, eps / 7)
+    q[targets[b, t]] += 1 - eps
+    expected += -(q * log_p[b, t]).sum()
+  assert float(sums["tokens"]) == 3
+  np.testing.assert_allclose(float(sums["loss"]), expected, rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def trained_tiny(multi30k_dir, tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("tiny")
+  config = tiny_config(multi30k_dir)
+  train_and_evaluate(config, str(workdir))
+  return config, workdir
+
+
+def test_tiny_trains_on_multi30k_and_logs(trained_tiny):
+  config, workdir = trained_tiny
+  records = read_metrics(workdir)
+  steps = [r["step"] for r in records]
+  assert steps == list(range(10, 101, 10))
+  print("tiny loss:", [round(r["loss"], 3) for r in records])
+  assert records[-1]["loss"] < records[0]["loss"] - 1.0
+  for r in records:
+    assert {"loss", "learning_rate", "tokens_per_s", "wall_s"} <= set(r)
+  evals = [r for r in records if "eval_loss" in r]
+  assert [r["step"] for r in evals] == [50, 100]
+  assert {"eval_perplexity", "eval_accuracy", "bleu", "chrf"} <= set(evals[-1])
+  assert evals[-1]["eval_loss"] < evals[0]["eval_loss"]
+  assert Checkpointer(workdir, read_only=True).steps() == [50, 100]
+  assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_resume_continues_metrics_and_steps(trained_tiny, multi30k_dir):
+  _, workdir = trained_tiny
+  config = tiny_config(multi30k_dir, num_train_steps=120, bleu_every_steps=0)
+  train_and_evaluate(config, str(workdir))
+  steps = [r["step"] for r in read_metrics(workdir)]
+  assert steps == list(range(10, 101, 10)) + [110, 120]
+
+
+def test_workdir_refuses_a_different_model(trained_tiny, multi30k_dir):
+  _, workdir = trained_tiny
+  with pytest.raises(ConfigError, match="model.d_model: workdir has 32, config has 64"):
+    train_and_evaluate(tiny_config(multi30k_dir, **{"model.d_model": 64}), str(workdir))
+
+
+# --- Sharding: the same losses on every mesh -------------------------------------
+
+MESHES = [{"data": 8, "fsdp": 1, "tensor": 1}, {"data": 4, "fsdp": 1, "tensor": 2},
+          {"data": 1, "fsdp": 8, "tensor": 1}]
+
+
+def synthetic_batches(n, rows=16, length=12, vocab=64, seed=0):
+  rng = np.random.default_rng(seed)
+  for _ in range(n):
+    lengths = rng.integers(3, length + 1, size=(rows, 2))
+    batch = {k: np.zeros((rows, length), np.int32) for k in ("inputs", "targets")}
+    for r, (ls, lt) in enumerate(lengths):
+      batch["inputs"][r, :ls] = rng.integers(2, vocab, ls)
+      batch["targets"][r, :lt] = rng.integers(2, vocab, lt)
+    yield batch
+
+
+def losses_on_mesh(mesh_config, devices, steps=20):
+  config = tiny.get_config()
+  config.unlock()
+  config.mesh = mesh_config
+  config.learning_rate = 1.0
+  config.warmup_steps = 5
+  model_config = training.TransformerConfig(vocab_size=64, d_model=32, d_ff=64, num_heads=4,
+                                            num_layers=2, max_len=16)
+  mesh = sharding.make_mesh(mesh_config, devices)
+  trainer = training.Trainer(model_config, config, mesh)
+  state = trainer.init_state(seed=0)
+  losses = []
+  for batch in synthetic_batches(steps):
+    placed = jax.device_put(batch, trainer.batch_sharding)
+    state, metrics = trainer.train_step(state, placed)
+    losses.append(float(metrics["loss"]))
+  return np.array(losses), state, trainer
+
+
+@pytest.fixture(scope="module")
+def single_device_losses():
+  return losses_on_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])[0]
+
+
+@pytest.mark.parametrize("mesh_config", MESHES, ids=lambda m: "x".join(
+    f"{k}{v}" for k, v in m.items() if v > 1))
+def test_meshes_match_single_device(mesh_config, single_device_losses):
+  losses, state, trainer = losses_on_mesh(mesh_config, jax.devices())
+  assert single_device_losses[-1] < single_device_losses[0]
+  np.testing.assert_allclose(losses, single_device_losses, atol=1e-4, rtol=0)
+  # Parameters are laid out as the rules say.
+  query = state.params["encoder"]["layer_0"]["self_attention"]["query"]["kernel"]
+  embedding = state.params["shared_embedding"]["embedding"]
+  if mesh_config["tensor"] == 2:
+    assert query.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor", None)
+    assert query.addressable_shards[0].data.shape == (32, 2, 8)
+    assert embedding.addressable_shards[0].data.shape == (32, 32)  # vocab split in two.
+  if mesh_config["fsdp"] == 8:
+    assert query.addressable_shards[0].data.shape == (4, 4, 8)  # embed split in eight.
+    mu = state.opt_state[0][0].mu["encoder"]["layer_0"]["self_attention"]["query"]["kernel"]
+    assert mu.addressable_shards[0].data.shape == (4, 4, 8)
+  if mesh_config["data"] == 8:
+    assert query.sharding.is_fully_replicated
+
+
+def test_grad_accumulation_matches_full_batch():
+  config = tiny.get_config()
+  config.unlock()
+  config.learning_rate = 1.0
+  config.warmup_steps = 5
+  model_config = training.TransformerConfig(vocab_size=64, d_model=32, d_ff=64, num_heads=4,
+                                            num_layers=2, max_len=16, dropout_rate=0.0)
+  mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+  runs = []
+  for accum in (1, 4):
+    config.grad_accum_steps = accum
+    trainer = training.Trainer(model_config, config, mesh)
+    state = trainer.init_state(seed=0)
+    metrics = []
+    for batch in synthetic_batches(5):
+      state, m = trainer.train_step(state, jax.device_put(batch, trainer.batch_sharding))
+      metrics.append((float(m["loss"]), float(m["grad_norm"]), float(m["tokens"])))
+    runs.append(np.array(metrics))
+  # Same loss, gradient norm and token count: accumulation normalises by the whole batch.
+  np.testing.assert_allclose(runs[1], runs[0], rtol=1e-4)
+
+
+def test_mesh_errors_name_the_key():
+  with pytest.raises(sharding.ShardingConfigError, match="needs 6 devices but 8 are present"):
+    sharding.make_mesh({"data": 3, "fsdp": 2, "tensor": 1})
+  with pytest.raises(sharding.ShardingConfigError, match="fixed axes multiply to 3"):
+    sharding.make_mesh({"data": -1, "fsdp": 3, "tensor": 1})
+
+
+# --- The command line: kill -9, SIGTERM, bad configs ----------------------------
+
+def train_command(workdir, multi30k_dir, *overrides):
+  return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/tiny.py"),
+          f"--workdir={workdir}", f"--config.manual_dir={multi30k_dir}",
+          "--config.bleu_every_steps=0", "--config.eval_every_steps=1000",
+          "--config.checkpoint_every_steps=10", *overrides]
+
+
+def cpu_env():
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = ""  # One device, like a plain single-host run.
+  return env
+
+
+def final_params(workdir):
+  checkpointer = Checkpointer(workdir, read_only=True)
+  step = checkpointer.steps()[-1]
+  restored = checkpointer.manager.restore(  # Raw arrays, as saved.
+      step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore()))
+  return step, restored["state"]["params"]
+
+
+def wait_for_checkpoint(workdir, minimum_step, process, timeout=120):
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    ckpt = Path(workdir) / "checkpoints"
+    steps = [int(p.name) for p in ckpt.glob("*") if p.name.isdigit()] if ckpt.exists() else []
+    if steps and max(steps) >= minimum_step:
+      return
+    assert process.poll() is None, process.stderr.read()
+    time.sleep(0.2)
+  raise TimeoutError("no checkpoint appeared")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, multi30k_dir):
+  workdir = tmp_path_factory.mktemp("straight")
+  subprocess.run(train_command(workdir, multi30k_dir, "--config.num_train_steps=60"),
+                 env=cpu_env(), check=True, capture_output=True)
+  return final_params(workdir)
+
+
+def test_kill_minus_nine_then_resume_reaches_the_same_parameters(tmp_path, multi30k_dir,
+                                                                 uninterrupted):
+  command = train_command(tmp_path, multi30k_dir, "--config.num_train_steps=60")
+  process = subprocess.Popen(command, env=cpu_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+  wait_for_checkpoint(tmp_path, 20, process)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  subprocess.run(command, env=cpu_env(), check=True, capture_output=True)
+  step, params = final_params(tmp_path)
+  expected_step, expected = uninterrupted
+  assert step == expected_step == 60
+  for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(expected)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_sigterm_saves_and_exits_cleanly(tmp_path, multi30k_dir):
+  command = train_command(tmp_path, multi30k_dir, "--config.num_train_steps=100000",
+                          "--config.checkpoint_every_steps=100000")
+  process = subprocess.Popen(command, env=cpu_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 120
+  while not (tmp_path / METRICS_FILE).exists() or not (tmp_path / METRICS_FILE).read_text():
+    assert time.time() < deadline and process.poll() is None
+    time.sleep(0.2)
+  process.send_signal(signal.SIGTERM)
+  _, stderr = process.communicate(timeout=120)
+  assert process.returncode == 0, stderr
+  assert "SIGTERM received" in stderr
+  steps = Checkpointer(tmp_path, read_only=True).steps()
+  assert len(steps) == 1 and steps[0] >= 10
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.model.d_model=30", "d_model=30 is not divisible by num_heads=4"),
+    ("--config.mesh.data=3", "needs 3 devices but 1 are present"),
+    ("--config.manual_dir=/nonexistent", "/nonexistent/train.en.gz: no such file"),
+    ("--config.max_target_length=500", "exceed config.model.max_len"),
+])
+def test_bad_config_exits_2_with_a_message(tmp_path, multi30k_dir, override, message):
+  result = subprocess.run(train_command(tmp_path, multi30k_dir, override), env=cpu_env(),
+                          capture_output=True, text=True)
+  assert result.returncode == 2, result.stderr
+  assert message in result.stderr
+  assert "Traceback" not in result.stderr
