@@ -36,6 +36,26 @@ def exit_on_errors():
     sys.exit(EXIT_FAILED)
 
 
+def parse_flags_or_exit(argv: list[str]) -> list[str]:
+  """absl flag parsing where a bad flag or config override exits 2 with one clear line."""
+  from absl import flags
+
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    print(f"error: {e}\nRun with --helpfull to list the flags.", file=sys.stderr)
+  except AttributeError as e:
+    # ml_collections: an override such as --config.foo=1 names a key the config lacks.
+    detail = e.args[0] if e.args else e
+    detail = detail.args[0] if isinstance(detail, KeyError) and detail.args else detail
+    overrides = [a.split("=")[0] for a in argv if a.startswith("--config.")]
+    print(f"error: unknown config key {detail} (overrides: {', '.join(overrides)}); every key "
+          "is documented in configs/default.py", file=sys.stderr)
+  except (KeyError, TypeError, ValueError) as e:
+    print(f"error: bad --config or override: {e}", file=sys.stderr)
+  sys.exit(EXIT_BAD_INPUT)
+
+
 def setup_logging() -> None:
   absl_logging.set_verbosity(absl_logging.INFO)
   # Libraries' INFO chatter (orbax, tfds, absl) would drown the progress lines.

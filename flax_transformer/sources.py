@@ -61,6 +61,27 @@ def read_lines(path: str | os.PathLike) -> list[str]:
   return lines
 
 
+def split_lines_lenient(raw: bytes) -> tuple[list[str], list[int]]:
+  """bytes -> (lines, 1-based numbers of lines that were not valid UTF-8).
+
+  Splits on '\n' only (a final newline ends the last line), strips one '\r',
+  and replaces undecodable bytes with U+FFFD, so no line is lost or merged.
+  """
+  parts = raw.split(b"\n")
+  if parts and parts[-1] == b"":
+    parts.pop()
+  lines, invalid = [], []
+  for number, part in enumerate(parts, start=1):
+    if part.endswith(b"\r"):
+      part = part[:-1]
+    try:
+      lines.append(part.decode("utf-8"))
+    except UnicodeDecodeError:
+      lines.append(part.decode("utf-8", errors="replace"))
+      invalid.append(number)
+  return lines, invalid
+
+
 def read_parallel_files(source_path, target_path) -> TextPairs:
   """Line-aligned source/target files -> TextPairs; counts must match."""
   sources, targets = read_lines(source_path), read_lines(target_path)

@@ -46,6 +46,10 @@ class Tokenizer:
   def tokenize_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
     return [np.asarray(ids + [EOS_ID], np.int32) for ids in self._sp.encode(list(texts))]
 
+  def pieces(self, ids: Iterable[int]) -> list[str]:
+    """The vocabulary piece of each id (for plots and debugging)."""
+    return [self._sp.id_to_piece(int(i)) for i in ids]
+
   def detokenize(self, ids: Iterable[int]) -> str:
     """ids -> text; stops at the first EOS, skips padding."""
     out = []

@@ -132,3 +132,113 @@ def translate_ids(search_fn, params, sources: Sequence[np.ndarray], *, batch_tok
     if progress is not None:
       progress.update(int((batch["index"] >= 0).sum()))
   return results
+
+
+def abstract_params(model_config: TransformerConfig):
+  """Shapes and dtypes of the model's parameters (nothing allocated)."""
+  from flax import linen as nn
+
+  dummy = jnp.ones((1, 8), jnp.int32)
+  shapes = jax.eval_shape(lambda: Transformer(model_config).init(
+      jax.random.PRNGKey(0), dummy, dummy)["params"])
+  return nn.unbox(shapes)
+
+
+def read_run(workdir: str | Path) -> tuple[TransformerConfig, Tokenizer]:
+  """The model config and vocabulary a workdir was trained with."""
+  from flax_transformer.loop import RUN_FILE
+  from flax_transformer.tokenizer import VOCAB_FILENAME
+
+  workdir = Path(workdir)
+  if not workdir.is_dir():
+    raise FileNotFoundError(f"workdir {workdir} does not exist")
+  run_file = workdir / RUN_FILE
+  if not run_file.is_file():
+    raise FileNotFoundError(f"{run_file} not found: {workdir} is not a training workdir "
+                            "(train.py writes it)")
+  record = json.loads(run_file.read_text())
+  model_config = TransformerConfig.from_dict(record["model"])
+  tokenizer = Tokenizer(workdir / VOCAB_FILENAME)
+  return model_config, tokenizer
+
+
+def load_params(workdir: str | Path, model_config: TransformerConfig, *,
+                checkpoint_step: int | None = None, average_last: int = 1):
+  """Parameters of a workdir's checkpoint, or the mean of its last `average_last`."""
+  from flax_transformer.checkpoints import (CheckpointError, Checkpointer,
+                                            average_params)
+
+  checkpointer = Checkpointer(workdir, read_only=True)
+  steps = checkpointer.steps()
+  if not steps:
+    raise CheckpointError(f"no checkpoint in {checkpointer.directory}")
+  if checkpoint_step is not None:
+    if checkpoint_step not in steps:
+      raise CheckpointError(f"no checkpoint of step {checkpoint_step} in "
+                            f"{checkpointer.directory}; steps: {steps}")
+    chosen = [s for s in steps if s <= checkpoint_step][-average_last:]
+  else:
+    chosen = steps[-average_last:]
+  if len(chosen) < average_last:
+    logging.warning("Averaging %d checkpoints (%s): fewer than the %d asked for",
+                    len(chosen), chosen, average_last)
+  target = abstract_params(model_config)
+  if len(chosen) == 1:
+    return checkpointer.restore_params(chosen[0], target), chosen
+  return average_params(checkpointer, chosen, target), chosen
+
+
+class Translator:
+  """Text in, translations out: `Translator.from_workdir(DIR).translate(["A dog runs."])`."""
+
+  def __init__(self, model_config: TransformerConfig, params, tokenizer: Tokenizer,
+               search: SearchConfig = SearchConfig(), *, batch_tokens: int = 4096,
+               seed: int = 0):
+    self.model_config = model_config.replace(deterministic=True, decode=False)
+    self.params = params
+    self.tokenizer = tokenizer
+    self.search = search
+    self.batch_tokens = batch_tokens
+    self.seed = seed
+    self._search_fn = jax.jit(make_search_fn(self.model_config, search))
+    self.truncated = 0  # Sources cut to the model's max_len by the last call.
+
+  @classmethod
+  def from_workdir(cls, workdir: str | Path, *, beam_size: int = 4, alpha: float = 0.6,
+                   max_extra: int = 50, nbest: int = 1, temperature: float = 0.0,
+                   top_k: int = 0, top_p: float = 1.0, average_last: int = 1,
+                   checkpoint_step: int | None = None, batch_tokens: int = 4096,
+                   seed: int = 0) -> "Translator":
+    model_config, tokenizer = read_run(workdir)
+    params, steps = load_params(workdir, model_config, checkpoint_step=checkpoint_step,
+                                average_last=average_last)
+    logging.info("Loaded %s from checkpoint step(s) %s", workdir, steps)
+    search = SearchConfig(beam_size=beam_size, alpha=alpha, max_extra=max_extra, nbest=nbest,
+                          temperature=temperature, top_k=top_k, top_p=top_p)
+    translator = cls(model_config, params, tokenizer, search, batch_tokens=batch_tokens,
+                     seed=seed)
+    translator.checkpoint_steps = steps
+    return translator
+
+  def translate_nbest(self, sentences: Sequence[str], progress: Progress | None = None
+                      ) -> list[list[tuple[str, float]]]:
+    """Per sentence, `search.nbest` (translation, score) pairs, best first.
+
+    Empty (or all-whitespace) sentences translate to ''.
+    """
+    max_len = self.model_config.max_len
+    ids = [self.tokenizer.tokenize(s) for s in sentences]
+    self.truncated = sum(len(i) > max_len for i in ids)
+    todo = [i for i, s in enumerate(sentences) if s.strip()]
+    results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in sentences]
+    if todo:
+      found = translate_ids(self._search_fn, self.params, [ids[i] for i in todo],
+                            batch_tokens=self.batch_tokens, max_length=max_len,
+                            nbest=self.search.nbest, seed=self.seed, progress=progress)
+      for i, hyps in zip(todo, found):
+        results[i] = [(self.tokenizer.detokenize(h), score) for h, score in hyps]
+    return results
+
+  def translate(self, sentences: Sequence[str], progress: Progress | None = None) -> list[str]:
+    """One translation per sentence, in order."""
+    return [hyps[0][0] for hyps in self.translate_nbest(sentences, progress)]

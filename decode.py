@@ -1,0 +1,55 @@
+"""Translate with a trained workdir: python decode.py --workdir=DIR < in.en > out.de
+
+Reads the model config and vocabulary from the workdir. Writes exactly one
+output line per input line (empty in, empty out); with --nbest=K, K lines per
+input as 'index ||| translation ||| score'. Progress goes to stderr.
+"""
+
+from absl import app, flags
+
+from flax_transformer import cli
+
+flags.DEFINE_string("workdir", None, "Training workdir (checkpoints, vocab.model, run.json).")
+flags.DEFINE_string("input", "-", "File of sentences, one per line; '-' = stdin.")
+flags.DEFINE_string("output", "-", "Where translations go, one per line; '-' = stdout.")
+flags.DEFINE_integer("beam_size", 4, "Beam width (paper: 4); 1 = greedy.")
+flags.DEFINE_float("alpha", 0.6, "Length penalty exponent, ((5 + |Y|) / 6)^alpha (paper: 0.6).")
+flags.DEFINE_integer("max_extra", 50, "Longest output = source length + max_extra tokens "
+                     "(paper: 50), capped by the model's max_len.")
+flags.DEFINE_integer("batch_tokens", 4096, "Source tokens per batch (sentences are sorted by "
+                     "length into batches and output in input order).")
+flags.DEFINE_integer("nbest", 1, "Hypotheses per sentence (<= beam_size).")
+flags.DEFINE_float("temperature", 0.0, "> 0: sample instead of beam search.")
+flags.DEFINE_integer("top_k", 0, "Sampling: keep the k most likely tokens (0 = all).")
+flags.DEFINE_float("top_p", 1.0, "Sampling: keep the smallest set of tokens with mass >= p.")
+flags.DEFINE_integer("seed", 0, "Sampling seed.")
+flags.DEFINE_integer("average_last", 1, "Average the parameters of the last K checkpoints "
+                     "(paper: 5 for base, 20 for big).")
+flags.DEFINE_integer("checkpoint_step", None, "Use this checkpoint step (default: newest).")
+flags.DEFINE_string("reference", None, "Reference translations, one per line: print scores.")
+flags.DEFINE_list("metrics", ["bleu", "chrf", "ter"], "Scores with --reference (sacrebleu).")
+flags.DEFINE_string("sacrebleu_tokenize", None, "sacrebleu BLEU tokenizer (13a, intl, ...).")
+flags.DEFINE_string("attention_plot", None, "PNG path: attention heads for the first sentence.")
+flags.mark_flag_as_required("workdir")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+  cli.setup_logging()
+  with cli.exit_on_errors():
+    from flax_transformer.decode_cli import run_decode
+
+    run_decode(workdir=FLAGS.workdir, input_path=FLAGS.input, output_path=FLAGS.output,
+               reference=FLAGS.reference, metrics=FLAGS.metrics,
+               sacrebleu_tokenize=FLAGS.sacrebleu_tokenize, nbest=FLAGS.nbest,
+               attention_plot=FLAGS.attention_plot, beam_size=FLAGS.beam_size,
+               alpha=FLAGS.alpha, max_extra=FLAGS.max_extra, batch_tokens=FLAGS.batch_tokens,
+               temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p,
+               seed=FLAGS.seed, average_last=FLAGS.average_last,
+               checkpoint_step=FLAGS.checkpoint_step)
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=cli.parse_flags_or_exit)

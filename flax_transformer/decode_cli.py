@@ -1,0 +1,89 @@
+"""decode.py's work: read sentences, translate, write one line per input, score."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from flax_transformer.sources import DataError, split_lines_lenient
+from flax_transformer.translator import Progress, Translator
+
+METRICS = ("bleu", "chrf", "ter")
+
+
+def _read(path: str, what: str) -> list[str]:
+  if path == "-":
+    raw = sys.stdin.buffer.read()
+  else:
+    if not Path(path).is_file():
+      raise DataError(f"{what} file {path} does not exist")
+    raw = Path(path).read_bytes()
+  lines, invalid = split_lines_lenient(raw)
+  if invalid:
+    shown = ", ".join(map(str, invalid[:10])) + (" ..." if len(invalid) > 10 else "")
+    logging.warning("%s %s: %d line(s) are not valid UTF-8 (bad bytes replaced): line %s",
+                    what, path, len(invalid), shown)
+  return lines
+
+
+def _one_line(text: str) -> str:
+  # A translation must never add output lines.
+  return " ".join(text.splitlines()) if ("\n" in text or "\r" in text) else text
+
+
+def score(hypotheses: Sequence[str], references: Sequence[str], metrics: Sequence[str],
+          tokenize: str | None = None) -> list[tuple[str, float, str]]:
+  """(name, score, sacrebleu signature) per metric, detokenized text in."""
+  from sacrebleu.metrics import BLEU, CHRF, TER
+
+  makers = {"bleu": lambda: BLEU(tokenize=tokenize) if tokenize else BLEU(),
+            "chrf": CHRF, "ter": TER}
+  out = []
+  for name in metrics:
+    metric = makers[name]()
+    result = metric.corpus_score(list(hypotheses), [list(references)])
+    out.append((name, result.score, str(metric.get_signature())))
+  return out
+
+
+def run_decode(*, workdir: str, input_path: str, output_path: str, reference: str | None,
+               metrics: Sequence[str], sacrebleu_tokenize: str | None, nbest: int,
+               attention_plot: str | None, **translator_kwargs) -> None:
+  unknown = [m for m in metrics if m not in METRICS]
+  if unknown:
+    raise DataError(f"--metrics: unknown {unknown}; choose from {', '.join(METRICS)}")
+  sentences = _read(input_path, "input")
+  references = _read(reference, "reference") if reference else None
+  if references is not None and len(references) != len(sentences):
+    raise DataError(f"--reference {reference} has {len(references)} lines but the input has "
+                    f"{len(sentences)}")
+  translator = Translator.from_workdir(workdir, nbest=nbest, **translator_kwargs)
+  progress = Progress(sum(1 for s in sentences if s.strip()), "translated")
+  results = translator.translate_nbest(sentences, progress)
+  if translator.truncated:
+    logging.warning("%d input line(s) longer than the model's max_len=%d tokens were "
+                    "truncated", translator.truncated, translator.model_config.max_len)
+  out = sys.stdout if output_path == "-" else open(output_path, "w", encoding="utf-8")
+  try:
+    for i, hyps in enumerate(results):
+      if nbest == 1:
+        out.write(_one_line(hyps[0][0]) + "\n")
+      else:
+        for text, value in hyps:
+          out.write(f"{i} ||| {_one_line(text)} ||| {value:.4f}\n")
+  finally:
+    if out is not sys.stdout:
+      out.close()
+  if references is not None:
+    best = [hyps[0][0] for hyps in results]
+    for name, value, signature in score(best, references, metrics, sacrebleu_tokenize):
+      print(f"{name.upper()} = {value:.2f}  ({signature})", file=sys.stderr)
+  if attention_plot:
+    from flax_transformer.attention_plot import plot_attention
+
+    first = next((s for s in sentences if s.strip()), "")
+    if first:
+      plot_attention(translator, first, results[sentences.index(first)][0][0], attention_plot)
+      print(f"attention plot written to {attention_plot}", file=sys.stderr)

@@ -1,0 +1,212 @@
+"""Beam search against exhaustive search, greedy, caching, batching; the decode CLI."""
+
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flax_transformer import Transformer, TransformerConfig, decoding, init_cache
+from flax_transformer.translator import SearchConfig, Translator, make_search_fn
+
+ROOT = Path(__file__).resolve().parents[1]
+EOS = 1
+
+
+def random_model(vocab_size, seed=0):
+  cfg = TransformerConfig(vocab_size=vocab_size, d_model=16, d_ff=32, num_heads=2,
+                          num_layers=1, max_len=16, deterministic=True)
+  src = jnp.array([[2, 3, 4, EOS]], jnp.int32)
+  params = Transformer(cfg).init(jax.random.PRNGKey(seed), src, src)["params"]
+  # Random weights give near-uniform outputs; sharpen them so the search matters.
+  params = jax.tree_util.tree_map(lambda x: x * 3.0, params)
+  return cfg, params
+
+
+def cached_tokens_to_logits(cfg, params, inputs, beams):
+  model = Transformer(cfg)
+  encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
+  encoded, inputs = decoding.repeat_beams(encoded, beams), decoding.repeat_beams(inputs, beams)
+  decoder = Transformer(cfg.replace(decode=True))
+
+  def tokens_to_logits(ids, cache):
+    logits, updated = decoder.apply({"params": params, "cache": cache}, encoded, inputs, ids,
+                                    method=Transformer.decode, mutable=["cache"])
+    return logits[:, 0], updated["cache"]
+  return tokens_to_logits
+
+
+def uncached_tokens_to_logits(cfg, params, inputs, beams, length):
+  """Re-runs the whole decoder on the prefix at every step; the 'cache' is the prefix."""
+  model = Transformer(cfg)
+  inputs = decoding.repeat_beams(inputs, beams)
+
+  def tokens_to_logits(ids, cache):
+    prefix, step = cache["prefix"], cache["step"]
+    # prefix holds tokens fed so far; targets shifted right inside the model.
+    prefix = jax.lax.dynamic_update_index_in_dim(prefix, ids[:, 0], step, axis=1)
+    targets = jnp.concatenate([prefix[:, 1:], jnp.ones_like(prefix[:, :1])], axis=1)
+    # Positions from `step` on are not known yet: any non-pad id (causality hides them).
+    targets = jnp.where(jnp.arange(length) >= step, 1, targets)
+    logits = model.apply({"params": params}, inputs, targets)
+    return logits[:, step], {"prefix": prefix, "step": step + 1}
+  cache = {"prefix": jnp.zeros((inputs.shape[0], length), jnp.int32),
+           "step": jnp.array(0, jnp.int32)}
+  return tokens_to_logits, cache
+
+
+def sequence_log_prob(cfg, params, inputs, tokens):
+  logits = Transformer(cfg).apply({"params": params}, inputs, jnp.array([tokens], jnp.int32))
+  log_probs = np.asarray(jax.nn.log_softmax(logits[0]))
+  return float(sum(log_probs[t, tok] for t, tok in enumerate(tokens)))
+
+
+def test_beam_equals_exhaustive_search():
+  vocab, length, alpha = 5, 3, 0.6
+  cfg, params = random_model(vocab)
+  inputs = jnp.array([[2, 3, 4, 3, EOS]], jnp.int32)
+  beams = (vocab - 1) ** length  # Every non-pad sequence fits in the beam.
+  result = jax.jit(lambda: decoding.beam_search(
+      cached_tokens_to_logits(cfg, params, inputs, beams), init_cache(cfg, beams, length),
+      batch_size=1, beam_size=beams, max_decode_len=length, alpha=alpha, eos_id=EOS))()
+  scored = []
+  for n in range(length):  # n content tokens, then EOS (forced at the last position).
+    for body in itertools.product(range(2, vocab), repeat=n):
+      tokens = list(body) + [EOS]
+      lp = ((5 + len(tokens)) / 6) ** alpha
+      scored.append((sequence_log_prob(cfg, params, inputs, tokens) / lp, tokens))
+  scored.sort(key=lambda x: -x[0])
+  found = [(float(s), decoding.trim(seq) + [EOS])
+           for s, seq in zip(result.scores[0], result.sequences[0]) if s > -1e6]
+  assert len(found) == len(scored) == 13
+  assert [t for _, t in found] == [t for _, t in scored]
+  np.testing.assert_allclose([s for s, _ in found], [s for s, _ in scored], atol=1e-4)
+
+
+def test_beam_one_equals_greedy():
+  cfg, params = random_model(12, seed=1)
+  inputs = jnp.array([[2, 5, 7, 9, EOS], [3, 4, EOS, 0, 0]], jnp.int32)
+  length = 10
+  beam = decoding.beam_search(cached_tokens_to_logits(cfg, params, inputs, 1),
+                              init_cache(cfg, 2, length), batch_size=2, beam_size=1,
+                              max_decode_len=length, alpha=0.0, eos_id=EOS)
+  greedy = decoding.sample_search(cached_tokens_to_logits(cfg, params, inputs, 1),
+                                  init_cache(cfg, 2, length), batch_size=2,
+                                  max_decode_len=length, eos_id=EOS)
+  np.testing.assert_array_equal(beam.sequences[:, 0], greedy.sequences[:, 0])
+  np.testing.assert_allclose(beam.scores[:, 0], greedy.scores[:, 0], atol=1e-5)
+  top1 = decoding.sample_search(cached_tokens_to_logits(cfg, params, inputs, 1),
+                                init_cache(cfg, 2, length), batch_size=2, max_decode_len=length,
+                                eos_id=EOS, temperature=0.7, top_k=1, rng=jax.random.PRNGKey(3))
+  np.testing.assert_array_equal(top1.sequences, greedy.sequences)
+
+
+def test_cached_equals_uncached_decoding():
+  cfg, params = random_model(12, seed=2)
+  inputs = jnp.array([[2, 5, 7, 9, EOS], [3, 4, EOS, 0, 0]], jnp.int32)
+  length, beams = 8, 3
+  cached = decoding.beam_search(cached_tokens_to_logits(cfg, params, inputs, beams),
+                                init_cache(cfg, 2 * beams, length), batch_size=2,
+                                beam_size=beams, max_decode_len=length, eos_id=EOS)
+  fn, cache = uncached_tokens_to_logits(cfg, params, inputs, beams, length)
+  uncached = decoding.beam_search(fn, cache, batch_size=2, beam_size=beams,
+                                  max_decode_len=length, eos_id=EOS)
+  np.testing.assert_array_equal(cached.sequences, uncached.sequences)
+  np.testing.assert_allclose(cached.scores, uncached.scores, atol=1e-4)
+
+
+def test_batched_equals_alone():
+  cfg, params = random_model(20, seed=3)
+  search_fn = jax.jit(make_search_fn(cfg, SearchConfig(beam_size=3, max_extra=6)))
+  rng = np.random.default_rng(0)
+  sources = [rng.integers(2, 20, size=n) for n in (3, 7, 5, 2)]
+  width = 8
+  batch = np.zeros((4, width), np.int32)
+  for i, s in enumerate(sources):
+    batch[i, :len(s)] = s
+    batch[i, len(s)] = EOS
+  together = search_fn(params, jnp.asarray(batch), jax.random.PRNGKey(0))
+  for i in range(4):
+    alone = search_fn(params, jnp.asarray(batch[i:i + 1]), jax.random.PRNGKey(0))
+    np.testing.assert_array_equal(alone.sequences[0], together.sequences[i])
+    np.testing.assert_allclose(alone.scores[0], together.scores[i], atol=1e-5)
+  # Output length respects source length + max_extra (EOS included).
+  for i, s in enumerate(sources):
+    assert len(decoding.trim(together.sequences[i, 0])) + 1 <= len(s) + 1 + 6
+
+
+# --- Translator and decode.py on a trained tiny workdir -------------------------
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, multi30k_dir):
+  path = tmp_path_factory.mktemp("decode")
+  env = dict(os.environ, XLA_FLAGS="")
+  subprocess.run([sys.executable, str(ROOT / "train.py"), "--config",
+                  str(ROOT / "configs/tiny.py"), f"--workdir={path}",
+                  f"--config.manual_dir={multi30k_dir}", "--config.bleu_every_steps=0",
+                  "--config.num_train_steps=20", "--config.checkpoint_every_steps=10"],
+                 env=env, check=True, capture_output=True)
+  return path
+
+
+def decode(workdir, *args, stdin=b""):
+  env = dict(os.environ, XLA_FLAGS="")
+  return subprocess.run([sys.executable, str(ROOT / "decode.py"), f"--workdir={workdir}",
+                         "--batch_tokens=256", "--max_extra=5", *args], input=stdin,
+                        capture_output=True, env=env)
+
+
+def test_translator_api(workdir):
+  translator = Translator.from_workdir(workdir, beam_size=2, max_extra=5, nbest=2,
+                                       average_last=2)
+  assert translator.checkpoint_steps == [10, 20]
+  out = translator.translate(["A dog runs.", "", "Two men talk."])
+  assert len(out) == 3 and out[1] == "" and out[0]
+  nbest = translator.translate_nbest(["A dog runs."])[0]
+  assert len(nbest) == 2 and nbest[0][1] >= nbest[1][1]
+
+
+def test_decode_cli_fuzz_keeps_one_line_per_input(workdir):
+  rng = np.random.default_rng(0)
+  lines = [b"A man rides a bike.", b"", b"\xff\xfe broken utf8 \xc3", b"x " * 400,
+           b"tab\tand\x0bvertical\x0cfeed\x1b[31m escape", "Mischung 混合 смесь مزيج".encode(),
+           b"\r", b"   ", bytes(rng.integers(1, 256, size=60, dtype=np.uint8)).replace(b"\n", b"")]
+  result = decode(workdir, stdin=b"\n".join(lines) + b"\n")
+  assert result.returncode == 0, result.stderr.decode()
+  out = result.stdout.decode("utf-8").split("\n")
+  assert out[-1] == "" and len(out) - 1 == len(lines)
+  assert out[1] == "" and out[7] == ""
+  stderr = result.stderr.decode()
+  assert "not valid UTF-8" in stderr and "line 3" in stderr
+  assert "truncated" in stderr
+
+
+def test_decode_cli_scores_with_reference(workdir, tmp_path, multi30k_dir):
+  import gzip
+
+  with gzip.open(Path(multi30k_dir) / "val.en.gz", "rt") as f:
+    sources = [next(f) for _ in range(8)]
+  with gzip.open(Path(multi30k_dir) / "val.de.gz", "rt") as f:
+    references = [next(f) for _ in range(8)]
+  (tmp_path / "in.en").write_text("".join(sources))
+  (tmp_path / "ref.de").write_text("".join(references))
+  result = decode(workdir, f"--input={tmp_path / 'in.en'}", f"--output={tmp_path / 'out.de'}",
+                  f"--reference={tmp_path / 'ref.de'}", "--nbest=1")
+  assert result.returncode == 0, result.stderr.decode()
+  assert len((tmp_path / "out.de").read_text().splitlines()) == 8
+  stderr = result.stderr.decode()
+  assert "BLEU = " in stderr and "nrefs:1|case:mixed" in stderr and "CHRF = " in stderr
+  bad = decode(workdir, f"--input={tmp_path / 'in.en'}", f"--reference={tmp_path / 'in.en'}x")
+  assert bad.returncode == 2 and b"does not exist" in bad.stderr
+
+
+def test_decode_cli_missing_workdir_is_one_clear_error(tmp_path):
+  result = decode(tmp_path / "nothing")
+  assert result.returncode == 2
+  assert result.stderr.decode().strip().startswith("error: workdir")
+  assert b"Traceback" not in result.stderr
