@@ -185,9 +185,13 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   else:
     logging.info("Resumed from the checkpoint of step %d", start_step)
 
+  def place_local(batch):
+    """This host's rows of a training batch -> the global, sharded batch."""
+    return data_lib.to_global_arrays(batch, trainer.batch_sharding)
+
   def place(batch):
-    return data_lib.to_global_arrays(
-        data_lib.host_rows(batch, process_index, process_count), trainer.batch_sharding)
+    """A global batch every host holds (eval, BLEU) -> the global, sharded batch."""
+    return place_local(data_lib.host_rows(batch, process_index, process_count))
 
   host_eval_batches = []  # Formed once; placed on the devices at each evaluation.
   for batch in data_lib.eval_batches(eval_set.ids, batch_tokens=config.eval_batch_tokens,
@@ -225,7 +229,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   run_start = time.time()
   peak = config.peak_flops_per_device * jax.device_count()
 
-  first = place(next(train_iter))
+  first = place_local(next(train_iter))
   compile_start = time.time()
   step_flops = trainer.compile_train_step(state, first)
   logging.info("Train step compiled in %.1f s (%.3g FLOPs/step)", time.time() - compile_start,
@@ -245,7 +249,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
     want_bleu = config.bleu_every_steps > 0 and (step % config.bleu_every_steps == 0 or is_last)
     want_save = step % config.checkpoint_every_steps == 0 or is_last or stop.signal_name
     if not (want_log or want_eval or want_save):
-      batch = place(next(train_iter))  # Overlaps with the device computing this step.
+      batch = place_local(next(train_iter))  # Overlaps with the device computing this step.
       continue
 
     fetched = jax.device_get([m for _, m in pending])
@@ -302,7 +306,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
       break
     if not is_last:
       # Only now: a checkpoint must hold the iterator before this batch is drawn.
-      batch = place(next(train_iter))
+      batch = place_local(next(train_iter))
     timer_start = time.time()  # Evaluation and saving are not step time.
 
   checkpointer.wait()

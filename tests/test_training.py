@@ -283,3 +283,55 @@ def test_bad_config_exits_2_with_a_message(tmp_path, multi30k_dir, override, mes
   assert result.returncode == 2, result.stderr
   assert message in result.stderr
   assert "Traceback" not in result.stderr
+
+
+def free_port():
+  import socket
+
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_match_single_process(tmp_path, multi30k_dir):
+  from flax_transformer import data, sources
+  from flax_transformer.config import TransformerConfig
+  from flax_transformer.tokenizer import Tokenizer
+
+  steps = 12
+  command = train_command(tmp_path, multi30k_dir, f"--config.num_train_steps={steps}",
+                          "--config.log_every_steps=1", "--config.eval_every_steps=12",
+                          "--config.bleu_every_steps=12", "--config.num_bleu_sentences=8",
+                          f"--coordinator_address=localhost:{free_port()}",
+                          "--num_processes=2")
+  processes = [subprocess.Popen(command + [f"--process_id={i}"], env=cpu_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for i in range(2)]
+  for p in processes:
+    _, stderr = p.communicate(timeout=300)
+    assert p.returncode == 0, stderr
+  records = read_metrics(tmp_path)
+  assert [r["step"] for r in records] == list(range(1, steps + 1))
+  assert "bleu" in records[-1]
+  two_process = np.array([r["loss"] for r in records])
+
+  # One process, one device, fed the same global batches: both hosts' rows, in order.
+  config = tiny_config(multi30k_dir)
+  model_config = TransformerConfig.from_dict(json.loads((tmp_path / "run.json").read_text())[
+      "model"])
+  tokenizer = Tokenizer(tmp_path / "vocab.model")
+  examples = data.tokenized(sources.multi30k("train", "en", "de", manual_dir=multi30k_dir),
+                            tokenizer)
+  batching = data.train_batching(config, data_parallel_size=2, process_count=2)
+  hosts = [iter(data.train_dataset(examples, batching, seed=config.seed, process_index=i,
+                                   process_count=2)) for i in range(2)]
+  trainer = training.Trainer(model_config, config,
+                             sharding.make_mesh({"data": 1}, jax.devices()[:1]))
+  state = trainer.init_state(config.seed)
+  single = []
+  for _ in range(steps):
+    parts = [next(h) for h in hosts]
+    batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    state, metrics = trainer.train_step(state, jax.device_put(batch, trainer.batch_sharding))
+    single.append(float(metrics["loss"]))
+  np.testing.assert_allclose(two_process, single, atol=1e-4, rtol=0)
