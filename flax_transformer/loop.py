@@ -266,7 +266,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
     elapsed = now - timer_start
     steps_done = step - timer_step
     summary = {k: float(np.mean([m[k] for m in fetched])) for k in
-               ("loss", "nll", "accuracy", "learning_rate", "grad_norm")}
+               ("loss", "nll", "learning_rate", "grad_norm")}
     tokens = float(np.sum([m["tokens"] for m in fetched]))
     step_time = elapsed / max(steps_done, 1)
     summary.update(tokens_per_s=tokens / max(elapsed, 1e-9), step_time_s=step_time,

@@ -15,7 +15,7 @@ from flax import linen as nn
 from flax_transformer.attention import (causal_mask, combine_masks, padding_mask,
                                         segment_mask)
 from flax_transformer.config import TransformerConfig
-from flax_transformer.layers import (DecoderLayer, Embedding, EncoderLayer,
+from flax_transformer.layers import (DecoderLayer, Dropout, Embedding, EncoderLayer,
                                      PositionEncoding, layer_norm)
 
 
@@ -50,7 +50,7 @@ class Encoder(nn.Module):
     if inputs_segmentation is not None:
       mask = combine_masks(mask, segment_mask(inputs_segmentation, inputs_segmentation))
     x = PositionEncoding(cfg, name="position")(self.embedding(inputs), inputs_positions)
-    x = nn.Dropout(cfg.dropout_rate, deterministic=cfg.deterministic)(x)
+    x = Dropout(cfg.dropout_rate, deterministic=cfg.deterministic)(x)
     x = nn.with_logical_constraint(x, ("batch", "length", "embed"))
     for i in range(cfg.encoder_layers):
       x = EncoderLayer(cfg, name=f"layer_{i}")(x, mask)
@@ -95,7 +95,7 @@ class Decoder(nn.Module):
             cross_mask, segment_mask(targets_segmentation, inputs_segmentation))
 
     y = PositionEncoding(cfg, name="position")(self.embedding(decoder_inputs), positions)
-    y = nn.Dropout(cfg.dropout_rate, deterministic=cfg.deterministic)(y)
+    y = Dropout(cfg.dropout_rate, deterministic=cfg.deterministic)(y)
     y = nn.with_logical_constraint(y, ("batch", "length", "embed"))
     for i in range(cfg.decoder_layers):
       y = DecoderLayer(cfg, name=f"layer_{i}")(y, encoded, self_mask, cross_mask)

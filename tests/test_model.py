@@ -172,3 +172,18 @@ def test_table3_parameter_counts(row):
 def test_big_parameter_count():
   cfg = TransformerConfig.from_dict(big.get_config().model.to_dict())
   assert abs(params_of(cfg) / 213e6 - 1) < 0.08
+
+
+def test_dropout_mask_rate_and_scaling():
+  from flax_transformer.layers import Dropout, dropout_keep_mask
+
+  keep = np.asarray(dropout_keep_mask(jax.random.PRNGKey(0), (64, 64, 257), 0.1))
+  assert keep.shape == (64, 64, 257)
+  assert abs(keep.mean() - 0.9) < 0.003
+  # Both 16-bit halves of each word are used and independent-looking.
+  assert abs(keep[..., :129].mean() - keep[..., 129:].mean()) < 0.01
+  x = jnp.ones((8, 16, 32))
+  out = np.asarray(Dropout(0.25, deterministic=False).apply(
+      {}, x, rngs={"dropout": jax.random.PRNGKey(1)}))
+  np.testing.assert_allclose(np.unique(out), [0.0, 1 / 0.75], rtol=1e-6)
+  np.testing.assert_array_equal(Dropout(0.25, deterministic=True).apply({}, x), x)
