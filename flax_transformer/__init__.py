@@ -8,12 +8,15 @@ from flax_transformer.layers import (DecoderLayer, Embedding, EncoderLayer, Feed
                                      PositionEncoding, SubLayer, sinusoidal_position_encoding)
 from flax_transformer.model import (Decoder, Encoder, Transformer, count_params, init_cache,
                                     shift_right)
+from flax_transformer.decoding import beam_search, sample_search
+from flax_transformer.translator import SearchConfig, Translator
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Decoder", "DecoderLayer", "Embedding", "Encoder", "EncoderLayer", "FeedForward",
-    "MultiHeadAttention", "PositionEncoding", "SubLayer", "Transformer", "TransformerConfig",
+    "MultiHeadAttention", "PositionEncoding", "SearchConfig", "SubLayer", "Transformer",
+    "TransformerConfig", "Translator", "beam_search", "sample_search",
     "attention_weights", "causal_mask", "count_params", "init_cache", "padding_mask",
     "scaled_dot_product_attention", "segment_mask", "shift_right",
     "sinusoidal_position_encoding",

@@ -121,3 +121,30 @@ def average_params(checkpointer: Checkpointer, steps: Sequence[int], abstract_pa
     total = params if total is None else jax.tree_util.tree_map(jnp.add, total, params)
   scale = np.float32(1.0 / len(steps))
   return jax.tree_util.tree_map(lambda x, a: (x * scale).astype(a.dtype), total, abstract_params)
+
+
+def write_averaged_workdir(workdir: str | Path, output: str | Path, last: int) -> list[int]:
+  """A new workdir whose one checkpoint is the mean of `workdir`'s last `last` ones.
+
+  run.json and the vocabulary are copied, so decode.py (and Translator) use the
+  result like any workdir. Returns the averaged steps.
+  """
+  import shutil
+
+  from flax_transformer.loop import RUN_FILE
+  from flax_transformer.tokenizer import VOCAB_FILENAME
+  from flax_transformer.translator import load_params, read_run
+
+  workdir, output = Path(workdir), Path(output)
+  if output.exists() and any(output.iterdir()):
+    raise CheckpointError(f"output {output} exists and is not empty: choose a new directory")
+  model_config, _ = read_run(workdir)
+  params, steps = load_params(workdir, model_config, average_last=last)
+  output.mkdir(parents=True, exist_ok=True)
+  for name in (RUN_FILE, VOCAB_FILENAME):
+    shutil.copy2(workdir / name, output / name)
+  writer = Checkpointer(output, asynchronous=False)
+  writer.save(steps[-1], {"params": params}, force=True)
+  writer.wait()
+  writer.close()
+  return steps

@@ -210,3 +210,26 @@ def test_decode_cli_missing_workdir_is_one_clear_error(tmp_path):
   assert result.returncode == 2
   assert result.stderr.decode().strip().startswith("error: workdir")
   assert b"Traceback" not in result.stderr
+
+
+def test_average_checkpoints_cli_writes_a_decodable_workdir(workdir, tmp_path):
+  from flax_transformer.translator import load_params, read_run
+
+  env = dict(os.environ, XLA_FLAGS="")
+  output = tmp_path / "avg"
+  result = subprocess.run([sys.executable, str(ROOT / "average_checkpoints.py"),
+                           f"--workdir={workdir}", "--last=2", f"--output={output}"],
+                          env=env, capture_output=True, text=True)
+  assert result.returncode == 0, result.stderr
+  config, _ = read_run(output)
+  averaged, steps = load_params(output, config)
+  assert steps == [20]
+  a, _ = load_params(workdir, config, checkpoint_step=10)
+  b, _ = load_params(workdir, config, checkpoint_step=20)
+  for x, y, m in zip(*(jax.tree_util.tree_leaves(t) for t in (a, b, averaged))):
+    np.testing.assert_allclose(m, (np.asarray(x) + np.asarray(y)) / 2, rtol=1e-6, atol=1e-7)
+  assert decode(output, stdin=b"A dog.\n").returncode == 0
+  again = subprocess.run([sys.executable, str(ROOT / "average_checkpoints.py"),
+                          f"--workdir={workdir}", "--last=2", f"--output={output}"],
+                         env=env, capture_output=True, text=True)
+  assert again.returncode == 2 and "not empty" in again.stderr

@@ -1,0 +1,31 @@
+"""Average a workdir's last K checkpoints into a new workdir (paper: K=5 base, 20 big).
+
+python average_checkpoints.py --workdir=DIR --last=5 --output=DIR_avg5
+then: python decode.py --workdir=DIR_avg5 ...  (decode.py --average_last=K does
+the same on the fly, without writing anything).
+"""
+
+from absl import app, flags
+
+from flax_transformer import cli
+
+flags.DEFINE_string("workdir", None, "Training workdir holding the checkpoints.")
+flags.DEFINE_integer("last", 5, "How many of the newest checkpoints to average.")
+flags.DEFINE_string("output", None, "New directory for the averaged checkpoint.")
+flags.mark_flags_as_required(["workdir", "output"])
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+  cli.setup_logging()
+  with cli.exit_on_errors():
+    from flax_transformer.checkpoints import write_averaged_workdir
+
+    steps = write_averaged_workdir(FLAGS.workdir, FLAGS.output, FLAGS.last)
+    print(f"averaged steps {steps} -> {FLAGS.output}")
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=cli.parse_flags_or_exit)

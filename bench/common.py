@@ -1,0 +1,80 @@
+"""Shared by the benchmarks: timing medians, the machine's matmul peak, tables, JSON."""
+
+from __future__ import annotations
+
+import json
+import platform
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+  sys.path.insert(0, str(ROOT))  # `configs` and `flax_transformer` from a checkout.
+MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
+
+
+def timings(fn: Callable[[], object], repeats: int, warmup: int = 1) -> list[float]:
+  """Seconds per call of `fn` (which must block until its work is done)."""
+  for _ in range(warmup):
+    fn()
+  out = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    fn()
+    out.append(time.perf_counter() - start)
+  return out
+
+
+def median(xs: Sequence[float]) -> float:
+  return statistics.median(xs)
+
+
+def peak_rss_mb() -> float:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def matmul_peak_gflops(sizes=(1024, 2048), repeats: int = 5) -> float:
+  """Best median GFLOP/s of a jitted float32 n x n x n matmul: the practical limit."""
+  import jax
+  import jax.numpy as jnp
+
+  best = 0.0
+  for n in sizes:
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
+    f = jax.jit(jnp.matmul)
+    t = median(timings(lambda: f(a, b).block_until_ready(), repeats))
+    best = max(best, 2 * n ** 3 / t / 1e9)
+  return best
+
+
+def machine() -> dict:
+  import jax
+
+  return {"python": platform.python_version(), "jax": jax.__version__,
+          "platform": jax.devices()[0].platform, "devices": jax.device_count(),
+          "cpu": platform.processor() or platform.machine()}
+
+
+def print_table(rows: Sequence[dict], columns: Sequence[str]) -> None:
+  def fmt(v):
+    if isinstance(v, float):
+      return f"{v:,.3f}" if abs(v) < 100 else f"{v:,.0f}"
+    return str(v)
+  cells = [[fmt(r.get(c, "")) for c in columns] for r in rows]
+  widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+  print(" | ".join(c.ljust(w) for c, w in zip(columns, widths)))
+  print("-|-".join("-" * w for w in widths))
+  for row in cells:
+    print(" | ".join(v.ljust(w) for v, w in zip(row, widths)))
+
+
+def write_json(path: str | None, record) -> None:
+  if path:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(record, indent=1))
+    print(f"wrote {path}")

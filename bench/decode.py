@@ -1,0 +1,76 @@
+"""Beam search speed: sentences/s and tokens/s, beam 4, alpha 0.6.
+
+python bench/decode.py [--workdir DIR] [--json PATH] [--repeats 5]
+1. 'small-random': vocab 8000, d_model 256, 3+3 layers, 4 heads, d_ff 1024, random
+   weights, 8 sources x 32 tokens, 63 decoding steps (the reference point's shape).
+2. With --workdir: the trained model over Multi30k test 2016 (1000 sentences).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+
+from common import MULTI30K, machine, median, print_table, timings, write_json
+
+
+def random_model_row(repeats: int) -> dict:
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from flax_transformer import Transformer, TransformerConfig
+  from flax_transformer.translator import SearchConfig, make_search_fn
+
+  config = TransformerConfig(vocab_size=8000, d_model=256, d_ff=1024, num_heads=4,
+                             num_layers=3, max_len=64, deterministic=True)
+  inputs = np.random.default_rng(0).integers(2, 8000, (8, 32)).astype(np.int32)
+  params = Transformer(config).init(jax.random.PRNGKey(0), inputs[:1], inputs[:1])["params"]
+  # max_extra 31: up to 63 steps, and a random model rarely ends a sentence early.
+  search = jax.jit(make_search_fn(config, SearchConfig(beam_size=4, alpha=0.6, max_extra=31)))
+  key = jax.random.PRNGKey(0)
+  out = search(params, jnp.asarray(inputs), key)
+  seconds = median(timings(lambda: jax.block_until_ready(search(params, jnp.asarray(inputs), key)),
+                           repeats))
+  lengths = [(np.asarray(out.sequences[i, 0]) != 0).sum() for i in range(8)]
+  return {"model": "small-random", "batch": 8, "beam_size": 4, "s_per_batch": seconds,
+          "sentences_per_s": 8 / seconds, "tokens_per_s": float(np.sum(lengths)) / seconds}
+
+
+def trained_model_row(workdir: str, repeats: int) -> dict:
+  import numpy as np
+
+  from flax_transformer.translator import Translator
+
+  with gzip.open(MULTI30K / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
+    sentences = [line.rstrip("\n") for line in f]
+  translator = Translator.from_workdir(workdir, beam_size=4, alpha=0.6)
+  translator.translate(sentences[:64])  # Compile the common shapes.
+  outputs = []
+  seconds = median(timings(lambda: outputs.append(translator.translate(sentences)), repeats,
+                           warmup=0))
+  tokens = sum(len(translator.tokenizer.tokenize(t)) for t in outputs[-1])
+  return {"model": f"trained ({workdir})", "batch": translator.batch_tokens, "beam_size": 4,
+          "s_per_batch": float("nan"), "sentences_per_s": len(sentences) / seconds,
+          "tokens_per_s": tokens / seconds, "sentences": len(sentences),
+          "mean_output_tokens": float(np.mean([len(translator.tokenizer.tokenize(t))
+                                               for t in outputs[-1]]))}
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__)
+  parser.add_argument("--workdir", help="a trained Multi30k workdir (adds the second row)")
+  parser.add_argument("--json", help="write the results here")
+  parser.add_argument("--repeats", type=int, default=5, help="timed runs (median reported)")
+  args = parser.parse_args()
+  rows = [random_model_row(args.repeats)]
+  if args.workdir:
+    rows.append(trained_model_row(args.workdir, max(1, args.repeats // 2)))
+  print_table(rows, ["model", "batch", "beam_size", "s_per_batch", "sentences_per_s",
+                     "tokens_per_s"])
+  record = {**rows[0], "rows": rows, "machine": machine()}
+  write_json(args.json, record)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,87 @@
+"""Tokens per second the input pipeline produces vs what a training step consumes.
+
+python bench/input_pipeline.py [--json PATH] [--batches 50] [--repeats 5]
+Multi30k EN->DE train, configs/multi30k.py batching (packed rows), on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+
+from common import MULTI30K, machine, median, print_table, timings, write_json
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__)
+  parser.add_argument("--json", help="write the results here")
+  parser.add_argument("--batches", type=int, default=50, help="batches per timed run")
+  parser.add_argument("--repeats", type=int, default=5, help="timed runs (median reported)")
+  parser.add_argument("--skip_train_step", action="store_true",
+                      help="do not time a training step for the ratio")
+  args = parser.parse_args()
+
+  import jax
+  import numpy as np
+
+  from configs import multi30k
+  from flax_transformer import data, sources, tokenizer
+
+  config = multi30k.get_config()
+  pairs = sources.multi30k("train", "en", "de", manual_dir=str(MULTI30K))
+  with tempfile.TemporaryDirectory() as tmp:
+    start = time.time()
+    tok = tokenizer.train_tokenizer(data.vocabulary_sentences(pairs, config.vocab_max_sentences),
+                                    f"{tmp}/vocab.model", vocab_size=config.vocab_size)
+    vocab_s = time.time() - start
+  batching = data.train_batching(config, data_parallel_size=1)
+  iterator = iter(data.train_dataset(data.tokenized(pairs, tok), batching, seed=0))
+  fractions, produced = [], []
+
+  def run():
+    tokens = 0
+    for _ in range(args.batches):
+      batch = next(iterator)
+      fractions.append(data.nonpad_fraction(batch))
+      tokens += int((batch["inputs"] != 0).sum() + (batch["targets"] != 0).sum())
+    produced.append(tokens)
+
+  seconds = timings(run, args.repeats)
+  tokens_per_s = median([p / s for p, s in zip(produced[1:], seconds)])
+  batch_tokens = batching.rows * (batching.max_source_length + batching.max_target_length)
+  record = {"dataset": "multi30k en-de train", "tokens_per_s": tokens_per_s,
+            "nonpad_fraction": float(np.mean(fractions)), "batch_tokens": batch_tokens,
+            "batch_shape": [batching.rows, batching.max_target_length],
+            "vocab_train_s": vocab_s, "repeats": args.repeats, "batches": args.batches,
+            "machine": machine()}
+
+  if not args.skip_train_step:
+    from flax_transformer import sharding, training
+    from flax_transformer.loop import model_config_from
+
+    model_config = model_config_from(config).replace(vocab_size=tok.vocab_size)
+    trainer = training.Trainer(model_config, config,
+                               sharding.make_mesh({"data": 1}, jax.devices()[:1]))
+    state = trainer.init_state(0)
+    batch = jax.device_put(next(iterator), trainer.batch_sharding)
+    trainer.compile_train_step(state, batch)
+    holder = [state]
+
+    def step():
+      holder[0], metrics = trainer.train_step(holder[0], batch)
+      jax.block_until_ready(metrics)
+
+    step_s = median(timings(step, 3))
+    consumed = float((np.asarray(batch["inputs"]) != 0).sum()
+                     + (np.asarray(batch["targets"]) != 0).sum()) / step_s
+    record.update(train_step_s=step_s, train_tokens_per_s=consumed,
+                  ratio_to_training=tokens_per_s / consumed)
+
+  print_table([record], ["dataset", "tokens_per_s", "nonpad_fraction", "batch_tokens",
+                         "train_tokens_per_s", "ratio_to_training"])
+  write_json(args.json, record)
+
+
+if __name__ == "__main__":
+  main()

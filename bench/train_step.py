@@ -1,0 +1,119 @@
+"""Training step speed: this project vs torch nn.Transformer, against the matmul limit.
+
+python bench/train_step.py [--config small|base|all] [--json PATH] [--repeats 7]
+small: vocab 8000, d_model 256, 3+3 layers, 4 heads, d_ff 1024, batch 32 x 64.
+base:  vocab 32000, the paper's base model, batch 8 x 64. float32, 1 device,
+random ids (no padding), Adam, label smoothing 0.1, dropout 0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from common import machine, matmul_peak_gflops, median, peak_rss_mb, print_table, timings, \
+    write_json
+
+SHAPES = {
+    "small": dict(vocab=8000, d_model=256, layers=3, heads=4, d_ff=1024, rows=32, length=64),
+    "base": dict(vocab=32000, d_model=512, layers=6, heads=8, d_ff=2048, rows=8, length=64),
+}
+
+
+def jax_step(shape: dict, repeats: int) -> dict:
+  import jax
+  import numpy as np
+
+  from configs import default
+  from flax_transformer import sharding, training
+  from flax_transformer.config import TransformerConfig
+
+  config = default.get_config()
+  model_config = TransformerConfig(vocab_size=shape["vocab"], d_model=shape["d_model"],
+                                   d_ff=shape["d_ff"], num_heads=shape["heads"],
+                                   num_layers=shape["layers"], max_len=shape["length"])
+  trainer = training.Trainer(model_config, config,
+                             sharding.make_mesh({"data": 1}, jax.devices()[:1]))
+  state = trainer.init_state(0)
+  rng = np.random.default_rng(0)
+  batch = {k: rng.integers(2, shape["vocab"], (shape["rows"], shape["length"]), dtype=np.int32)
+           for k in ("inputs", "targets")}
+  batch = jax.device_put(batch, trainer.batch_sharding)
+  start = time.perf_counter()
+  flops = trainer.compile_train_step(state, batch)
+  compile_s = time.perf_counter() - start
+  holder = [state]
+
+  def step():
+    holder[0], metrics = trainer.train_step(holder[0], batch)
+    jax.block_until_ready(metrics)
+
+  seconds = median(timings(step, repeats, warmup=2))
+  tokens = 2 * shape["rows"] * shape["length"]
+  return {"ms_per_step": 1000 * seconds, "tokens_per_s": tokens / seconds,
+          "nonpad_tokens_per_s": tokens / seconds, "compile_s": compile_s,
+          "flops_per_step": flops, "gflops_per_s": flops / seconds / 1e9}
+
+
+def torch_step(shape: dict, repeats: int) -> float:
+  """ms/step of torch.nn.Transformer with tied embeddings, the same loss and optimiser."""
+  import math
+
+  import torch
+
+  torch.manual_seed(0)
+  torch.set_num_threads(max(1, torch.get_num_threads()))
+  d, v = shape["d_model"], shape["vocab"]
+  embedding = torch.nn.Embedding(v, d)
+  network = torch.nn.Transformer(d_model=d, nhead=shape["heads"],
+                                 num_encoder_layers=shape["layers"],
+                                 num_decoder_layers=shape["layers"],
+                                 dim_feedforward=shape["d_ff"], dropout=0.1, batch_first=True)
+  params = list(embedding.parameters()) + list(network.parameters())
+  optimizer = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+  loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
+  rows, length = shape["rows"], shape["length"]
+  src = torch.randint(2, v, (rows, length))
+  tgt = torch.randint(2, v, (rows, length))
+  causal = network.generate_square_subsequent_mask(length)
+  scale = math.sqrt(d)
+
+  def step():
+    optimizer.zero_grad()
+    out = network(embedding(src) * scale, embedding(tgt) * scale, tgt_mask=causal)
+    logits = out @ embedding.weight.T
+    loss = loss_fn(logits.reshape(-1, v), tgt.reshape(-1))
+    loss.backward()
+    optimizer.step()
+
+  return 1000 * median(timings(step, repeats, warmup=2))
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__)
+  parser.add_argument("--config", default="all", choices=["small", "base", "all"])
+  parser.add_argument("--json", help="write the results here")
+  parser.add_argument("--repeats", type=int, default=7, help="timed steps (median reported)")
+  parser.add_argument("--no_torch", action="store_true", help="skip the torch comparison")
+  args = parser.parse_args()
+
+  names = list(SHAPES) if args.config == "all" else [args.config]
+  peak = matmul_peak_gflops()
+  rows = []
+  for name in names:
+    result = {"config": name, **jax_step(SHAPES[name], args.repeats)}
+    result["matmul_peak_gflops_per_s"] = peak
+    result["fraction_of_matmul_peak"] = result["gflops_per_s"] / peak
+    if not args.no_torch:
+      result["torch_ms_per_step"] = torch_step(SHAPES[name], args.repeats)
+      result["speedup_vs_torch"] = result["torch_ms_per_step"] / result["ms_per_step"]
+    result["peak_rss_mb"] = peak_rss_mb()
+    rows.append(result)
+  print_table(rows, ["config", "ms_per_step", "tokens_per_s", "gflops_per_s",
+                     "fraction_of_matmul_peak", "compile_s", "torch_ms_per_step",
+                     "speedup_vs_torch", "peak_rss_mb"])
+  record = dict(rows[0]) if len(rows) == 1 else {"results": rows}
+  write_json(args.json, {**record, "repeats": args.repeats, "machine": machine()})
+
+if __name__ == "__main__":
+  main()

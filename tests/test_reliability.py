@@ -1,0 +1,101 @@
+"""Faults lose at most the work since the last checkpoint; bad input gets a clear word."""
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flax_transformer.checkpoints import CheckpointError, Checkpointer, average_params
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def state_at(step):
+  return {"params": {"w": jnp.full((4, 3), float(step)), "b": jnp.arange(3.0) + step},
+          "step": jnp.array(step, jnp.int32)}
+
+
+def abstract():
+  return jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                     sharding=jax.sharding.SingleDeviceSharding(
+                                         jax.devices()[0])), state_at(0))
+
+
+@pytest.fixture
+def three_checkpoints(tmp_path):
+  checkpointer = Checkpointer(tmp_path, asynchronous=False)
+  for step in (10, 20, 30):
+    checkpointer.save(step, state_at(step), force=True)
+  checkpointer.wait()
+  checkpointer.close()
+  return tmp_path
+
+
+def data_files(workdir, step):
+  return [p for p in (Path(workdir) / "checkpoints" / str(step) / "state").rglob("*")
+          if p.is_file() and p.stat().st_size > 0 and "metadata" not in p.name]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "delete"])
+def test_damaged_newest_checkpoint_falls_back_with_a_warning(three_checkpoints, damage, caplog):
+  files = data_files(three_checkpoints, 30)
+  assert files
+  for f in files:
+    if damage == "truncate":
+      f.write_bytes(f.read_bytes()[: f.stat().st_size // 3])
+    else:
+      f.unlink()
+  with caplog.at_level(logging.WARNING):
+    step, state = Checkpointer(three_checkpoints).restore_latest(abstract())
+  assert step == 20
+  np.testing.assert_array_equal(state["params"]["w"], np.full((4, 3), 20.0))
+  assert any("checkpoints/30 cannot be loaded" in r.getMessage() for r in caplog.records)
+
+
+def test_no_loadable_checkpoint_is_an_error_not_a_fresh_start(three_checkpoints):
+  for step in (10, 20, 30):
+    for f in data_files(three_checkpoints, step):
+      f.write_bytes(b"garbage")
+  with pytest.raises(CheckpointError, match="none of the 3 checkpoints .* can be loaded"):
+    Checkpointer(three_checkpoints).restore_latest(abstract())
+
+
+def test_average_is_the_elementwise_mean(three_checkpoints):
+  target = abstract()["params"]
+  mean = average_params(Checkpointer(three_checkpoints, read_only=True), [10, 20, 30], target)
+  np.testing.assert_allclose(mean["w"], np.full((4, 3), 20.0))
+  np.testing.assert_allclose(mean["b"], np.arange(3.0) + 20.0)
+
+
+def run_train(tmp_path, multi30k_dir, *overrides):
+  env = dict(os.environ, XLA_FLAGS="")
+  return subprocess.run(
+      [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/tiny.py"),
+       f"--workdir={tmp_path}", f"--config.manual_dir={multi30k_dir}",
+       "--config.bleu_every_steps=0", "--config.log_every_steps=5", *overrides],
+      env=env, capture_output=True, text=True)
+
+
+def test_nonfinite_loss_stops_naming_the_step_and_saves_nothing_bad(tmp_path, multi30k_dir):
+  result = run_train(tmp_path, multi30k_dir, "--config.learning_rate=1e30",
+                     "--config.checkpoint_every_steps=100")
+  assert result.returncode == 1, result.stderr
+  assert "non-finite loss" in result.stderr and "at step" in result.stderr
+  assert "Traceback" not in result.stderr
+  assert not list((tmp_path / "checkpoints").glob("[0-9]*"))
+
+
+def test_nonfinite_steps_can_be_skipped(tmp_path, multi30k_dir):
+  result = run_train(tmp_path, multi30k_dir, "--config.learning_rate=1e30",
+                     "--config.nan_policy=skip", "--config.num_train_steps=10",
+                     "--config.checkpoint_every_steps=10")
+  assert result.returncode == 0, result.stderr
+  assert "update skipped" in result.stderr
+  assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()] == ["10"]
