@@ -28,6 +28,10 @@ def checkpoint_dir(workdir: str | Path) -> Path:
   return Path(workdir).absolute() / CHECKPOINT_DIR
 
 
+class CheckpointSaveError(RuntimeError):
+  """Writing a checkpoint failed (disk full, unwritable directory); older ones are intact."""
+
+
 class Checkpointer:
   """Saves and restores {'state': pytree, 'data': grain iterator} per step."""
 
@@ -50,10 +54,25 @@ class Checkpointer:
     items = {"state": ocp.args.PyTreeSave(state)}
     if data_iterator is not None:
       items["data"] = grain.checkpoint.CheckpointSave(data_iterator)
-    return self.manager.save(step, args=ocp.args.Composite(**items), force=force)
+    try:
+      return self.manager.save(step, args=ocp.args.Composite(**items), force=force)
+    except Exception as e:  # Includes a failure of the previous asynchronous save.
+      raise self._save_error(step, e) from None
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    """Blocks until asynchronous saves are written; raises CheckpointSaveError if one failed."""
+    try:
+      self.manager.wait_until_finished()
+    except Exception as e:
+      raise self._save_error(None, e) from None
+
+  def _save_error(self, step, error: BaseException) -> CheckpointSaveError:
+    what = f"checkpoint of step {step}" if step is not None else "a checkpoint"
+    kept = self.steps()
+    return CheckpointSaveError(
+        f"writing {what} to {self.directory} failed ({type(error).__name__}: "
+        f"{_first_line(error)}); is the disk full or the directory unwritable? "
+        f"Complete checkpoints are intact: steps {kept}")
 
   def close(self) -> None:
     self.manager.close()

@@ -9,7 +9,7 @@ import sys
 from absl import logging as absl_logging
 
 EXIT_BAD_INPUT = 2  # Bad config, data, workdir: the message says what to fix.
-EXIT_FAILED = 1  # The run itself failed (e.g. the loss diverged).
+EXIT_FAILED = 1  # The run itself failed (the loss diverged, a checkpoint could not be written).
 
 
 def bad_input_errors() -> tuple[type[BaseException], ...]:
@@ -24,6 +24,7 @@ def bad_input_errors() -> tuple[type[BaseException], ...]:
 @contextlib.contextmanager
 def exit_on_errors():
   """Known problems become one line on stderr and an exit code, not a traceback."""
+  from flax_transformer.checkpoints import CheckpointSaveError
   from flax_transformer.loop import NonFiniteLossError
 
   try:
@@ -31,7 +32,7 @@ def exit_on_errors():
   except bad_input_errors() as e:
     print(f"error: {e}", file=sys.stderr, flush=True)
     sys.exit(EXIT_BAD_INPUT)
-  except NonFiniteLossError as e:
+  except (NonFiniteLossError, CheckpointSaveError) as e:
     print(f"error: {e}", file=sys.stderr, flush=True)
     sys.exit(EXIT_FAILED)
 

@@ -233,3 +233,22 @@ def test_average_checkpoints_cli_writes_a_decodable_workdir(workdir, tmp_path):
                           f"--workdir={workdir}", "--last=2", f"--output={output}"],
                          env=env, capture_output=True, text=True)
   assert again.returncode == 2 and "not empty" in again.stderr
+
+
+def test_search_under_an_eight_device_data_mesh_equals_one_device():
+  from jax.sharding import NamedSharding, PartitionSpec
+
+  from flax_transformer import sharding
+
+  cfg, params = random_model(20, seed=4)
+  search_fn = make_search_fn(cfg, SearchConfig(beam_size=2, max_extra=4))
+  inputs = np.random.default_rng(1).integers(2, 20, (8, 6)).astype(np.int32)
+  inputs[:, -1] = EOS
+  single = jax.jit(search_fn)(params, jnp.asarray(inputs), jax.random.PRNGKey(0))
+  mesh = sharding.make_mesh({"data": 8})
+  placed = jax.device_put(inputs, sharding.batch_sharding(mesh))
+  with jax.set_mesh(mesh):
+    sharded = jax.jit(search_fn, out_shardings=NamedSharding(mesh, PartitionSpec()))(
+        params, placed, jax.random.PRNGKey(0))
+  np.testing.assert_array_equal(sharded.sequences, single.sequences)
+  np.testing.assert_allclose(sharded.scores, single.scores, atol=1e-5)

@@ -99,3 +99,31 @@ def test_nonfinite_steps_can_be_skipped(tmp_path, multi30k_dir):
   assert result.returncode == 0, result.stderr
   assert "update skipped" in result.stderr
   assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()] == ["10"]
+
+
+def test_failed_save_is_a_clear_error_and_older_checkpoints_survive(tmp_path, multi30k_dir):
+  import resource
+
+  first = run_train(tmp_path, multi30k_dir, "--config.num_train_steps=10",
+                    "--config.checkpoint_every_steps=10")
+  assert first.returncode == 0, first.stderr
+  # Files may not grow past 64 kB (EFBIG, as a full disk gives ENOSPC): the next save fails.
+  limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (64_000, 64_000))  # noqa: E731
+  env = dict(os.environ, XLA_FLAGS="")
+  second = subprocess.run(
+      [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/tiny.py"),
+       f"--workdir={tmp_path}", f"--config.manual_dir={multi30k_dir}",
+       "--config.bleu_every_steps=0", "--config.num_train_steps=20",
+       "--config.checkpoint_every_steps=10"],
+      env=env, capture_output=True, text=True, preexec_fn=limit)
+  assert second.returncode == 1, second.stderr
+  # orbax logs its own details first; the run ends on one line saying what happened.
+  last_line = second.stderr.strip().splitlines()[-1]
+  assert last_line.startswith("error: writing a checkpoint") and "failed" in last_line
+  assert "intact: steps [10]" in last_line
+  steps = Checkpointer(tmp_path, read_only=True).steps()
+  assert steps == [10]
+  rerun = run_train(tmp_path, multi30k_dir, "--config.num_train_steps=20",
+                    "--config.checkpoint_every_steps=10")
+  assert rerun.returncode == 0, rerun.stderr
+  assert Checkpointer(tmp_path, read_only=True).steps() == [10, 20]

@@ -1,0 +1,54 @@
+"""Loss and BLEU curves of training runs, from their metrics.jsonl, as one PNG.
+
+python bench/plot_curves.py --out results/curves.png WORKDIR [WORKDIR ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def read(workdir: str) -> list[dict]:
+  with open(Path(workdir) / "metrics.jsonl", encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__)
+  parser.add_argument("workdirs", nargs="+")
+  parser.add_argument("--out", required=True)
+  args = parser.parse_args()
+
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, (loss_ax, bleu_ax) = plt.subplots(1, 2, figsize=(11, 4))
+  for workdir in args.workdirs:
+    records = read(workdir)
+    name = Path(workdir).name
+    minutes = [r["wall_s"] / 60 for r in records]
+    loss_ax.plot(minutes, [r["loss"] for r in records], label=f"{name} train")
+    evals = [r for r in records if "eval_loss" in r]
+    loss_ax.plot([r["wall_s"] / 60 for r in evals], [r["eval_loss"] for r in evals], "o-",
+                 label=f"{name} validation")
+    bleus = [r for r in records if "bleu" in r]
+    bleu_ax.plot([r["wall_s"] / 60 for r in bleus], [r["bleu"] for r in bleus], "o-",
+                 label=f"{name} validation BLEU")
+  loss_ax.set_xlabel("wall time (min)")
+  loss_ax.set_ylabel("label-smoothed loss")
+  loss_ax.legend()
+  bleu_ax.set_xlabel("wall time (min)")
+  bleu_ax.set_ylabel("sacreBLEU (beam 4)")
+  bleu_ax.legend()
+  fig.tight_layout()
+  Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(args.out, dpi=90)
+  print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+  main()
