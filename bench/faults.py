@@ -1,0 +1,138 @@
+"""Fault matrix: kill -9 at random moments, SIGTERM, damaged checkpoints; prints a table.
+
+python bench/faults.py [--kills 5] [--steps 80] [--json PATH]
+Trains configs/tiny.py on Multi30k (../shared/data/multi30k), float32 on one CPU
+device. An uninterrupted run is the reference; the interrupted run is killed
+--kills times at random moments (compiling, stepping, saving, evaluating) and
+restarted each time; the final parameters must equal the reference bit for bit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import MULTI30K, ROOT, print_table, write_json
+
+from flax_transformer.checkpoints import Checkpointer
+
+
+def command(workdir: Path, steps: int) -> list[str]:
+  return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/tiny.py"),
+          f"--workdir={workdir}", f"--config.manual_dir={MULTI30K}",
+          f"--config.num_train_steps={steps}", "--config.checkpoint_every_steps=10",
+          "--config.eval_every_steps=20", "--config.bleu_every_steps=40",
+          "--config.num_bleu_sentences=16", "--config.log_every_steps=5"]
+
+
+def run(cmd, env) -> subprocess.CompletedProcess:
+  return subprocess.run(cmd, env=env, capture_output=True, text=True)
+
+
+def final_params(workdir: Path):
+  import orbax.checkpoint as ocp
+
+  checkpointer = Checkpointer(workdir, read_only=True)
+  step = checkpointer.steps()[-1]
+  state = checkpointer.manager.restore(step, args=ocp.args.Composite(
+      state=ocp.args.PyTreeRestore()))["state"]
+  return step, state["params"]
+
+
+def identical(a, b) -> bool:
+  import jax
+  import numpy as np
+
+  leaves_a, leaves_b = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+  return len(leaves_a) == len(leaves_b) and all(
+      np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(leaves_a, leaves_b))
+
+
+def last_step_logged(workdir: Path) -> int:
+  path = workdir / "metrics.jsonl"
+  if not path.exists():
+    return 0
+  import json
+
+  lines = [line for line in path.read_text().splitlines() if line.strip()]
+  return json.loads(lines[-1])["step"] if lines else 0
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__)
+  parser.add_argument("--kills", type=int, default=5)
+  parser.add_argument("--steps", type=int, default=80)
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--json")
+  args = parser.parse_args()
+  rng = random.Random(args.seed)
+  env = dict(os.environ, XLA_FLAGS="")
+  rows = []
+  with tempfile.TemporaryDirectory() as tmp:
+    tmp = Path(tmp)
+    reference = run(command(tmp / "reference", args.steps), env)
+    assert reference.returncode == 0, reference.stderr
+    _, expected = final_params(tmp / "reference")
+
+    # 1. kill -9 at random moments, then run to the end.
+    workdir = tmp / "killed"
+    lost = []
+    for _ in range(args.kills):
+      process = subprocess.Popen(command(workdir, args.steps), env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+      time.sleep(rng.uniform(4.0, 14.0))
+      process.send_signal(signal.SIGKILL)
+      process.wait()
+      saved = Checkpointer(workdir, read_only=True).steps()
+      reached = last_step_logged(workdir)
+      lost.append(max(0, reached - (saved[-1] if saved else 0)))
+    finish = run(command(workdir, args.steps), env)
+    step, params = final_params(workdir)
+    rows.append({"fault": "kill -9 at random moments", "times": args.kills,
+                 "outcome": f"exit {finish.returncode}, final step {step}",
+                 "params_equal": identical(params, expected),
+                 "steps_lost_max": max(lost) if lost else 0})
+
+    # 2. SIGTERM: checkpoint, exit 0, resume.
+    workdir = tmp / "sigterm"
+    process = subprocess.Popen(command(workdir, args.steps), env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    while last_step_logged(workdir) < 10 and process.poll() is None:
+      time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate()
+    stopped_at = Checkpointer(workdir, read_only=True).steps()
+    finish = run(command(workdir, args.steps), env)
+    step, params = final_params(workdir)
+    rows.append({"fault": "SIGTERM", "times": 1,
+                 "outcome": f"exit {process.returncode}, saved {stopped_at[-1:]}, resumed to "
+                            f"{step}", "params_equal": identical(params, expected),
+                 "steps_lost_max": 0})
+
+    # 3. The newest checkpoint truncated: fall back to the previous one, warn.
+    workdir = tmp / "truncated"
+    run(command(workdir, 30), env)
+    newest = Path(workdir) / "checkpoints" / "30" / "state"
+    for f in newest.rglob("*"):
+      if f.is_file() and f.stat().st_size > 0 and "metadata" not in f.name:
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
+    finish = run(command(workdir, args.steps), env)
+    warned = "cannot be loaded" in finish.stderr
+    step, params = final_params(workdir)
+    rows.append({"fault": "newest checkpoint truncated", "times": 1,
+                 "outcome": f"exit {finish.returncode}, warned={warned}, final step {step}",
+                 "params_equal": identical(params, expected), "steps_lost_max": 10})
+
+  print_table(rows, ["fault", "times", "outcome", "params_equal", "steps_lost_max"])
+  write_json(args.json, {"rows": rows, "steps": args.steps, "seed": args.seed})
+
+
+if __name__ == "__main__":
+  main()

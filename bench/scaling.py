@@ -1,0 +1,101 @@
+"""Train-step time and memory vs sequence length and vs batch size; a plot and a fit.
+
+python bench/scaling.py [--json PATH] [--plot PATH] [--repeats 3]
+Small model (vocab 8000, d_model 256, 3+3 layers, 4 heads, d_ff 1024), float32,
+one device. Memory is XLA's compiled temporary-buffer size for the step.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from common import machine, median, print_table, timings, write_json
+
+
+def measure(rows: int, length: int, repeats: int) -> dict:
+  import jax
+
+  from configs import default
+  from flax_transformer import sharding, training
+  from flax_transformer.config import TransformerConfig
+
+  config = default.get_config()
+  model_config = TransformerConfig(vocab_size=8000, d_model=256, d_ff=1024, num_heads=4,
+                                   num_layers=3, max_len=max(length, 64))
+  trainer = training.Trainer(model_config, config,
+                             sharding.make_mesh({"data": 1}, jax.devices()[:1]))
+  state = trainer.init_state(0)
+  rng = np.random.default_rng(0)
+  batch = {k: rng.integers(2, 8000, (rows, length), dtype=np.int32)
+           for k in ("inputs", "targets")}
+  batch = jax.device_put(batch, trainer.batch_sharding)
+  trainer.compile_train_step(state, batch)
+  memory = trainer._compiled_train_step.memory_analysis()
+  temp_mb = getattr(memory, "temp_size_in_bytes", 0) / 2**20 if memory is not None else 0.0
+  holder = [state]
+
+  def step():
+    holder[0], metrics = trainer.train_step(holder[0], batch)
+    jax.block_until_ready(metrics)
+
+  seconds = median(timings(step, repeats, warmup=1))
+  return {"rows": rows, "length": length, "tokens": 2 * rows * length,
+          "ms_per_step": 1000 * seconds, "temp_mb": temp_mb}
+
+
+def exponent(xs, ys) -> float:
+  """Slope of log(y) against log(x): y ~ x^slope."""
+  return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__)
+  parser.add_argument("--json")
+  parser.add_argument("--plot")
+  parser.add_argument("--repeats", type=int, default=3)
+  args = parser.parse_args()
+
+  # Same tokens per batch (4096 per side) while the length grows: attention's
+  # n^2 share shows as growth beyond the linear (matmul) part.
+  by_length = [measure(max(1, 4096 // n), n, args.repeats) for n in (32, 64, 128, 256, 512)]
+  by_batch = [measure(b, 64, args.repeats) for b in (8, 16, 32, 64)]
+  print_table(by_length + by_batch, ["rows", "length", "tokens", "ms_per_step", "temp_mb"])
+  fits = {
+      "length_exponent_fixed_tokens": exponent([r["length"] for r in by_length],
+                                               [r["ms_per_step"] for r in by_length]),
+      "batch_exponent": exponent([r["rows"] for r in by_batch],
+                                 [r["ms_per_step"] for r in by_batch]),
+      "memory_length_exponent_fixed_tokens": exponent(
+          [r["length"] for r in by_length], [max(r["temp_mb"], 1e-3) for r in by_length]),
+  }
+  print(fits)
+  if args.plot:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    axes[0].loglog([r["length"] for r in by_length], [r["ms_per_step"] for r in by_length],
+                   "o-", label="ms/step (4096 tokens/side)")
+    axes[0].loglog([r["length"] for r in by_length], [r["temp_mb"] for r in by_length], "s--",
+                   label="XLA temp MB")
+    axes[0].set_xlabel("sequence length")
+    axes[0].legend()
+    axes[1].loglog([r["rows"] for r in by_batch], [r["ms_per_step"] for r in by_batch], "o-",
+                   label="ms/step (length 64)")
+    axes[1].loglog([r["rows"] for r in by_batch], [r["temp_mb"] for r in by_batch], "s--",
+                   label="XLA temp MB")
+    axes[1].set_xlabel("batch rows")
+    axes[1].legend()
+    fig.tight_layout()
+    fig.savefig(args.plot, dpi=90)
+    print(f"wrote {args.plot}")
+  write_json(args.json, {"by_length": by_length, "by_batch": by_batch, **fits,
+                         "machine": machine()})
+
+
+if __name__ == "__main__":
+  main()
