@@ -52,13 +52,9 @@ class Tokenizer:
 
   def detokenize(self, ids: Iterable[int]) -> str:
     """ids -> text; stops at the first EOS, skips padding."""
-    out = []
-    for i in np.asarray(ids).tolist():
-      if i == EOS_ID:
-        break
-      if i != PAD_ID:
-        out.append(i)
-    return self._sp.decode(out)
+    from flax_transformer.decoding import trim
+
+    return self._sp.decode(trim(ids, EOS_ID))
 
 
 def train_tokenizer(sentences: Iterable[str], output_path: str | os.PathLike, *,

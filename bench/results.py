@@ -1,0 +1,79 @@
+"""Test-set scores of a trained Multi30k workdir, as results/multi30k_<src>-<tgt>.json.
+
+python bench/results.py --workdir DIR [--average_last 5] [--out results/...json]
+Decodes test_2016_flickr with beam 4, alpha 0.6, averaging the last checkpoints;
+reports sacreBLEU (cased, detokenized, with signature), lowercased BLEU, chrF,
+and from the run's metrics.jsonl the training wall time, steps and the wall time
+at which validation BLEU first reached 30 and 35.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import time
+from pathlib import Path
+
+from common import MULTI30K, print_table, write_json
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__)
+  parser.add_argument("--workdir", required=True)
+  parser.add_argument("--average_last", type=int, default=5)
+  parser.add_argument("--command", default="", help="the training command, for the record")
+  parser.add_argument("--out")
+  args = parser.parse_args()
+
+  from sacrebleu.metrics import BLEU, CHRF
+
+  from flax_transformer.translator import Translator
+
+  run = json.loads((Path(args.workdir) / "run.json").read_text())
+  records = [json.loads(line) for line in
+             (Path(args.workdir) / "metrics.jsonl").read_text().splitlines() if line.strip()]
+  src, tgt = _languages(args.workdir, args.command)
+  read = lambda lang: [line.rstrip("\n") for line in gzip.open(  # noqa: E731
+      MULTI30K / f"test_2016_flickr.{lang}.gz", "rt", encoding="utf-8")]
+  sources, references = read(src), read(tgt)
+  translator = Translator.from_workdir(args.workdir, beam_size=4, alpha=0.6,
+                                       average_last=args.average_last)
+  start = time.time()
+  hypotheses = translator.translate(sources)
+  decode_s = time.time() - start
+  bleu, bleu_lc, chrf = BLEU(), BLEU(lowercase=True), CHRF()
+  result = {
+      "pair": f"{src}-{tgt}", "split": "test_2016_flickr",
+      "bleu": bleu.corpus_score(hypotheses, [references]).score,
+      "bleu_signature": str(bleu.get_signature()),
+      "bleu_lowercase": bleu_lc.corpus_score(hypotheses, [references]).score,
+      "chrf": chrf.corpus_score(hypotheses, [references]).score,
+      "chrf_signature": str(chrf.get_signature()),
+      "steps": records[-1]["step"], "train_wall_s": records[-1]["wall_s"],
+      "averaged_checkpoints": translator.checkpoint_steps, "decode_s": decode_s,
+      "validation_bleu_curve": [(r["step"], round(r["wall_s"]), round(r["bleu"], 2))
+                                for r in records if "bleu" in r],
+      "model": run["model"], "command": args.command,
+  }
+  for target in (30, 35):
+    hit = next((r for r in records if r.get("bleu", 0) >= target), None)
+    result[f"wall_s_to_validation_bleu_{target}"] = hit["wall_s"] if hit else None
+  print_table([result], ["pair", "bleu", "bleu_lowercase", "chrf", "steps", "train_wall_s",
+                         "wall_s_to_validation_bleu_30", "wall_s_to_validation_bleu_35"])
+  print(result["bleu_signature"])
+  write_json(args.out, result)
+  Path(args.workdir, "test_2016_flickr.hyp").write_text("\n".join(hypotheses) + "\n")
+
+
+def _languages(workdir: str, command: str) -> tuple[str, str]:
+  """Source and target languages: from the command's overrides, else EN->DE."""
+  target = "de"
+  for part in command.split():
+    if part.startswith("--config.target_lang="):
+      target = part.split("=", 1)[1]
+  return "en", target
+
+
+if __name__ == "__main__":
+  main()
