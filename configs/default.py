@@ -47,6 +47,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.max_source_length = 256  # Training pairs longer than this are filtered.
   config.max_target_length = 256
   config.batch_tokens = 25_000  # Paper: ~25k source + ~25k target tokens per batch.
+  # > 0: fixed batches of per_device_batch_size rows per data-parallel device
+  # (instead of batch_tokens // max_target_length rows).
+  config.per_device_batch_size = 0
   config.packing = True  # Pack several pairs into one row (segment ids, positions).
   config.eval_batch_tokens = 8192
   config.shuffle_buffer_size = 65_536

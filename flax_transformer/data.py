@@ -204,7 +204,7 @@ def build_tokenizer(config, workdir: str, train_pairs: Sequence,
 
 def train_batching(config, data_parallel_size: int, process_count: int = 1) -> TrainBatching:
   """Rows per host from `config.batch_tokens` (or `per_device_batch_size`)."""
-  if config.get("per_device_batch_size", 0):
+  if config.per_device_batch_size > 0:
     global_rows = config.per_device_batch_size * data_parallel_size
   else:
     global_rows = max(1, config.batch_tokens // config.max_target_length)

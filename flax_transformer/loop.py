@@ -113,6 +113,14 @@ def _format_seconds(seconds: float) -> str:
       f"{seconds // 60}m{seconds % 60:02d}s"
 
 
+def _memory() -> str:
+  """Device memory where the backend reports it (GPU/TPU), else the host's peak RSS."""
+  stats = jax.local_devices()[0].memory_stats() or {}
+  if "peak_bytes_in_use" in stats:
+    return f"device mem peak {stats['peak_bytes_in_use'] / 2**30:.1f} GB"
+  return f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.1f} GB"
+
+
 def _previous_wall_time(workdir: Path) -> float:
   """Wall time already spent by earlier runs in this workdir (from metrics.jsonl)."""
   path = workdir / METRICS_FILE
@@ -284,10 +292,9 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
       summary.update(bleu(state.params))
     summary["wall_s"] = wall_before + time.time() - run_start
     eta = (config.num_train_steps - step) * step_time
-    rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     line = (f"step {step}/{config.num_train_steps} | loss {summary['loss']:.4f} | "
             f"lr {summary['learning_rate']:.2e} | {summary['tokens_per_s']:,.0f} tok/s | "
-            f"{step_time:.3f} s/step | ETA {_format_seconds(eta)} | peak RSS {rss_gb:.1f} GB")
+            f"{step_time:.3f} s/step | ETA {_format_seconds(eta)} | {_memory()}")
     if "mfu" in summary:
       line += f" | MFU {100 * summary['mfu']:.1f}%"
     if want_eval:

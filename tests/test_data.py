@@ -250,3 +250,14 @@ def test_wmt14_catalog_builder_is_found_without_tensorflow(tmp_path):
   with pytest.raises(sources.DataError, match="is not prepared"):
     sources.TfdsPairs("wmt14_translate/de-en", "train", "en", "de", data_dir=str(tmp_path),
                       download=False)
+
+
+def test_batch_size_modes():
+  from configs import multi30k
+
+  config = multi30k.get_config()
+  tokens = data.train_batching(config, data_parallel_size=8)
+  assert tokens.rows == 48 and tokens.rows % 8 == 0  # 3072 tokens / 64 per row.
+  config.per_device_batch_size = 5
+  fixed = data.train_batching(config, data_parallel_size=8, process_count=2)
+  assert fixed.rows == 20  # 5 per device x 8 devices, split over 2 hosts.
