@@ -8,6 +8,7 @@ the previous checkpoints as they were.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -106,6 +107,7 @@ class Checkpointer:
       if problems:
         logging.warning("Resumed from step %d; newer checkpoints were unusable: %s", step,
                         "; ".join(problems))
+        self._set_aside([s for s in steps if s > step])
       return step, state
     if problems:
       raise CheckpointError(
@@ -113,6 +115,19 @@ class Checkpointer:
           + "; ".join(problems) + "). Refusing to start from scratch over existing work: "
           "fix or move that directory away.")
     return None, None
+
+  def _set_aside(self, steps: Sequence[int]) -> None:
+    """Renames unusable checkpoints (kept for inspection) so their steps can be saved anew."""
+    if jax.process_index() != 0:
+      return
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for step in steps:
+      path = self.directory / str(step)
+      if path.exists():
+        aside = path.with_name(f"{step}.unusable-{stamp}")
+        path.rename(aside)
+        logging.warning("Moved the unusable checkpoint %s to %s", path, aside)
+    self.manager.reload()
 
   def restore_params(self, step: int, abstract_params: Any) -> Any:
     """Only the parameters of the checkpoint at `step` (no optimizer state)."""

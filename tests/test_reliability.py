@@ -57,6 +57,13 @@ def test_damaged_newest_checkpoint_falls_back_with_a_warning(three_checkpoints, 
   assert step == 20
   np.testing.assert_array_equal(state["params"]["w"], np.full((4, 3), 20.0))
   assert any("checkpoints/30 cannot be loaded" in r.getMessage() for r in caplog.records)
+  # Set aside (not deleted), so training can write step 30 again.
+  assert list((three_checkpoints / "checkpoints").glob("30.unusable-*"))
+  checkpointer = Checkpointer(three_checkpoints, asynchronous=False)
+  assert checkpointer.steps() == [10, 20]
+  checkpointer.save(30, state_at(30), force=True)
+  checkpointer.wait()
+  assert checkpointer.restore_latest(abstract())[0] == 30
 
 
 def test_no_loadable_checkpoint_is_an_error_not_a_fresh_start(three_checkpoints):
