@@ -83,22 +83,27 @@ def main():
 
     # 1. kill -9 at random moments, then run to the end.
     workdir = tmp / "killed"
-    lost = []
+    lost, moments = [], []
     for _ in range(args.kills):
-      process = subprocess.Popen(command(workdir, args.steps), env=env,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-      time.sleep(rng.uniform(4.0, 14.0))
-      process.send_signal(signal.SIGKILL)
-      process.wait()
+      log = tmp / "kill.log"
+      with open(log, "w") as stderr:
+        process = subprocess.Popen(command(workdir, args.steps), env=env,
+                                   stdout=subprocess.DEVNULL, stderr=stderr)
+        time.sleep(rng.uniform(6.0, 22.0))  # Start-up takes ~8 s; the run ~15 s more.
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+      lines = [line for line in log.read_text().splitlines() if "loop.py" in line]
+      moments.append(lines[-1].split("] ", 1)[-1][:40] if lines else "starting up")
       saved = Checkpointer(workdir, read_only=True).steps()
       reached = last_step_logged(workdir)
       lost.append(max(0, reached - (saved[-1] if saved else 0)))
+    print("kill -9 moments (last log line before each kill):", *moments, sep="\n  ")
     finish = run(command(workdir, args.steps), env)
     step, params = final_params(workdir)
     rows.append({"fault": "kill -9 at random moments", "times": args.kills,
                  "outcome": f"exit {finish.returncode}, final step {step}",
                  "params_equal": identical(params, expected),
-                 "steps_lost_max": max(lost) if lost else 0})
+                 "steps_lost_max": max(lost) if lost else 0, "moments": moments})
 
     # 2. SIGTERM: checkpoint, exit 0, resume.
     workdir = tmp / "sigterm"
