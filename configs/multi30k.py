@@ -31,13 +31,14 @@ def get_config():
   config.max_source_length = 64
   config.max_target_length = 64
   config.batch_tokens = 3072
-  config.num_train_steps = 6000
+  # ~1.6 s/step on 2 CPU cores: 2000 steps plus evaluations in about an hour.
+  config.num_train_steps = 2000
   config.warmup_steps = 1000
   config.log_every_steps = 50
-  config.eval_every_steps = 500
-  config.bleu_every_steps = 1000
+  config.eval_every_steps = 200
+  config.bleu_every_steps = 400  # Beam 4 over the 1014 validation sentences (~1 min).
   config.num_bleu_sentences = -1
   config.eval_batch_tokens = 4096
-  config.checkpoint_every_steps = 500
-  config.keep_checkpoints = 5
+  config.checkpoint_every_steps = 200
+  config.keep_checkpoints = 5  # decode.py --average_last=5 averages steps 1200..2000.
   return config
