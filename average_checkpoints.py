@@ -17,15 +17,13 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-  cli.setup_logging()
-  with cli.exit_on_errors():
+  def work():
     from flax_transformer.checkpoints import write_averaged_workdir
 
     steps = write_averaged_workdir(FLAGS.workdir, FLAGS.output, FLAGS.last)
     print(f"averaged steps {steps} -> {FLAGS.output}")
 
+  cli.run_main(argv, work)
 
 if __name__ == "__main__":
   app.run(main, flags_parser=cli.parse_flags_or_exit)

@@ -35,10 +35,7 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-  cli.setup_logging()
-  with cli.exit_on_errors():
+  def work():
     from flax_transformer.decode_cli import run_decode
 
     run_decode(workdir=FLAGS.workdir, input_path=FLAGS.input, output_path=FLAGS.output,
@@ -50,6 +47,7 @@ def main(argv):
                seed=FLAGS.seed, average_last=FLAGS.average_last,
                checkpoint_step=FLAGS.checkpoint_step)
 
+  cli.run_main(argv, work)
 
 if __name__ == "__main__":
   app.run(main, flags_parser=cli.parse_flags_or_exit)

@@ -23,10 +23,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-  cli.run_training(FLAGS.config, FLAGS.workdir, coordinator_address=FLAGS.coordinator_address,
-                   num_processes=FLAGS.num_processes, process_id=FLAGS.process_id)
+  cli.run_main(argv, lambda: cli.run_training(
+      FLAGS.config, FLAGS.workdir, coordinator_address=FLAGS.coordinator_address,
+      num_processes=FLAGS.num_processes, process_id=FLAGS.process_id))
 
 
 if __name__ == "__main__":

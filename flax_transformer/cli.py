@@ -77,11 +77,20 @@ def maybe_initialize_distributed(coordinator_address: str | None, num_processes:
                              num_processes=num_processes, process_id=process_id)
 
 
-def run_training(config, workdir: str, *, coordinator_address=None, num_processes=None,
-                 process_id=None) -> None:
+def run_main(argv: list[str], work) -> None:
+  """An entry point's body: no stray arguments, quiet libraries, known errors -> exit codes."""
+  from absl import app
+
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
   setup_logging()
   with exit_on_errors():
-    maybe_initialize_distributed(coordinator_address, num_processes, process_id)
-    from flax_transformer.loop import train_and_evaluate
+    work()
 
-    train_and_evaluate(config, workdir)
+
+def run_training(config, workdir: str, *, coordinator_address=None, num_processes=None,
+                 process_id=None) -> None:
+  maybe_initialize_distributed(coordinator_address, num_processes, process_id)
+  from flax_transformer.loop import train_and_evaluate
+
+  train_and_evaluate(config, workdir)

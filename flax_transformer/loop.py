@@ -306,7 +306,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
     writer.write_scalars(step, summary)
     writer.flush()
     last = summary
-    if want_save:
+    if want_save or stop.signal_name:  # A signal may arrive while logging or evaluating.
       checkpointer.save(step, state, train_iter, force=True)
     if stop.signal_name:
       logging.warning("Stopped by %s at step %d; checkpoint saved", stop.signal_name, step)

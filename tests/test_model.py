@@ -14,7 +14,7 @@ from flax_transformer import (Transformer, TransformerConfig, count_params, init
                               sinusoidal_position_encoding)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from configs import big, default, table3  # noqa: E402
+from configs import big, table3  # noqa: E402
 
 TINY = TransformerConfig(vocab_size=50, d_model=32, d_ff=64, num_heads=4, num_layers=2,
                          max_len=32, deterministic=True)
