@@ -52,12 +52,35 @@ def attention_weights(query: jax.Array, key: jax.Array,
   [B, N, T, S] (True = may attend). Illegal connections get a large negative
   logit, so a fully masked row (a padding query) stays finite.
   """
+  return _head_major_weights(to_head_major(query), to_head_major(key), mask)
+
+
+def to_head_major(x: jax.Array) -> jax.Array:
+  """[B, T, N, H] <-> [B, N, T, H]."""
+  return x.transpose(0, 2, 1, 3)
+
+
+def _head_major_weights(query, key, mask):
+  """query [B, N, T, d_k], key [B, N, S, d_k] -> float32 weights [B, N, T, S]."""
   d_k = query.shape[-1]
-  logits = jnp.einsum("btnh,bsnh->bnts", query, key,
+  logits = jnp.einsum("bnth,bnsh->bnts", query, key,
                       preferred_element_type=jnp.float32) / np.sqrt(d_k).astype(np.float32)
   if mask is not None:
     logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
   return jax.nn.softmax(logits, axis=-1)
+
+
+def cached_attention(query: jax.Array, key: jax.Array, value: jax.Array,
+                     mask: jax.Array | None = None) -> jax.Array:
+  """Attention of a few new queries over a head-major key/value cache.
+
+  query [B, T, N, d_k], key [B, N, S, d_k], value [B, N, S, d_v], mask
+  broadcastable to [B, N, T, S]; returns [B, T, N, d_v]. The cache stays
+  head-major so every decoding step reads it in place: transposing it per step
+  cost a quarter of a step on CPUs.
+  """
+  weights = _head_major_weights(to_head_major(query), key, mask)
+  return to_head_major(jnp.einsum("bnts,bnsh->bnth", weights.astype(value.dtype), value))
 
 
 def scaled_dot_product_attention(
@@ -131,65 +154,112 @@ class MultiHeadAttention(nn.Module):
     config: the model's hyper-parameters (`num_heads`, `d_k`, `d_v`, `d_model`).
     decode: cache keys/values and attend one new query per call (decoder
       self-attention during incremental decoding).
+    static_kv: `inputs_kv` is the same at every decoding step (encoder-decoder
+      attention during incremental decoding): its keys/values are projected at
+      the first step and read from the cache afterwards.
+
+  `inputs_kv` may hold one row per sentence while `inputs_q` holds k adjacent
+  rows per sentence (the beams of a beam search): each sentence's k queries
+  then attend to its one key/value row, so beams share it instead of copying it.
   """
 
   config: TransformerConfig
   decode: bool = False
+  static_kv: bool = False
 
   @nn.compact
   def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array,
                mask: jax.Array | None = None) -> jax.Array:
-    """inputs_q [B, T, d_model], inputs_kv [B, S, d_model] -> [B, T, d_model]."""
+    """inputs_q [B*k, T, d_model], inputs_kv [B, S, d_model] -> [B*k, T, d_model].
+
+    mask: bool broadcastable to [B, N, k*T, S] (k = 1 unless beams share keys).
+    """
     cfg = self.config
     n, d_k, d_v = cfg.num_heads, cfg.head_dim_k, cfg.head_dim_v
 
-    def projection(features: int, name: str) -> nn.Module:
-      return HeadsProjection(n, features, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                             name=name)
+    def project(x: jax.Array, features: int, name: str) -> jax.Array:
+      out = HeadsProjection(n, features, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
+                            name=name)(x)
+      return nn.with_logical_constraint(out, ("batch", "length", "heads", "kv"))
 
-    query = projection(d_k, "query")(inputs_q)
-    key = projection(d_k, "key")(inputs_kv)
-    value = projection(d_v, "value")(inputs_kv)
-    query = nn.with_logical_constraint(query, ("batch", "length", "heads", "kv"))
-    key = nn.with_logical_constraint(key, ("batch", "length", "heads", "kv"))
-    value = nn.with_logical_constraint(value, ("batch", "length", "heads", "kv"))
-
-    if self.decode:
-      key, value, mask = self._update_cache(key, value, mask)
-
-    dropout_rng = None
-    if not cfg.deterministic and cfg.attention_dropout_rate > 0.0:
-      dropout_rng = self.make_rng("dropout")
-    if self.is_mutable_collection("intermediates"):
-      # Only when asked (attention plots): the fused kernel never forms weights.
-      self.sow("intermediates", "attention_weights", attention_weights(query, key, mask))
-    x = scaled_dot_product_attention(query, key, value, mask,
-                                     dropout_rate=cfg.attention_dropout_rate,
-                                     dropout_rng=dropout_rng)
+    query = project(inputs_q, d_k, "query")
+    if self.decode or self.static_kv:
+      if self.static_kv:
+        key, value = self._static_key_value(inputs_kv, project)
+      else:
+        key, value, mask = self._update_cache(project(inputs_kv, d_k, "key"),
+                                              project(inputs_kv, d_v, "value"), mask)
+      rows, length = query.shape[:2]
+      sentences = key.shape[0]
+      if rows % sentences:
+        raise ValueError(f"{rows} query rows do not divide into {sentences} key/value rows")
+      # A sentence's adjacent beams become extra query positions of its one row.
+      x = cached_attention(query.reshape(sentences, rows // sentences * length, n, d_k),
+                           key, value, mask)
+      x = x.reshape(rows, length, n, d_v)
+    else:
+      key, value = project(inputs_kv, d_k, "key"), project(inputs_kv, d_v, "value")
+      dropout_rng = None
+      if not cfg.deterministic and cfg.attention_dropout_rate > 0.0:
+        dropout_rng = self.make_rng("dropout")
+      if self.is_mutable_collection("intermediates"):
+        # Only when asked (attention plots): the fused kernel never forms weights.
+        self.sow("intermediates", "attention_weights", attention_weights(query, key, mask))
+      x = scaled_dot_product_attention(query, key, value, mask,
+                                       dropout_rate=cfg.attention_dropout_rate,
+                                       dropout_rng=dropout_rng)
     out = OutputProjection(cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                            name="out")(x)
     return nn.with_logical_constraint(out, ("batch", "length", "embed"))
 
+  def _static_key_value(self, inputs_kv, project):
+    """Keys/values of `inputs_kv`, projected once per decode and then read from the cache.
+
+    The projections cost as much as the rest of a decoding step at short
+    lengths (S source positions per query), so they are computed only while
+    the cache is unfilled.
+    """
+    cfg = self.config
+
+    def compute(module, x):
+      key = to_head_major(project(x, cfg.head_dim_k, "key"))
+      value = to_head_major(project(x, cfg.head_dim_v, "value"))
+      module.put_variable("cache", "cached_key", key)
+      module.put_variable("cache", "cached_value", value)
+      module.put_variable("cache", "filled", jnp.array(True))
+      return key, value
+
+    def reuse(module, x):
+      del x
+      return module.get_variable("cache", "cached_key"), module.get_variable(
+          "cache", "cached_value")
+
+    if not self.has_variable("cache", "cached_key"):  # Creating the cache.
+      return compute(self, inputs_kv)
+    return nn.cond(self.get_variable("cache", "filled"), reuse, compute, self, inputs_kv)
+
   def _update_cache(self, key, value, mask):
     """Writes this step's key/value at the cache index; masks future slots.
 
-    On the first (initialising) call the cache takes the full target length
-    from `key` and the call attends as usual; afterwards each call brings one
-    position ([B, 1, N, H]) and attends over every cached position <= it.
+    key/value [B, T, N, H] -> head-major cached keys/values [B, N, L, H] and the
+    mask. On the first (initialising) call the cache takes the full target
+    length L from `key` and the call attends as usual; afterwards each call
+    brings one position (T = 1) and attends over every cached position <= it.
     """
+    key, value = to_head_major(key), to_head_major(value)
     initialised = self.has_variable("cache", "cached_key")
     cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
     cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
     index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
     if not initialised:
       return key, value, mask
-    if key.shape[1] != 1:
-      raise ValueError(f"decode=True takes one target position per call, got {key.shape[1]}")
+    if key.shape[2] != 1:
+      raise ValueError(f"decode=True takes one target position per call, got {key.shape[2]}")
     i = index.value
-    cached_key.value = jax.lax.dynamic_update_slice_in_dim(cached_key.value, key, i, axis=1)
+    cached_key.value = jax.lax.dynamic_update_slice_in_dim(cached_key.value, key, i, axis=2)
     cached_value.value = jax.lax.dynamic_update_slice_in_dim(
-        cached_value.value, value, i, axis=1)
+        cached_value.value, value, i, axis=2)
     index.value = i + 1
-    max_len = cached_key.value.shape[1]
+    max_len = cached_key.value.shape[2]
     visible = (jnp.arange(max_len) <= i)[None, None, None, :]
     return cached_key.value, cached_value.value, combine_masks(mask, visible)

@@ -40,6 +40,10 @@ class TransformerConfig:
   param_dtype: Any = "float32"
   deterministic: bool = False  # True disables dropout (evaluation, decoding).
   decode: bool = False  # True: one target token per call with a key/value cache.
+  # With decode: project the encoder output to cross-attention keys/values once
+  # per sentence (shared by its beams). False recomputes them for every beam at
+  # every step, as most implementations do (kept to measure the difference).
+  cache_cross_attention: bool = True
 
   def __post_init__(self):
     problems = []

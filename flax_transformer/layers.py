@@ -173,7 +173,8 @@ class DecoderLayer(nn.Module):
                cross_mask: jax.Array | None) -> jax.Array:
     cfg = self.config
     self_attention = MultiHeadAttention(cfg, decode=cfg.decode, name="self_attention")
-    cross_attention = MultiHeadAttention(cfg, name="cross_attention")
+    cross_attention = MultiHeadAttention(
+        cfg, static_kv=cfg.decode and cfg.cache_cross_attention, name="cross_attention")
     y = SubLayer(cfg, name="self_attention_block")(
         y, lambda h: self_attention(h, h, self_mask))
     # Queries from the decoder; keys and values from the encoder's last layer.

@@ -31,7 +31,7 @@ from flax_transformer.translator import SearchConfig, make_search_fn, translate_
 RUN_FILE = "run.json"  # Model config and vocabulary of a workdir, checked on restart.
 # Fields that may differ between runs sharing a workdir (they change no parameter).
 MUTABLE_MODEL_FIELDS = {"dropout_rate", "attention_dropout_rate", "deterministic", "decode",
-                        "dtype"}
+                        "cache_cross_attention", "dtype"}
 
 
 class ConfigError(ValueError):

@@ -158,13 +158,20 @@ class Transformer(nn.Module):
 
 
 def init_cache(config: TransformerConfig, batch_size: int, max_decode_len: int,
-               source_len: int = 1) -> dict:
-  """Zeroed key/value cache for incremental decoding of up to `max_decode_len` tokens."""
+               source_len: int, beam_size: int = 1) -> dict:
+  """Zeroed decoding cache for `batch_size` sentences x `beam_size` rows each.
+
+  Self-attention keys/values hold up to `max_decode_len` target positions per
+  row; with `config.cache_cross_attention` the encoder-decoder keys/values hold
+  `source_len` positions per sentence (filled at the first step), and
+  `Transformer.decode` then takes `encoded`/`inputs` with one row per sentence.
+  """
   model = Transformer(config.replace(decode=True, deterministic=True))
+  source_rows = batch_size if config.cache_cross_attention else batch_size * beam_size
   shapes = jax.eval_shape(
       lambda: model.init(jax.random.PRNGKey(0),
-                         jnp.ones((batch_size, source_len), jnp.int32),
-                         jnp.ones((batch_size, max_decode_len), jnp.int32)))["cache"]
+                         jnp.ones((source_rows, source_len), jnp.int32),
+                         jnp.ones((batch_size * beam_size, max_decode_len), jnp.int32)))["cache"]
   return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 

@@ -31,7 +31,8 @@ def random_model(vocab_size, seed=0):
 def cached_tokens_to_logits(cfg, params, inputs, beams):
   model = Transformer(cfg)
   encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
-  encoded, inputs = decoding.repeat_beams(encoded, beams), decoding.repeat_beams(inputs, beams)
+  if not cfg.cache_cross_attention:
+    encoded, inputs = decoding.repeat_beams(encoded, beams), decoding.repeat_beams(inputs, beams)
   decoder = Transformer(cfg.replace(decode=True))
 
   def tokens_to_logits(ids, cache):
@@ -72,7 +73,7 @@ def test_beam_equals_exhaustive_search():
   inputs = jnp.array([[2, 3, 4, 3, EOS]], jnp.int32)
   beams = (vocab - 1) ** length  # Every non-pad sequence fits in the beam.
   result = jax.jit(lambda: decoding.beam_search(
-      cached_tokens_to_logits(cfg, params, inputs, beams), init_cache(cfg, beams, length),
+      cached_tokens_to_logits(cfg, params, inputs, beams), init_cache(cfg, 1, length, inputs.shape[1], beams),
       batch_size=1, beam_size=beams, max_decode_len=length, alpha=alpha, eos_id=EOS))()
   scored = []
   for n in range(length):  # n content tokens, then EOS (forced at the last position).
@@ -93,25 +94,27 @@ def test_beam_one_equals_greedy():
   inputs = jnp.array([[2, 5, 7, 9, EOS], [3, 4, EOS, 0, 0]], jnp.int32)
   length = 10
   beam = decoding.beam_search(cached_tokens_to_logits(cfg, params, inputs, 1),
-                              init_cache(cfg, 2, length), batch_size=2, beam_size=1,
+                              init_cache(cfg, 2, length, inputs.shape[1]), batch_size=2, beam_size=1,
                               max_decode_len=length, alpha=0.0, eos_id=EOS)
   greedy = decoding.sample_search(cached_tokens_to_logits(cfg, params, inputs, 1),
-                                  init_cache(cfg, 2, length), batch_size=2,
+                                  init_cache(cfg, 2, length, inputs.shape[1]), batch_size=2,
                                   max_decode_len=length, eos_id=EOS)
   np.testing.assert_array_equal(beam.sequences[:, 0], greedy.sequences[:, 0])
   np.testing.assert_allclose(beam.scores[:, 0], greedy.scores[:, 0], atol=1e-5)
   top1 = decoding.sample_search(cached_tokens_to_logits(cfg, params, inputs, 1),
-                                init_cache(cfg, 2, length), batch_size=2, max_decode_len=length,
+                                init_cache(cfg, 2, length, inputs.shape[1]), batch_size=2, max_decode_len=length,
                                 eos_id=EOS, temperature=0.7, top_k=1, rng=jax.random.PRNGKey(3))
   np.testing.assert_array_equal(top1.sequences, greedy.sequences)
 
 
-def test_cached_equals_uncached_decoding():
+@pytest.mark.parametrize("cache_cross_attention", [True, False])
+def test_cached_equals_uncached_decoding(cache_cross_attention):
   cfg, params = random_model(12, seed=2)
+  cfg = cfg.replace(cache_cross_attention=cache_cross_attention)
   inputs = jnp.array([[2, 5, 7, 9, EOS], [3, 4, EOS, 0, 0]], jnp.int32)
   length, beams = 8, 3
   cached = decoding.beam_search(cached_tokens_to_logits(cfg, params, inputs, beams),
-                                init_cache(cfg, 2 * beams, length), batch_size=2,
+                                init_cache(cfg, 2, length, inputs.shape[1], beams), batch_size=2,
                                 beam_size=beams, max_decode_len=length, eos_id=EOS)
   fn, cache = uncached_tokens_to_logits(cfg, params, inputs, beams, length)
   uncached = decoding.beam_search(fn, cache, batch_size=2, beam_size=beams,

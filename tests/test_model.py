@@ -82,12 +82,14 @@ def test_packed_row_equals_separate_rows(tiny):
   np.testing.assert_allclose(logits[4:7], alone_b, atol=1e-5)
 
 
-def test_cached_decoding_reproduces_teacher_forcing(tiny):
+@pytest.mark.parametrize("cache_cross_attention", [True, False])
+def test_cached_decoding_reproduces_teacher_forcing(tiny, cache_cross_attention):
   cfg, model, params, apply, src, tgt = tiny
+  cfg = cfg.replace(cache_cross_attention=cache_cross_attention)
   teacher = np.asarray(apply(params, src, tgt))
   encoded = model.apply({"params": params}, src, method=Transformer.encode)
   decoder = Transformer(cfg.replace(decode=True))
-  cache = init_cache(cfg, batch_size=2, max_decode_len=tgt.shape[1])
+  cache = init_cache(cfg, batch_size=2, max_decode_len=tgt.shape[1], source_len=src.shape[1])
 
   @jax.jit
   def step(cache, previous):
