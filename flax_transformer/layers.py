@@ -71,7 +71,29 @@ class Embedding(nn.Module):
 
   def attend(self, x: jax.Array) -> jax.Array:
     """x [B, T, D] -> logits [B, T, V] = x E^T."""
-    return jnp.einsum("btd,vd->btv", x, jnp.asarray(self.embedding, self.config.dtype))
+    return tied_projection(x, jnp.asarray(self.embedding, self.config.dtype))
+
+
+@jax.custom_vjp
+def tied_projection(x: jax.Array, embedding: jax.Array) -> jax.Array:
+  """x [..., D], embedding E [V, D] -> logits [..., V] = x E^T (the tied pre-softmax layer)."""
+  return jnp.einsum("...d,vd->...v", x, embedding)
+
+
+def _tied_projection_fwd(x, embedding):
+  return tied_projection(x, embedding), (x, embedding)
+
+
+def _tied_projection_bwd(residuals, g):
+  # The same gradients autodiff gives, as plain 2-D matmuls: for the einsum,
+  # XLA's CPU backend writes the [tokens, V] gradient out transposed (strided),
+  # which cost ~20% of a small model's train step (bench/train_step.py).
+  x, embedding = residuals
+  x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
+  return (g2 @ embedding).reshape(x.shape), (x2.T @ g2).T
+
+
+tied_projection.defvjp(_tied_projection_fwd, _tied_projection_bwd)
 
 
 class FeedForward(nn.Module):

@@ -12,6 +12,7 @@ from flax import linen as nn
 
 from flax_transformer import (Transformer, TransformerConfig, count_params, init_cache,
                               sinusoidal_position_encoding)
+from flax_transformer.layers import tied_projection
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from configs import big, table3  # noqa: E402
@@ -80,6 +81,18 @@ def test_packed_row_equals_separate_rows(tiny):
   alone_b = np.asarray(model.apply({"params": params}, jnp.array([b_src]), jnp.array([b_tgt])))[0]
   np.testing.assert_allclose(logits[:4], alone_a, atol=1e-5)
   np.testing.assert_allclose(logits[4:7], alone_b, atol=1e-5)
+
+
+def test_tied_projection_gradients_match_autodiff():
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(2, 3, 8)).astype(np.float32))
+  embedding = jnp.asarray(rng.normal(size=(13, 8)).astype(np.float32))
+  weights = jnp.asarray(rng.normal(size=(2, 3, 13)).astype(np.float32))
+  ours = lambda x, e: jnp.sum(weights * jnp.sin(tied_projection(x, e)))  # noqa: E731
+  plain = lambda x, e: jnp.sum(weights * jnp.sin(x @ e.T))  # noqa: E731
+  np.testing.assert_allclose(ours(x, embedding), plain(x, embedding), rtol=1e-6)
+  for got, want in zip(jax.grad(ours, (0, 1))(x, embedding), jax.grad(plain, (0, 1))(x, embedding)):
+    np.testing.assert_allclose(got, want, atol=1e-5)
 
 
 @pytest.mark.parametrize("cache_cross_attention", [True, False])
