@@ -25,7 +25,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_dataset_name = ""  # '' = same as dataset_name.
   config.train_split = "train"
   config.eval_split = "validation"
-  config.test_split = "test"
+  config.test_split = "test"  # Decoded only when test_bleu_every_steps > 0.
   config.source_lang = "en"
   config.target_lang = "de"
   config.data_dir = ""  # tfds data dir ('' = tfds default, ~/tensorflow_datasets).
@@ -78,6 +78,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.num_eval_steps = -1  # -1 = the whole eval split.
   config.bleu_every_steps = 5000  # Beam-search BLEU on the eval split; 0 = never.
   config.num_bleu_sentences = -1  # -1 = all.
+  # BLEU on test_split as well, for time-to-quality reports only (never used by the
+  # loop to decide anything); 0 = never.
+  config.test_bleu_every_steps = 0
   config.checkpoint_every_steps = 2000
   config.keep_checkpoints = 20  # Paper: average of the last 5 (base) / 20 (big).
   config.nan_policy = "stop"  # 'stop' | 'skip' on a non-finite loss.

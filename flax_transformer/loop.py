@@ -57,6 +57,9 @@ def check_config(config) -> None:
   for key in positive:
     if config[key] <= 0:
       raise ConfigError(f"config.{key} must be positive, got {config[key]}")
+  for key in ("bleu_every_steps", "test_bleu_every_steps"):
+    if config[key] < 0:
+      raise ConfigError(f"config.{key} must be >= 0 (0 = never), got {config[key]}")
   if not 0.0 <= config.label_smoothing < 1.0:
     raise ConfigError(f"config.label_smoothing must be in [0, 1), got {config.label_smoothing}")
   if config.nan_policy not in ("stop", "skip"):
@@ -144,8 +147,8 @@ class EvalSet:
   references: list[str]
 
 
-def _eval_set(config, tokenizer) -> EvalSet:
-  pairs = load_pairs(config, config.eval_split, config.eval_dataset_name or None)
+def _eval_set(config, tokenizer, split: str) -> EvalSet:
+  pairs = load_pairs(config, split, config.eval_dataset_name or None)
   pairs = [pairs[i] for i in range(len(pairs))]
   return EvalSet(ids=[(tokenizer.tokenize(s), tokenizer.tokenize(t)) for s, t in pairs],
                  references=[t for _, t in pairs])
@@ -183,7 +186,10 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   train_iter = iter(data_lib.train_dataset(
       data_lib.tokenized(train_pairs, tokenizer), batching, seed=config.seed,
       process_index=process_index, process_count=process_count))
-  eval_set = _eval_set(config, tokenizer)
+  eval_set = _eval_set(config, tokenizer, config.eval_split)
+  # The test split is only ever reported (time to quality), never used to decide.
+  test_set = (_eval_set(config, tokenizer, config.test_split)
+              if config.test_bleu_every_steps > 0 else None)
   trainer = Trainer(model_config, config, mesh)
   checkpointer = Checkpointer(workdir, max_to_keep=config.keep_checkpoints)
   start_step, state = checkpointer.restore_latest(trainer.abstract_state, train_iter)
@@ -217,16 +223,16 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   search_fn = jax.jit(make_search_fn(model_config, search),
                       out_shardings=sharding_lib.replicated(mesh))
 
-  def bleu(params) -> dict[str, float]:
-    n = len(eval_set.ids) if config.num_bleu_sentences < 0 else config.num_bleu_sentences
+  def bleu(params, pairs: EvalSet, prefix: str = "") -> dict[str, float]:
+    n = len(pairs.ids) if config.num_bleu_sentences < 0 else config.num_bleu_sentences
     with jax.set_mesh(mesh):
-      hyps = translate_ids(search_fn, params, [s for s, _ in eval_set.ids[:n]],
+      hyps = translate_ids(search_fn, params, [s for s, _ in pairs.ids[:n]],
                            batch_tokens=config.eval_batch_tokens, max_length=model_config.max_len,
                            row_multiple=dp_size, place=lambda x: place({"inputs": x})["inputs"])
     hypotheses = [tokenizer.detokenize(h[0][0]) for h in hyps]
-    references = eval_set.references[:n]
-    return {"bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
-            "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score}
+    references = pairs.references[:n]
+    return {prefix + "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
+            prefix + "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score}
 
   writer = create_writer(workdir, process_index)
   if start_step == 0:
@@ -255,8 +261,10 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
     want_log = step % config.log_every_steps == 0 or is_last or stop.signal_name
     want_eval = step % config.eval_every_steps == 0 or is_last
     want_bleu = config.bleu_every_steps > 0 and (step % config.bleu_every_steps == 0 or is_last)
+    want_test_bleu = test_set is not None and (
+        step % config.test_bleu_every_steps == 0 or is_last)
     want_save = step % config.checkpoint_every_steps == 0 or is_last or stop.signal_name
-    if not (want_log or want_eval or want_save):
+    if not (want_log or want_eval or want_test_bleu or want_save):
       batch = place_local(next(train_iter))  # Overlaps with the device computing this step.
       continue
 
@@ -289,7 +297,9 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
     if want_eval:
       summary.update(evaluate(trainer, state.params, eval_batches()))
     if want_bleu:
-      summary.update(bleu(state.params))
+      summary.update(bleu(state.params, eval_set))
+    if want_test_bleu:
+      summary.update(bleu(state.params, test_set, prefix="test_"))
     summary["wall_s"] = wall_before + time.time() - run_start
     eta = (config.num_train_steps - step) * step_time
     line = (f"step {step}/{config.num_train_steps} | loss {summary['loss']:.4f} | "
@@ -302,6 +312,9 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
                f" acc {summary['eval_accuracy']:.3f}")
     if want_bleu:
       line += f" BLEU {summary['bleu']:.2f} chrF {summary['chrf']:.2f}"
+    if want_test_bleu:
+      line += (f" | {config.test_split} BLEU {summary['test_bleu']:.2f}"
+               f" chrF {summary['test_chrf']:.2f}")
     logging.info("%s", line)
     writer.write_scalars(step, summary)
     writer.flush()

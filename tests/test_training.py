@@ -86,7 +86,7 @@ def test_label_smoothed_loss_gradients_match_optax():
 @pytest.fixture(scope="module")
 def trained_tiny(multi30k_dir, tmp_path_factory):
   workdir = tmp_path_factory.mktemp("tiny")
-  config = tiny_config(multi30k_dir)
+  config = tiny_config(multi30k_dir, test_bleu_every_steps=100)
   train_and_evaluate(config, str(workdir))
   return config, workdir
 
@@ -103,6 +103,9 @@ def test_tiny_trains_on_multi30k_and_logs(trained_tiny):
   evals = [r for r in records if "eval_loss" in r]
   assert [r["step"] for r in evals] == [50, 100]
   assert {"eval_perplexity", "eval_accuracy", "bleu", "chrf"} <= set(evals[-1])
+  # Test-split BLEU only where asked (time-to-quality reports), here the last step.
+  assert [r["step"] for r in records if "test_bleu" in r] == [100]
+  assert 0.0 <= records[-1]["test_bleu"] <= 100.0 and "test_chrf" in records[-1]
   assert evals[-1]["eval_loss"] < evals[0]["eval_loss"]
   assert Checkpointer(workdir, read_only=True).steps() == [50, 100]
   assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
