@@ -35,9 +35,11 @@ def main():
     evals = [r for r in records if "eval_loss" in r]
     loss_ax.plot([r["wall_s"] / 60 for r in evals], [r["eval_loss"] for r in evals], "o-",
                  label=f"{name} validation")
-    bleus = [r for r in records if "bleu" in r]
-    bleu_ax.plot([r["wall_s"] / 60 for r in bleus], [r["bleu"] for r in bleus], "o-",
-                 label=f"{name} validation BLEU")
+    for key, split in (("bleu", "validation"), ("test_bleu", "test")):
+      bleus = [r for r in records if key in r]
+      if bleus:
+        bleu_ax.plot([r["wall_s"] / 60 for r in bleus], [r[key] for r in bleus], "o-",
+                     label=f"{name} {split} BLEU")
   loss_ax.set_xlabel("wall time (min)")
   loss_ax.set_ylabel("label-smoothed loss")
   loss_ax.legend()

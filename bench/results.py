@@ -4,7 +4,8 @@ python bench/results.py --workdir DIR [--average_last 5] [--out results/...json]
 Decodes test_2016_flickr with beam 4, alpha 0.6, averaging the last checkpoints;
 reports sacreBLEU (cased, detokenized, with signature), lowercased BLEU, chrF,
 and from the run's metrics.jsonl the training wall time, steps and the wall time
-at which validation BLEU first reached 30 and 35.
+at which validation BLEU (and test BLEU, when the run logged it with
+--config.test_bleu_every_steps) first reached 30 and 35.
 """
 
 from __future__ import annotations
@@ -57,10 +58,16 @@ def main():
       "model": run["model"], "command": args.command,
   }
   for target in (30, 35):
-    hit = next((r for r in records if r.get("bleu", 0) >= target), None)
-    result[f"wall_s_to_validation_bleu_{target}"] = hit["wall_s"] if hit else None
+    for key, name in (("bleu", "validation"), ("test_bleu", "test")):
+      hit = next((r for r in records if r.get(key, 0) >= target), None)
+      result[f"wall_s_to_{name}_bleu_{target}"] = hit["wall_s"] if hit else None
+      result[f"step_to_{name}_bleu_{target}"] = hit["step"] if hit else None
+  if any("test_bleu" in r for r in records):
+    result["test_bleu_curve"] = [(r["step"], round(r["wall_s"]), round(r["test_bleu"], 2))
+                                 for r in records if "test_bleu" in r]
   print_table([result], ["pair", "bleu", "bleu_lowercase", "chrf", "steps", "train_wall_s",
-                         "wall_s_to_validation_bleu_30", "wall_s_to_validation_bleu_35"])
+                         "wall_s_to_validation_bleu_30", "wall_s_to_validation_bleu_35",
+                         "wall_s_to_test_bleu_30", "wall_s_to_test_bleu_35"])
   print(result["bleu_signature"])
   write_json(args.out, result)
   Path(args.workdir, "test_2016_flickr.hyp").write_text("\n".join(hypotheses) + "\n")
