@@ -215,9 +215,9 @@ class MultiHeadAttention(nn.Module):
   def _static_key_value(self, inputs_kv, project):
     """Keys/values of `inputs_kv`, projected once per decode and then read from the cache.
 
-    The projections cost as much as the rest of a decoding step at short
-    lengths (S source positions per query), so they are computed only while
-    the cache is unfilled.
+    Projected per step they would cost as much as the rest of the step
+    (S source positions per query); here they are computed only while the cache
+    is unfilled, rather than relying on XLA hoisting them out of the search loop.
     """
     cfg = self.config
 
