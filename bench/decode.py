@@ -31,7 +31,7 @@ def random_model_rows(repeats: int) -> list[dict]:
   inputs = jnp.asarray(np.random.default_rng(0).integers(2, 8000, (8, 32)).astype(np.int32))
   params = Transformer(config).init(jax.random.PRNGKey(0), inputs[:1], inputs[:1])["params"]
   key = jax.random.PRNGKey(0)
-  variants = {  # name -> (jitted search, its timings)
+  variants = {  # name -> TransformerConfig.cache_cross_attention
       "plain cached beam search": False,  # Cross-attention keys/values per beam, every step.
       "cross-attention cached once": True,
   }
