@@ -202,3 +202,8 @@ def test_dropout_mask_rate_and_scaling():
       {}, x, rngs={"dropout": jax.random.PRNGKey(1)}))
   np.testing.assert_allclose(np.unique(out), [0.0, 1 / 0.75], rtol=1e-6)
   np.testing.assert_array_equal(Dropout(0.25, deterministic=True).apply({}, x), x)
+  # The backward pass drops the same positions and scales the survivors alike.
+  w = jax.random.normal(jax.random.PRNGKey(2), x.shape)
+  grad = jax.grad(lambda x: jnp.sum(w * Dropout(0.25, deterministic=False).apply(
+      {}, x, rngs={"dropout": jax.random.PRNGKey(1)})))(x)
+  np.testing.assert_allclose(grad, w * out, rtol=1e-6)
