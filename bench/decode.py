@@ -31,14 +31,14 @@ def random_model_rows(repeats: int) -> list[dict]:
   inputs = jnp.asarray(np.random.default_rng(0).integers(2, 8000, (8, 32)).astype(np.int32))
   params = Transformer(config).init(jax.random.PRNGKey(0), inputs[:1], inputs[:1])["params"]
   key = jax.random.PRNGKey(0)
-  variants = {  # name -> TransformerConfig.cache_cross_attention
+  variants = {  # name -> TransformerConfig.share_beam_cache
       "plain cached beam search": False,  # Cross-attention keys/values per beam, every step.
       "cross-attention cached once": True,
   }
   searches, times, outputs = {}, {name: [] for name in variants}, {}
-  for name, cache_cross in variants.items():
+  for name, shared in variants.items():
     # max_extra 31: up to 63 steps, and a random model rarely ends a sentence early.
-    fn = make_search_fn(config.replace(cache_cross_attention=cache_cross),
+    fn = make_search_fn(config.replace(share_beam_cache=shared),
                         SearchConfig(beam_size=4, alpha=0.6, max_extra=31))
     searches[name] = jax.jit(fn)
     outputs[name] = jax.block_until_ready(searches[name](params, inputs, key))

@@ -169,10 +169,14 @@ class MultiHeadAttention(nn.Module):
 
   @nn.compact
   def __call__(self, inputs_q: jax.Array, inputs_kv: jax.Array,
-               mask: jax.Array | None = None) -> jax.Array:
+               mask: jax.Array | None = None, beams: int = 1) -> jax.Array:
     """inputs_q [B*k, T, d_model], inputs_kv [B, S, d_model] -> [B*k, T, d_model].
 
     mask: bool broadcastable to [B, N, k*T, S] (k = 1 unless beams share keys).
+    beams: with `decode`, the k adjacent rows of `inputs_q` that share one
+    self-attention cache row (a sentence's beams); `mask` then has shape
+    [B, 1, k, k*L] and says which beam slot holds each position of each
+    beam's history (see `Decoder`).
     """
     cfg = self.config
     n, d_k, d_v = cfg.num_heads, cfg.head_dim_k, cfg.head_dim_v
@@ -188,7 +192,7 @@ class MultiHeadAttention(nn.Module):
         key, value = self._static_key_value(inputs_kv, project)
       else:
         key, value, mask = self._update_cache(project(inputs_kv, d_k, "key"),
-                                              project(inputs_kv, d_v, "value"), mask)
+                                              project(inputs_kv, d_v, "value"), mask, beams)
       rows, length = query.shape[:2]
       sentences = key.shape[0]
       if rows % sentences:
@@ -238,28 +242,47 @@ class MultiHeadAttention(nn.Module):
       return compute(self, inputs_kv)
     return nn.cond(self.get_variable("cache", "filled"), reuse, compute, self, inputs_kv)
 
-  def _update_cache(self, key, value, mask):
-    """Writes this step's key/value at the cache index; masks future slots.
+  def _update_cache(self, key, value, mask, beams):
+    """Writes this step's key/value at the cache index; masks unwritten positions.
 
-    key/value [B, T, N, H] -> head-major cached keys/values [B, N, L, H] and the
-    mask. On the first (initialising) call the cache takes the full target
-    length L from `key` and the call attends as usual; afterwards each call
-    brings one position (T = 1) and attends over every cached position <= it.
+    key/value [R, T, N, H] with R = G * beams rows -> cached keys/values
+    [G, N, L * beams, H], position-major (entry p * beams + s: position p as
+    written by beam slot s) and the mask. Each row writes only to its own slot,
+    so a search never reorders these tensors: a beam that takes over another's
+    history reads it where it was written, as `mask` directs. One step's
+    entries are contiguous, so the write is one in-place slice update. On the
+    first (initialising) call the cache takes the full target length L from
+    `key` and the call attends as usual; afterwards each call brings one
+    position (T = 1).
     """
     key, value = to_head_major(key), to_head_major(value)
+    rows, heads, length, _ = key.shape
+    if rows % beams:
+      raise ValueError(f"{rows} decoder rows do not divide into groups of {beams} beams")
+    groups = rows // beams
+
+    def cache_shape(x):
+      return (groups, heads, length * beams, x.shape[-1])
+
+    def by_slot(x):  # [G*k, N, 1, H] -> [G, N, k, H]
+      return x.reshape(groups, beams, heads, x.shape[-1]).transpose(0, 2, 1, 3)
+
     initialised = self.has_variable("cache", "cached_key")
-    cached_key = self.variable("cache", "cached_key", jnp.zeros, key.shape, key.dtype)
-    cached_value = self.variable("cache", "cached_value", jnp.zeros, value.shape, value.dtype)
+    cached_key = self.variable("cache", "cached_key", jnp.zeros, cache_shape(key), key.dtype)
+    cached_value = self.variable("cache", "cached_value", jnp.zeros, cache_shape(value),
+                                 value.dtype)
     index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
     if not initialised:
       return key, value, mask
-    if key.shape[2] != 1:
-      raise ValueError(f"decode=True takes one target position per call, got {key.shape[2]}")
+    if length != 1:
+      raise ValueError(f"decode=True takes one target position per call, got {length}")
     i = index.value
-    cached_key.value = jax.lax.dynamic_update_slice_in_dim(cached_key.value, key, i, axis=2)
-    cached_value.value = jax.lax.dynamic_update_slice_in_dim(
-        cached_value.value, value, i, axis=2)
+    cached_key.value = jax.lax.dynamic_update_slice_in_dim(cached_key.value, by_slot(key),
+                                                           i * beams, axis=2)
+    cached_value.value = jax.lax.dynamic_update_slice_in_dim(cached_value.value,
+                                                             by_slot(value), i * beams, axis=2)
     index.value = i + 1
-    max_len = cached_key.value.shape[2]
-    visible = (jnp.arange(max_len) <= i)[None, None, None, :]
-    return cached_key.value, cached_value.value, combine_masks(mask, visible)
+    max_len = cached_key.value.shape[2] // beams
+    # Positions not yet written are never visible, whatever `mask` says.
+    written = jnp.repeat(jnp.arange(max_len) <= i, beams)[None, None, None, :]
+    return cached_key.value, cached_value.value, combine_masks(mask, written)

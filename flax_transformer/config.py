@@ -8,6 +8,8 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 
 POSITIONAL = ("sinusoidal", "learned")
+# Keys older workdirs' run.json may hold -> their current names.
+RENAMED_KEYS = {"cache_cross_attention": "share_beam_cache"}
 NORMS = ("post", "pre")
 
 
@@ -40,10 +42,13 @@ class TransformerConfig:
   param_dtype: Any = "float32"
   deterministic: bool = False  # True disables dropout (evaluation, decoding).
   decode: bool = False  # True: one target token per call with a key/value cache.
-  # With decode: project the encoder output to cross-attention keys/values once
-  # per sentence (shared by its beams). False recomputes them for every beam at
-  # every step, as most implementations do (kept to measure the difference).
-  cache_cross_attention: bool = True
+  # With decode: a sentence's beams share one cache. Its encoder output is
+  # projected to cross-attention keys/values once, and each beam's
+  # self-attention keys/values stay in the slot that wrote them (read through
+  # a per-beam history mask), so the search reorders no cached tensor. False:
+  # per-beam copies, projected every step and reordered with the beams, as most
+  # implementations do (kept to measure the difference).
+  share_beam_cache: bool = True
 
   def __post_init__(self):
     problems = []
@@ -105,6 +110,7 @@ class TransformerConfig:
   def from_dict(cls, values: Mapping[str, Any]) -> "TransformerConfig":
     """Builds a config, naming any key that is not a field."""
     fields = {f.name for f in dataclasses.fields(cls)}
+    values = {RENAMED_KEYS.get(k, k): v for k, v in values.items()}
     unknown = sorted(set(values) - fields)
     if unknown:
       raise ValueError(f"Unknown model config key(s): {', '.join(unknown)}; "

@@ -198,13 +198,14 @@ class DecoderLayer(nn.Module):
 
   @nn.compact
   def __call__(self, y: jax.Array, encoded: jax.Array, self_mask: jax.Array | None,
-               cross_mask: jax.Array | None) -> jax.Array:
+               cross_mask: jax.Array | None, beams: int = 1) -> jax.Array:
+    """beams: with `decode`, adjacent rows of `y` sharing one cache row (see Decoder)."""
     cfg = self.config
     self_attention = MultiHeadAttention(cfg, decode=cfg.decode, name="self_attention")
     cross_attention = MultiHeadAttention(
-        cfg, static_kv=cfg.decode and cfg.cache_cross_attention, name="cross_attention")
+        cfg, static_kv=cfg.decode and cfg.share_beam_cache, name="cross_attention")
     y = SubLayer(cfg, name="self_attention_block")(
-        y, lambda h: self_attention(h, h, self_mask))
+        y, lambda h: self_attention(h, h, self_mask, beams))
     # Queries from the decoder; keys and values from the encoder's last layer.
     y = SubLayer(cfg, name="cross_attention_block")(
         y, lambda h: cross_attention(h, encoded, cross_mask))

@@ -22,7 +22,7 @@ import sacrebleu
 from flax_transformer import data as data_lib
 from flax_transformer import sharding as sharding_lib
 from flax_transformer.checkpoints import Checkpointer
-from flax_transformer.config import TransformerConfig
+from flax_transformer.config import RENAMED_KEYS, TransformerConfig
 from flax_transformer.metrics import METRICS_FILE, create_writer
 from flax_transformer.sources import load_pairs
 from flax_transformer.training import Trainer, evaluate
@@ -31,7 +31,7 @@ from flax_transformer.translator import SearchConfig, make_search_fn, translate_
 RUN_FILE = "run.json"  # Model config and vocabulary of a workdir, checked on restart.
 # Fields that may differ between runs sharing a workdir (they change no parameter).
 MUTABLE_MODEL_FIELDS = {"dropout_rate", "attention_dropout_rate", "deterministic", "decode",
-                        "cache_cross_attention", "dtype"}
+                        "share_beam_cache", "dtype", *RENAMED_KEYS}
 
 
 class ConfigError(ValueError):

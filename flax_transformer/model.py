@@ -69,17 +69,33 @@ class Decoder(nn.Module):
   def __call__(self, encoded, inputs, targets, targets_positions=None,
                inputs_segmentation=None, targets_segmentation=None):
     cfg = self.config
+    beams = 1
     if cfg.decode:
       # One position per call; the caller feeds the previous output token.
       decoder_inputs = targets
+      rows = targets.shape[0]
+      if rows % inputs.shape[0]:
+        raise ValueError(f"{rows} target rows do not divide into {inputs.shape[0]} sources")
+      # k target rows per source row: a sentence's beams, sharing its cache rows.
+      beams = rows // inputs.shape[0]
       initialised = self.has_variable("cache", "decode_step")
       step = self.variable("cache", "decode_step", lambda: jnp.array(0, jnp.int32))
+      # Which beam slot of its sentence holds each position of a row's history
+      # (-1: not yet written). Per row, so a search reorders it with the beams;
+      # the keys/values it points into stay where they were written.
+      slots = self.variable("cache", "beam_slots", jnp.full, targets.shape, -1, jnp.int32)
+      self_mask = None
       if initialised:
         positions = jnp.full(targets.shape, step.value, jnp.int32)
+        own_slot = (jnp.arange(rows, dtype=jnp.int32) % beams)[:, None]
+        slots.value = jax.lax.dynamic_update_slice_in_dim(slots.value, own_slot, step.value,
+                                                          axis=1)
         step.value = step.value + 1
+        history = slots.value.reshape(rows // beams, 1, beams, -1, 1)
+        # [sentences, 1, beams (queries), L * beams (keys, position-major)].
+        self_mask = (history == jnp.arange(beams)).reshape(rows // beams, 1, beams, -1)
       else:  # Creating the cache from a full-length target shape.
         positions = default_positions(targets)
-      self_mask = None  # The attention cache masks positions not yet written.
       cross_mask = (inputs != 0)[:, None, None, :]
     else:
       decoder_inputs = shift_right(targets, targets_segmentation)
@@ -98,7 +114,7 @@ class Decoder(nn.Module):
     y = Dropout(cfg.dropout_rate, deterministic=cfg.deterministic)(y)
     y = nn.with_logical_constraint(y, ("batch", "length", "embed"))
     for i in range(cfg.decoder_layers):
-      y = DecoderLayer(cfg, name=f"layer_{i}")(y, encoded, self_mask, cross_mask)
+      y = DecoderLayer(cfg, name=f"layer_{i}")(y, encoded, self_mask, cross_mask, beams)
     if cfg.norm == "pre":
       y = layer_norm(cfg, "final_norm")(y)
 
@@ -162,12 +178,13 @@ def init_cache(config: TransformerConfig, batch_size: int, max_decode_len: int,
   """Zeroed decoding cache for `batch_size` sentences x `beam_size` rows each.
 
   Self-attention keys/values hold up to `max_decode_len` target positions per
-  row; with `config.cache_cross_attention` the encoder-decoder keys/values hold
-  `source_len` positions per sentence (filled at the first step), and
+  row; with `config.share_beam_cache` a sentence's beams share its cache rows
+  (its encoder-decoder keys/values, `source_len` positions filled at the first
+  step, and self-attention slots that a search never reorders), and
   `Transformer.decode` then takes `encoded`/`inputs` with one row per sentence.
   """
   model = Transformer(config.replace(decode=True, deterministic=True))
-  source_rows = batch_size if config.cache_cross_attention else batch_size * beam_size
+  source_rows = batch_size if config.share_beam_cache else batch_size * beam_size
   shapes = jax.eval_shape(
       lambda: model.init(jax.random.PRNGKey(0),
                          jnp.ones((source_rows, source_len), jnp.int32),

@@ -64,8 +64,8 @@ def make_search_fn(model_config: TransformerConfig, search: SearchConfig
     sampling = search.temperature > 0 or search.beam_size == 1
     rows = 1 if sampling else search.beam_size
     # The encoder runs once per sentence; beams share its output (and, with
-    # cache_cross_attention, its projected keys/values) instead of copies.
-    if not model_config.cache_cross_attention:
+    # share_beam_cache, the whole decoding cache) instead of copies.
+    if not model_config.share_beam_cache:
       encoded, inputs = decoding.repeat_beams(encoded, rows), decoding.repeat_beams(inputs, rows)
     cache = init_cache(model_config, batch, max_decode_len, source_len, beam_size=rows)
 

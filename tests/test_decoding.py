@@ -31,7 +31,7 @@ def random_model(vocab_size, seed=0):
 def cached_tokens_to_logits(cfg, params, inputs, beams):
   model = Transformer(cfg)
   encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
-  if not cfg.cache_cross_attention:
+  if not cfg.share_beam_cache:
     encoded, inputs = decoding.repeat_beams(encoded, beams), decoding.repeat_beams(inputs, beams)
   decoder = Transformer(cfg.replace(decode=True))
 
@@ -107,10 +107,10 @@ def test_beam_one_equals_greedy():
   np.testing.assert_array_equal(top1.sequences, greedy.sequences)
 
 
-@pytest.mark.parametrize("cache_cross_attention", [True, False])
-def test_cached_equals_uncached_decoding(cache_cross_attention):
+@pytest.mark.parametrize("share_beam_cache", [True, False])
+def test_cached_equals_uncached_decoding(share_beam_cache):
   cfg, params = random_model(12, seed=2)
-  cfg = cfg.replace(cache_cross_attention=cache_cross_attention)
+  cfg = cfg.replace(share_beam_cache=share_beam_cache)
   inputs = jnp.array([[2, 5, 7, 9, EOS], [3, 4, EOS, 0, 0]], jnp.int32)
   length, beams = 8, 3
   cached = decoding.beam_search(cached_tokens_to_logits(cfg, params, inputs, beams),

@@ -95,10 +95,10 @@ def test_tied_projection_gradients_match_autodiff():
     np.testing.assert_allclose(got, want, atol=1e-5)
 
 
-@pytest.mark.parametrize("cache_cross_attention", [True, False])
-def test_cached_decoding_reproduces_teacher_forcing(tiny, cache_cross_attention):
+@pytest.mark.parametrize("share_beam_cache", [True, False])
+def test_cached_decoding_reproduces_teacher_forcing(tiny, share_beam_cache):
   cfg, model, params, apply, src, tgt = tiny
-  cfg = cfg.replace(cache_cross_attention=cache_cross_attention)
+  cfg = cfg.replace(share_beam_cache=share_beam_cache)
   teacher = np.asarray(apply(params, src, tgt))
   encoded = model.apply({"params": params}, src, method=Transformer.encode)
   decoder = Transformer(cfg.replace(decode=True))
@@ -116,6 +116,32 @@ def test_cached_decoding_reproduces_teacher_forcing(tiny, cache_cross_attention)
     real = np.asarray(tgt[:, t] != 0)
     np.testing.assert_allclose(np.asarray(logits)[real], teacher[real, t], atol=1e-5, rtol=1e-5)
     previous = tgt[:, t : t + 1]
+
+
+def test_shared_beam_cache_follows_reordered_histories(tiny):
+  """Beams reordered arbitrarily (parents repeated or dropped) still see their own history."""
+  from flax_transformer.decoding import _gather_beams
+  cfg, model, params, apply, src, _ = tiny
+  sentences, beams, length = 2, 3, 5
+  decoder = Transformer(cfg.replace(decode=True, share_beam_cache=True))
+  encoded = model.apply({"params": params}, src, method=Transformer.encode)
+  cache = init_cache(cfg, sentences, length, src.shape[1], beam_size=beams)
+  step = jax.jit(lambda cache, ids: decoder.apply(
+      {"params": params, "cache": cache}, encoded, src, ids, method=Transformer.decode,
+      mutable=["cache"]))
+  rng = np.random.default_rng(0)
+  fed = np.zeros((sentences * beams, 1), np.int32)  # Row histories; 0 = start token.
+  for t in range(length):
+    logits, updated = step(cache, jnp.asarray(fed[:, -1:]))
+    # Teacher forcing on each row's own history gives the reference.
+    targets = np.concatenate([fed[:, 1:], np.ones((len(fed), length - t), np.int32)], axis=1)
+    want = apply(params, jnp.repeat(src, beams, axis=0), jnp.asarray(targets))[:, t]
+    np.testing.assert_allclose(np.asarray(logits)[:, 0], np.asarray(want), atol=1e-5, rtol=1e-5)
+    origin = rng.integers(0, beams, (sentences, beams))
+    cache = _gather_beams(updated["cache"], origin, sentences, beams)
+    rows = (np.arange(sentences)[:, None] * beams + origin).reshape(-1)
+    fed = np.concatenate([fed[rows], rng.integers(2, cfg.vocab_size, (len(fed), 1))], axis=1)
+    fed = fed.astype(np.int32)
 
 
 def test_dropout_only_when_not_deterministic(tiny):
