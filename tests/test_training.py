@@ -210,6 +210,27 @@ def test_grad_accumulation_matches_full_batch():
   np.testing.assert_allclose(runs[1], runs[0], rtol=1e-4)
 
 
+def test_nonfinite_step_changes_no_parameter_or_optimiser_state():
+  config = tiny.get_config()
+  config.unlock()
+  config.learning_rate = 1e30  # The first update overflows the parameters...
+  model_config = training.TransformerConfig(vocab_size=64, d_model=32, d_ff=64, num_heads=4,
+                                            num_layers=2, max_len=16, dropout_rate=0.0)
+  trainer = training.Trainer(model_config, config,
+                             sharding.make_mesh({"data": 1}, jax.devices()[:1]))
+  state = trainer.init_state(seed=0)
+  batches = [jax.device_put(b, trainer.batch_sharding) for b in synthetic_batches(2)]
+  state, first = trainer.train_step(state, batches[0])
+  assert not bool(first["nonfinite"])
+  before = jax.device_get((state.params, state.opt_state))
+  state, second = trainer.train_step(state, batches[1])  # ...so this loss is not finite.
+  assert bool(second["nonfinite"])
+  after = jax.device_get((state.params, state.opt_state))
+  for old, new in zip(jax.tree_util.tree_leaves(before), jax.tree_util.tree_leaves(after)):
+    np.testing.assert_array_equal(new, old)
+  assert int(state.step) == 2
+
+
 def test_mesh_errors_name_the_key():
   with pytest.raises(sharding.ShardingConfigError, match="needs 6 devices but 8 are present"):
     sharding.make_mesh({"data": 3, "fsdp": 2, "tensor": 1})
