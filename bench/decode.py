@@ -3,9 +3,11 @@
 python bench/decode.py [--workdir DIR] [--json PATH] [--repeats 5]
 1. 'small-random': vocab 8000, d_model 256, 3+3 layers, 4 heads, d_ff 1024, random
    weights, 8 sources x 32 tokens, 63 decoding steps (the reference point's shape),
-   twice in the same run: a plain cached beam search (encoder-decoder keys/values
-   projected for every beam at every step, as most implementations do) and ours
-   (projected once per sentence and shared by its beams); same outputs checked.
+   twice in the same run: a plain cached beam search (each beam its own cache row,
+   reordered by a gather after every step, encoder-decoder keys/values per beam, as
+   most implementations do) and ours (`share_beam_cache`: a sentence's beams share
+   one cache row, self-attention entries stay where they were written and each beam
+   reads its history through a mask); same outputs checked.
 2. With --workdir: the trained model over Multi30k test 2016 (1000 sentences).
 """
 
@@ -18,7 +20,7 @@ from common import MULTI30K, machine, median, print_table, timings, write_json
 
 
 def random_model_rows(repeats: int) -> list[dict]:
-  """Both cross-attention variants on the same random model, timed alternately."""
+  """Both cache variants on the same random model, timed alternately."""
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -32,8 +34,8 @@ def random_model_rows(repeats: int) -> list[dict]:
   params = Transformer(config).init(jax.random.PRNGKey(0), inputs[:1], inputs[:1])["params"]
   key = jax.random.PRNGKey(0)
   variants = {  # name -> TransformerConfig.share_beam_cache
-      "plain cached beam search": False,  # Cross-attention keys/values per beam, every step.
-      "cross-attention cached once": True,
+      "plain cached beam search": False,  # A cache row per beam, gathered every step.
+      "shared beam cache (ours)": True,
   }
   searches, times, outputs = {}, {name: [] for name in variants}, {}
   for name, shared in variants.items():
