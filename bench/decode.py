@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 import gzip
 
-from common import MULTI30K, machine, median, print_table, timings, write_json
+from common import MULTI30K, machine, median, print_table, run_like_entry_points, timings, \
+    write_json
 
 
 def random_model_rows(repeats: int) -> list[dict]:
@@ -87,6 +88,7 @@ def main():
   parser.add_argument("--json", help="write the results here")
   parser.add_argument("--repeats", type=int, default=5, help="timed runs (median reported)")
   args = parser.parse_args()
+  run_like_entry_points()
   rows = random_model_rows(args.repeats)
   if args.workdir:
     rows.append(trained_model_row(args.workdir, max(1, args.repeats // 2)))

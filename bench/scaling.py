@@ -11,7 +11,7 @@ import argparse
 
 import numpy as np
 
-from common import machine, median, print_table, timings, write_json
+from common import machine, median, print_table, run_like_entry_points, timings, write_json
 
 
 def measure(rows: int, length: int, repeats: int) -> dict:
@@ -56,6 +56,7 @@ def main():
   parser.add_argument("--plot")
   parser.add_argument("--repeats", type=int, default=3)
   args = parser.parse_args()
+  run_like_entry_points()
 
   # Same tokens per batch (4096 per side) while the length grows: attention's
   # n^2 share shows as growth beyond the linear (matmul) part.

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from common import machine, matmul_peak_gflops, median, peak_rss_mb, print_table, timings, \
-    write_json
+from common import machine, matmul_peak_gflops, median, peak_rss_mb, print_table, \
+    run_like_entry_points, timings, write_json
 
 SHAPES = {
     "small": dict(vocab=8000, d_model=256, layers=3, heads=4, d_ff=1024, rows=32, length=64),
@@ -96,6 +96,7 @@ def main():
   parser.add_argument("--repeats", type=int, default=7, help="timed steps (median reported)")
   parser.add_argument("--no_torch", action="store_true", help="skip the torch comparison")
   args = parser.parse_args()
+  run_like_entry_points()
 
   names = list(SHAPES) if args.config == "all" else [args.config]
   peak = matmul_peak_gflops()

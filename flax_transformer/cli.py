@@ -8,6 +8,8 @@ import sys
 
 from absl import logging as absl_logging
 
+from flax_transformer import host_allocator
+
 EXIT_BAD_INPUT = 2  # Bad config, data, workdir: the message says what to fix.
 EXIT_FAILED = 1  # The run itself failed (the loss diverged, a checkpoint could not be written).
 
@@ -83,7 +85,9 @@ def run_main(argv: list[str], work) -> None:
 
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+  host_allocator.reexec_with_reusable_malloc()
   setup_logging()
+  logging.info("Host memory: %s", host_allocator.describe())
   with exit_on_errors():
     work()
 

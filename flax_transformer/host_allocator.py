@@ -1,0 +1,51 @@
+"""glibc malloc settings under which XLA's CPU runtime reuses its per-step buffers.
+
+XLA's CPU runtime mallocs a step's temporaries on every execution (668 MB for the
+base bench step, BENCHMARKS.md). glibc hands blocks that large out as fresh
+mmap'ed pages and unmaps them on free (a thread's arena always does, whatever
+the mmap threshold), so each step the kernel faults in and zeroes every page
+again: ~180k page faults and ~0.25 s of system CPU time per base step on 2 cores.
+With one arena, no mmap and no trimming, the block comes back from the heap and
+the faults go away (base step 1058 -> ~970 ms, BENCHMARKS.md).
+
+glibc reads these settings only at process start, so the entry points re-execute
+themselves once with them in GLIBC_TUNABLES. A GLIBC_TUNABLES the user has set is
+left alone; FLAX_TRANSFORMER_SYSTEM_MALLOC=1 keeps the system default.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+
+TUNABLES = ("glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
+            "glibc.malloc.trim_threshold=68719476736")
+OPT_OUT = "FLAX_TRANSFORMER_SYSTEM_MALLOC"
+
+
+def wanted() -> bool:
+  """True if this process should run with TUNABLES and does not yet."""
+  if os.environ.get(OPT_OUT, "") not in ("", "0") or "GLIBC_TUNABLES" in os.environ:
+    return False
+  return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+
+def reexec_with_reusable_malloc() -> None:
+  """Replaces this process by the same command line with TUNABLES set, once.
+
+  Returns only when nothing is to be done (see `wanted`). Call it before any
+  work: the process starts over (same pid, same open files, stdin included).
+  """
+  if not wanted():
+    return
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]],
+            dict(os.environ, GLIBC_TUNABLES=TUNABLES))
+
+
+def describe() -> str:
+  """One line for logs: which malloc settings this process runs with."""
+  tunables = os.environ.get("GLIBC_TUNABLES")
+  return f"GLIBC_TUNABLES={tunables}" if tunables else "system default malloc"

@@ -1,0 +1,64 @@
+"""host_allocator: with its settings a freed large block is reused, not faulted in anew."""
+
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flax_transformer import host_allocator
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Allocates, fills and frees a 200 MB array four times after a first one, and prints
+# the page faults those four took (a fresh 200 MB is ~49k faults of 4 kB pages). numpy's
+# own huge-page advice is off so that its arrays fault like XLA's buffers.
+CHILD = """
+import resource, sys
+import numpy as np
+from flax_transformer import host_allocator
+host_allocator.reexec_with_reusable_malloc()
+np._core.multiarray._set_madvise_hugepage(False)
+np.ones(25_000_000).sum()
+start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(4):
+  np.ones(25_000_000).sum()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start)
+print(host_allocator.describe())
+"""
+
+needs_glibc = pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+    reason="GLIBC_TUNABLES exists only with glibc")
+
+
+def run_child(**env_changes) -> tuple[int, str]:
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("GLIBC_TUNABLES", host_allocator.OPT_OUT)}
+  env.update(env_changes)
+  out = subprocess.run([sys.executable, "-c", CHILD], env=env, cwd=ROOT, capture_output=True,
+                       text=True, timeout=120, check=True).stdout.split("\n")
+  return int(out[0]), out[1]
+
+
+@needs_glibc
+def test_reexec_makes_large_blocks_reusable():
+  faults, described = run_child()
+  assert described == f"GLIBC_TUNABLES={host_allocator.TUNABLES}"
+  assert faults < 2_000, faults
+
+
+@needs_glibc
+def test_opt_out_keeps_system_malloc_which_faults_every_time():
+  # The control: the same child without the settings pays for fresh pages each time.
+  faults, described = run_child(**{host_allocator.OPT_OUT: "1"})
+  assert described == "system default malloc"
+  assert faults > 4 * 40_000, faults
+
+
+@needs_glibc
+def test_user_tunables_are_left_alone():
+  _, described = run_child(GLIBC_TUNABLES="glibc.malloc.check=0")
+  assert described == "GLIBC_TUNABLES=glibc.malloc.check=0"
