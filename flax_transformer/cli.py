@@ -87,7 +87,6 @@ def run_main(argv: list[str], work) -> None:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
   host_allocator.reexec_with_reusable_malloc()
   setup_logging()
-  logging.info("Host memory: %s", host_allocator.describe())
   with exit_on_errors():
     work()
 

@@ -20,6 +20,7 @@ import numpy as np
 import sacrebleu
 
 from flax_transformer import data as data_lib
+from flax_transformer import host_allocator
 from flax_transformer import sharding as sharding_lib
 from flax_transformer.checkpoints import Checkpointer
 from flax_transformer.config import RENAMED_KEYS, TransformerConfig
@@ -171,8 +172,9 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
                       f"config.grad_accum_steps={config.grad_accum_steps} micro-batches over "
                       f"{dp_size} data-parallel devices")
 
-  logging.info("Devices: %d (%s), mesh %s, %d process(es)", jax.device_count(),
-               jax.devices()[0].platform, dict(mesh.shape), process_count)
+  logging.info("Devices: %d (%s), mesh %s, %d process(es); host memory: %s", jax.device_count(),
+               jax.devices()[0].platform, dict(mesh.shape), process_count,
+               host_allocator.describe())
   train_pairs = load_pairs(config, config.train_split)
   logging.info("Training pairs: %d (%s)", len(train_pairs), config.dataset_name)
   tokenizer = data_lib.build_tokenizer(config, str(workdir), train_pairs, process_index)
