@@ -67,10 +67,11 @@ def last_step_logged(workdir: Path) -> int:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__)
-  parser.add_argument("--kills", type=int, default=5)
-  parser.add_argument("--steps", type=int, default=80)
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--json")
+  parser.add_argument("--kills", type=int, default=5,
+                      help="kill -9 the interrupted run this many times")
+  parser.add_argument("--steps", type=int, default=80, help="training steps of each run")
+  parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
+  parser.add_argument("--json", help="write the results here")
   args = parser.parse_args()
   rng = random.Random(args.seed)
   env = dict(os.environ, XLA_FLAGS="")

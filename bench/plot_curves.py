@@ -17,8 +17,8 @@ def read(workdir: str) -> list[dict]:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__)
-  parser.add_argument("workdirs", nargs="+")
-  parser.add_argument("--out", required=True)
+  parser.add_argument("workdirs", nargs="+", help="training workdirs (their metrics.jsonl)")
+  parser.add_argument("--out", required=True, help="the PNG to write")
   args = parser.parse_args()
 
   import matplotlib

@@ -21,10 +21,11 @@ from common import MULTI30K, print_table, write_json
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__)
-  parser.add_argument("--workdir", required=True)
-  parser.add_argument("--average_last", type=int, default=5)
+  parser.add_argument("--workdir", required=True, help="a trained Multi30k workdir")
+  parser.add_argument("--average_last", type=int, default=5,
+                      help="average the last K checkpoints")
   parser.add_argument("--command", default="", help="the training command, for the record")
-  parser.add_argument("--out")
+  parser.add_argument("--out", help="write the results JSON here")
   args = parser.parse_args()
 
   from sacrebleu.metrics import BLEU, CHRF

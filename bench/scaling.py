@@ -52,9 +52,9 @@ def exponent(xs, ys) -> float:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__)
-  parser.add_argument("--json")
-  parser.add_argument("--plot")
-  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--json", help="write the results here")
+  parser.add_argument("--plot", help="write the log-log plot here (PNG)")
+  parser.add_argument("--repeats", type=int, default=3, help="timed steps per point (median)")
   args = parser.parse_args()
   run_like_entry_points()
 
