@@ -16,11 +16,12 @@ EXIT_FAILED = 1  # The run itself failed (the loss diverged, a checkpoint could 
 
 def bad_input_errors() -> tuple[type[BaseException], ...]:
   from flax_transformer.checkpoints import CheckpointError
-  from flax_transformer.loop import ConfigError
+  from flax_transformer.loop import ConfigError, WorkdirGoneError
   from flax_transformer.sharding import ShardingConfigError
   from flax_transformer.sources import DataError
 
-  return (ConfigError, DataError, ShardingConfigError, CheckpointError, FileNotFoundError)
+  return (ConfigError, DataError, ShardingConfigError, CheckpointError, WorkdirGoneError,
+          FileNotFoundError)
 
 
 @contextlib.contextmanager

@@ -39,6 +39,10 @@ class ConfigError(ValueError):
   """A config value that cannot work; the message names the key and the fix."""
 
 
+class WorkdirGoneError(RuntimeError):
+  """The workdir was deleted or replaced under a running job."""
+
+
 class NonFiniteLossError(RuntimeError):
   """The loss became NaN or infinite."""
 
@@ -107,6 +111,20 @@ class StopRequest:
       raise KeyboardInterrupt
     self.signal_name = signal.Signals(signum).name
     logging.warning("%s received: saving a checkpoint, then exiting", self.signal_name)
+
+
+def check_workdir_present(workdir: Path, step: int) -> None:
+  """Stops a run whose workdir vanished, before anything is written into a stray copy.
+
+  Orbax and the metrics writer would otherwise go on: checkpoints land in a
+  re-created directory without run.json or the vocabulary, and metrics go to a
+  deleted file, all silently.
+  """
+  if jax.process_index() == 0 and not (workdir / RUN_FILE).is_file():
+    raise WorkdirGoneError(
+        f"workdir {workdir} was deleted or replaced while training ({workdir / RUN_FILE} is "
+        f"gone): stopped at step {step} without writing its metrics or checkpoint. Restore "
+        "the directory to resume, or start again with a new --workdir")
 
 
 def _format_seconds(seconds: float) -> str:
@@ -270,6 +288,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
       batch = place_local(next(train_iter))  # Overlaps with the device computing this step.
       continue
 
+    check_workdir_present(workdir, step)
     fetched = jax.device_get([m for _, m in pending])
     for (s, _), m in zip(pending, fetched):
       if m["nonfinite"]:

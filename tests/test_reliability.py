@@ -136,3 +136,35 @@ def test_failed_save_is_a_clear_error_and_older_checkpoints_survive(tmp_path, mu
                     "--config.checkpoint_every_steps=10")
   assert rerun.returncode == 0, rerun.stderr
   assert Checkpointer(tmp_path, read_only=True).steps() == [10, 20]
+
+
+def test_workdir_deleted_under_a_running_job_stops_it_clearly(tmp_path, multi30k_dir):
+  import shutil
+  import time
+
+  workdir = tmp_path / "run"
+  env = dict(os.environ, XLA_FLAGS="")
+  job = subprocess.Popen(
+      [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/tiny.py"),
+       f"--workdir={workdir}", f"--config.manual_dir={multi30k_dir}",
+       "--config.bleu_every_steps=0", "--config.num_train_steps=100000",
+       "--config.checkpoint_every_steps=10", "--config.log_every_steps=10"],
+      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    deadline = time.time() + 300
+    while not (workdir / "checkpoints" / "10").is_dir():
+      assert job.poll() is None and time.time() < deadline, "no checkpoint appeared"
+      time.sleep(0.5)
+    while workdir.exists():  # orbax may be writing into it as it goes.
+      shutil.rmtree(workdir, ignore_errors=True)
+    _, stderr = job.communicate(timeout=300)
+  finally:
+    job.kill()
+  assert job.returncode == 2, stderr
+  # orbax's save thread may also log the failure of the save it had under way.
+  ours = [line for line in stderr.splitlines() if line.startswith("error:")]
+  assert len(ours) == 1, stderr
+  assert "was deleted or replaced while training" in ours[0] and "run.json is gone" in ours[0]
+  # Nothing went on writing into a re-created directory.
+  assert not (workdir / "checkpoints").exists() or not any(
+      p.name.isdigit() for p in (workdir / "checkpoints").iterdir())
