@@ -29,7 +29,11 @@ flags.DEFINE_integer("checkpoint_step", None, "Use this checkpoint step (default
 flags.DEFINE_string("reference", None, "Reference translations, one per line: print scores.")
 flags.DEFINE_list("metrics", ["bleu", "chrf", "ter"], "Scores with --reference (sacrebleu).")
 flags.DEFINE_string("sacrebleu_tokenize", None, "sacrebleu BLEU tokenizer (13a, intl, ...).")
-flags.DEFINE_string("attention_plot", None, "PNG path: attention heads for the first sentence.")
+flags.DEFINE_string("attention_plot", None, "PNG path: attention heads (last layers) for the "
+                    "first sentence, or see --attention_sentences.")
+flags.DEFINE_integer("attention_sentences", 1, "With --attention_plot: plot the first N non-empty "
+                     "input lines, one PNG each named <stem>_<line number>.png when N > 1.",
+                     lower_bound=1)
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
 
@@ -41,7 +45,8 @@ def main(argv):
     run_decode(workdir=FLAGS.workdir, input_path=FLAGS.input, output_path=FLAGS.output,
                reference=FLAGS.reference, metrics=FLAGS.metrics,
                sacrebleu_tokenize=FLAGS.sacrebleu_tokenize, nbest=FLAGS.nbest,
-               attention_plot=FLAGS.attention_plot, beam_size=FLAGS.beam_size,
+               attention_plot=FLAGS.attention_plot,
+               attention_sentences=FLAGS.attention_sentences, beam_size=FLAGS.beam_size,
                alpha=FLAGS.alpha, max_extra=FLAGS.max_extra, batch_tokens=FLAGS.batch_tokens,
                temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p,
                seed=FLAGS.seed, average_last=FLAGS.average_last,

@@ -50,7 +50,8 @@ def score(hypotheses: Sequence[str], references: Sequence[str], metrics: Sequenc
 
 def run_decode(*, workdir: str, input_path: str, output_path: str, reference: str | None,
                metrics: Sequence[str], sacrebleu_tokenize: str | None, nbest: int,
-               attention_plot: str | None, **translator_kwargs) -> None:
+               attention_plot: str | None, attention_sentences: int = 1,
+               **translator_kwargs) -> None:
   unknown = [m for m in metrics if m not in METRICS]
   if unknown:
     raise DataError(f"--metrics: unknown {unknown}; choose from {', '.join(METRICS)}")
@@ -83,7 +84,19 @@ def run_decode(*, workdir: str, input_path: str, output_path: str, reference: st
   if attention_plot:
     from flax_transformer.attention_plot import plot_attention
 
-    first = next((s for s in sentences if s.strip()), "")
-    if first:
-      plot_attention(translator, first, results[sentences.index(first)][0][0], attention_plot)
-      print(f"attention plot written to {attention_plot}", file=sys.stderr)
+    for line, path in attention_plot_paths(sentences, attention_plot, attention_sentences):
+      plot_attention(translator, sentences[line], results[line][0][0], path)
+      print(f"attention plot of input line {line + 1} written to {path}", file=sys.stderr)
+
+
+def attention_plot_paths(sentences: Sequence[str], path: str, count: int
+                         ) -> list[tuple[int, str]]:
+  """(input line index, PNG path) for the first `count` non-empty sentences.
+
+  One sentence keeps `path` as given; several get `<stem>_<line number><suffix>`.
+  """
+  lines = [i for i, s in enumerate(sentences) if s.strip()][:count]
+  if count == 1:
+    return [(i, path) for i in lines]
+  target = Path(path)
+  return [(i, str(target.with_name(f"{target.stem}_{i + 1}{target.suffix}"))) for i in lines]

@@ -208,6 +208,36 @@ def test_decode_cli_scores_with_reference(workdir, tmp_path, multi30k_dir):
   assert bad.returncode == 2 and b"does not exist" in bad.stderr
 
 
+def test_decode_cli_attention_plots_of_several_sentences(workdir, tmp_path):
+  from flax_transformer.attention_plot import attention_maps
+
+  (tmp_path / "in.en").write_text("\nA dog runs.\nTwo men sit on a bench.\nA girl.\n")
+  plot = tmp_path / "att.png"
+  result = decode(workdir, f"--input={tmp_path / 'in.en'}", "--output=-",
+                  f"--attention_plot={plot}", "--attention_sentences=2")
+  assert result.returncode == 0, result.stderr.decode()
+  # Line 1 is empty, so the first two sentences are input lines 2 and 3.
+  written = sorted(p.name for p in tmp_path.glob("att*.png"))
+  assert written == ["att_2.png", "att_3.png"]
+  for name in written:
+    assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  # The plotted weights are distributions over the source tokens.
+  translator = Translator.from_workdir(workdir, beam_size=2, max_extra=5)
+  source = translator.tokenizer.tokenize("Two men sit on a bench.")
+  target = translator.tokenizer.tokenize(translator.translate(["Two men sit on a bench."])[0])
+  self_attn, cross_attn = attention_maps(translator.model_config, translator.params,
+                                         source, target)
+  heads = translator.model_config.num_heads
+  assert self_attn.shape == (heads, len(source), len(source))
+  assert cross_attn.shape == (heads, len(target), len(source))
+  np.testing.assert_allclose(self_attn.sum(-1), 1.0, atol=1e-5)
+  np.testing.assert_allclose(cross_attn.sum(-1), 1.0, atol=1e-5)
+  bad = decode(workdir, f"--input={tmp_path / 'in.en'}", f"--attention_plot={plot}",
+               "--attention_sentences=0")
+  assert bad.returncode == 2 and b"attention_sentences" in bad.stderr
+  assert b"Traceback" not in bad.stderr
+
+
 def test_decode_cli_missing_workdir_is_one_clear_error(tmp_path):
   result = decode(tmp_path / "nothing")
   assert result.returncode == 2
