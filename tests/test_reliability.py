@@ -151,7 +151,7 @@ def test_workdir_deleted_under_a_running_job_stops_it_clearly(tmp_path, multi30k
        "--config.checkpoint_every_steps=10", "--config.log_every_steps=10"],
       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   try:
-    deadline = time.time() + 300
+    deadline = time.time() + 600
     while not (workdir / "checkpoints" / "10").is_dir():
       assert job.poll() is None and time.time() < deadline, "no checkpoint appeared"
       time.sleep(0.5)
@@ -165,6 +165,9 @@ def test_workdir_deleted_under_a_running_job_stops_it_clearly(tmp_path, multi30k
   ours = [line for line in stderr.splitlines() if line.startswith("error:")]
   assert len(ours) == 1, stderr
   assert "was deleted or replaced while training" in ours[0] and "run.json is gone" in ours[0]
-  # Nothing went on writing into a re-created directory.
-  assert not (workdir / "checkpoints").exists() or not any(
-      p.name.isdigit() for p in (workdir / "checkpoints").iterdir())
+  # Nothing was saved from the step that noticed on: only a save already under way
+  # when the directory went may have landed (orbax re-creates its directories).
+  stopped = int(ours[0].split("stopped at step ")[1].split()[0])
+  if (workdir / "checkpoints").exists():
+    assert all(int(p.name) < stopped
+               for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
