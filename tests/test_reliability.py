@@ -81,13 +81,19 @@ def test_average_is_the_elementwise_mean(three_checkpoints):
   np.testing.assert_allclose(mean["b"], np.arange(3.0) + 20.0)
 
 
+TRAIN_ENV = dict(os.environ, XLA_FLAGS="")
+
+
+def train_command(workdir, multi30k_dir, *overrides) -> list[str]:
+  """train.py on the tiny config, no BLEU; later overrides win."""
+  return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/tiny.py"),
+          f"--workdir={workdir}", f"--config.manual_dir={multi30k_dir}",
+          "--config.bleu_every_steps=0", "--config.log_every_steps=5", *overrides]
+
+
 def run_train(tmp_path, multi30k_dir, *overrides):
-  env = dict(os.environ, XLA_FLAGS="")
-  return subprocess.run(
-      [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/tiny.py"),
-       f"--workdir={tmp_path}", f"--config.manual_dir={multi30k_dir}",
-       "--config.bleu_every_steps=0", "--config.log_every_steps=5", *overrides],
-      env=env, capture_output=True, text=True)
+  return subprocess.run(train_command(tmp_path, multi30k_dir, *overrides), env=TRAIN_ENV,
+                        capture_output=True, text=True)
 
 
 def test_nonfinite_loss_stops_naming_the_step_and_saves_nothing_bad(tmp_path, multi30k_dir):
@@ -116,13 +122,10 @@ def test_failed_save_is_a_clear_error_and_older_checkpoints_survive(tmp_path, mu
   assert first.returncode == 0, first.stderr
   # Files may not grow past 64 kB (EFBIG, as a full disk gives ENOSPC): the next save fails.
   limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (64_000, 64_000))  # noqa: E731
-  env = dict(os.environ, XLA_FLAGS="")
   second = subprocess.run(
-      [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/tiny.py"),
-       f"--workdir={tmp_path}", f"--config.manual_dir={multi30k_dir}",
-       "--config.bleu_every_steps=0", "--config.num_train_steps=20",
-       "--config.checkpoint_every_steps=10"],
-      env=env, capture_output=True, text=True, preexec_fn=limit)
+      train_command(tmp_path, multi30k_dir, "--config.num_train_steps=20",
+                    "--config.checkpoint_every_steps=10"),
+      env=TRAIN_ENV, capture_output=True, text=True, preexec_fn=limit)
   assert second.returncode == 1, second.stderr
   # orbax logs its own details (from its save thread, so sometimes after ours); the
   # run itself says what happened in one line.
@@ -143,13 +146,10 @@ def test_workdir_deleted_under_a_running_job_stops_it_clearly(tmp_path, multi30k
   import time
 
   workdir = tmp_path / "run"
-  env = dict(os.environ, XLA_FLAGS="")
   job = subprocess.Popen(
-      [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/tiny.py"),
-       f"--workdir={workdir}", f"--config.manual_dir={multi30k_dir}",
-       "--config.bleu_every_steps=0", "--config.num_train_steps=100000",
-       "--config.checkpoint_every_steps=10", "--config.log_every_steps=10"],
-      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+      train_command(workdir, multi30k_dir, "--config.num_train_steps=100000",
+                    "--config.checkpoint_every_steps=10", "--config.log_every_steps=10"),
+      env=TRAIN_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   try:
     deadline = time.time() + 600
     while not (workdir / "checkpoints" / "10").is_dir():
