@@ -33,11 +33,19 @@ def exit_on_errors():
   try:
     yield
   except bad_input_errors() as e:
-    print(f"error: {e}", file=sys.stderr, flush=True)
+    _report(e)
     sys.exit(EXIT_BAD_INPUT)
   except (NonFiniteLossError, CheckpointSaveError) as e:
-    print(f"error: {e}", file=sys.stderr, flush=True)
+    _report(e)
     sys.exit(EXIT_FAILED)
+
+
+def _report(error: BaseException) -> None:
+  # One write, starting on a fresh line: orbax's save threads may still be printing
+  # their own tracebacks, and `print` writes the text and its newline separately, so
+  # its line could be split or land behind a half-written one (seen in CI).
+  sys.stderr.write(f"\nerror: {error}\n")
+  sys.stderr.flush()
 
 
 def parse_flags_or_exit(argv: list[str]) -> list[str]:
