@@ -1,7 +1,9 @@
 """Test-set scores of a trained Multi30k workdir, as results/multi30k_<src>-<tgt>.json.
 
-python bench/results.py --workdir DIR [--average_last 5] [--out results/...json]
-Decodes test_2016_flickr with beam 4, alpha 0.6, averaging the last checkpoints;
+python bench/results.py --workdir DIR [--average_last 5] [--beam_size 4 --alpha 0.6]
+    [--out results/...json]
+Decodes test_2016_flickr with beam 4, alpha 0.6 (the paper's search; another one
+only once it was chosen on validation), averaging the last checkpoints;
 reports sacreBLEU (cased, detokenized, with signature), lowercased BLEU, chrF,
 and from the run's metrics.jsonl the training wall time, steps and the wall time
 at which validation BLEU (and test BLEU, when the run logged it with
@@ -24,6 +26,9 @@ def main():
   parser.add_argument("--workdir", required=True, help="a trained Multi30k workdir")
   parser.add_argument("--average_last", type=int, default=5,
                       help="average the last K checkpoints")
+  parser.add_argument("--beam_size", type=int, default=4, help="beam width")
+  parser.add_argument("--alpha", type=float, default=0.6,
+                      help="length penalty exponent, ((5 + length) / 6) ** alpha")
   parser.add_argument("--command", default="", help="the training command, for the record")
   parser.add_argument("--out", help="write the results JSON here")
   args = parser.parse_args()
@@ -39,7 +44,7 @@ def main():
   read = lambda lang: [line.rstrip("\n") for line in gzip.open(  # noqa: E731
       MULTI30K / f"test_2016_flickr.{lang}.gz", "rt", encoding="utf-8")]
   sources, references = read(src), read(tgt)
-  translator = Translator.from_workdir(args.workdir, beam_size=4, alpha=0.6,
+  translator = Translator.from_workdir(args.workdir, beam_size=args.beam_size, alpha=args.alpha,
                                        average_last=args.average_last)
   start = time.time()
   hypotheses = translator.translate(sources)
@@ -54,6 +59,7 @@ def main():
       "chrf_signature": str(chrf.get_signature()),
       "steps": records[-1]["step"], "train_wall_s": records[-1]["wall_s"],
       "averaged_checkpoints": translator.checkpoint_steps, "decode_s": decode_s,
+      "beam_size": args.beam_size, "alpha": args.alpha,
       "validation_bleu_curve": [(r["step"], round(r["wall_s"]), round(r["bleu"], 2))
                                 for r in records if "bleu" in r],
       "model": run["model"], "command": args.command,
@@ -71,7 +77,8 @@ def main():
                          "wall_s_to_test_bleu_30", "wall_s_to_test_bleu_35"])
   print(result["bleu_signature"])
   write_json(args.out, result)
-  Path(args.workdir, "test_2016_flickr.hyp").write_text("\n".join(hypotheses) + "\n")
+  search = "" if (args.beam_size, args.alpha) == (4, 0.6) else f".b{args.beam_size}.a{args.alpha}"
+  Path(args.workdir, f"test_2016_flickr{search}.hyp").write_text("\n".join(hypotheses) + "\n")
 
 
 def _languages(workdir: str, command: str) -> tuple[str, str]:
