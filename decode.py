@@ -10,6 +10,10 @@ from absl import app, flags
 from flax_transformer import cli
 
 flags.DEFINE_string("workdir", None, "Training workdir (checkpoints, vocab.model, run.json).")
+flags.DEFINE_list("ensemble", [], "More workdirs (comma-separated) whose models vote with "
+                  "--workdir's: each step uses the mean of the models' probabilities. All "
+                  "must share --workdir's vocabulary; --average_last and --checkpoint_step "
+                  "apply to each.")
 flags.DEFINE_string("input", "-", "File of sentences, one per line; '-' = stdin.")
 flags.DEFINE_string("output", "-", "Where translations go, one per line; '-' = stdout.")
 flags.DEFINE_integer("beam_size", 4, "Beam width (paper: 4); 1 = greedy.")
@@ -50,7 +54,7 @@ def main(argv):
                alpha=FLAGS.alpha, max_extra=FLAGS.max_extra, batch_tokens=FLAGS.batch_tokens,
                temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p,
                seed=FLAGS.seed, average_last=FLAGS.average_last,
-               checkpoint_step=FLAGS.checkpoint_step)
+               checkpoint_step=FLAGS.checkpoint_step, ensemble=FLAGS.ensemble)
 
   cli.run_main(argv, work)
 

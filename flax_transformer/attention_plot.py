@@ -21,17 +21,20 @@ def attention_maps(model_config, params, source_ids: np.ndarray, target_ids: np.
 
 
 def plot_attention(translator, source: str, translation: str, path: str) -> None:
-  """Writes a grid: row 1 encoder self-attention heads, row 2 encoder-decoder heads."""
+  """Writes a grid: row 1 encoder self-attention heads, row 2 encoder-decoder heads.
+
+  Of an ensemble, the first member's attention.
+  """
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
   tok = translator.tokenizer
-  source_ids = tok.tokenize(source)[:translator.model_config.max_len]
-  target_ids = tok.tokenize(translation)[:translator.model_config.max_len]
-  self_attn, cross_attn = attention_maps(translator.model_config, translator.params,
-                                         source_ids, target_ids)
+  model_config, params = translator.member(0)
+  source_ids = tok.tokenize(source)[:model_config.max_len]
+  target_ids = tok.tokenize(translation)[:model_config.max_len]
+  self_attn, cross_attn = attention_maps(model_config, params, source_ids, target_ids)
   source_labels, target_labels = tok.pieces(source_ids), tok.pieces(target_ids)
   heads = self_attn.shape[0]
   size = max(3.0, 0.25 * len(source_labels))

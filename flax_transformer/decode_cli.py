@@ -65,7 +65,7 @@ def run_decode(*, workdir: str, input_path: str, output_path: str, reference: st
   results = translator.translate_nbest(sentences, progress)
   if translator.truncated:
     logging.warning("%d input line(s) longer than the model's max_len=%d tokens were "
-                    "truncated", translator.truncated, translator.model_config.max_len)
+                    "truncated", translator.truncated, translator.max_len)
   out = sys.stdout if output_path == "-" else open(output_path, "w", encoding="utf-8")
   try:
     for i, hyps in enumerate(results):

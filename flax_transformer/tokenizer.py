@@ -46,6 +46,12 @@ class Tokenizer:
   def tokenize_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
     return [np.asarray(ids + [EOS_ID], np.int32) for ids in self._sp.encode(list(texts))]
 
+  def same_vocabulary(self, other: "Tokenizer") -> bool:
+    """Whether every id means the same piece in both (so models can share ids)."""
+    return (self.vocab_size == other.vocab_size and
+            all(self._sp.id_to_piece(i) == other._sp.id_to_piece(i)
+                for i in range(self.vocab_size)))
+
   def pieces(self, ids: Iterable[int]) -> list[str]:
     """The vocabulary piece of each id (for plots and debugging)."""
     return [self._sp.id_to_piece(int(i)) for i in ids]

@@ -50,29 +50,49 @@ class SearchConfig:
       raise ValueError(f"temperature must be >= 0, got {self.temperature}")
 
 
-def make_search_fn(model_config: TransformerConfig, search: SearchConfig
+Members = TransformerConfig | Sequence[TransformerConfig]
+
+
+def _members(model_config: Members) -> tuple[TransformerConfig, ...]:
+  """One config -> (config,); an ensemble's configs -> a tuple (all the same vocabulary)."""
+  if isinstance(model_config, TransformerConfig):
+    return (model_config,)
+  configs = tuple(model_config)
+  if not configs:
+    raise ValueError("an ensemble needs at least one model config")
+  sizes = {c.vocab_size for c in configs}
+  if len(sizes) > 1:
+    raise ValueError(f"ensemble members have different vocab_size: {sorted(sizes)}")
+  return configs
+
+
+def make_search_fn(model_config: Members, search: SearchConfig
                    ) -> Callable[[Any, jax.Array, jax.Array], decoding.SearchResult]:
-  """(params, inputs int [B, S], rng) -> SearchResult; jit it (shapes are static)."""
-  encoder = Transformer(model_config.replace(deterministic=True, decode=False))
-  decoder = Transformer(model_config.replace(deterministic=True, decode=True))
+  """(params, inputs int [B, S], rng) -> SearchResult; jit it (shapes are static).
+
+  Given a sequence of configs (an ensemble), params is the matching sequence and
+  each step's distribution is the mean of the members' probabilities.
+  """
+  configs = _members(model_config)
+  ensemble = not isinstance(model_config, TransformerConfig)
+  encoders = [Transformer(c.replace(deterministic=True, decode=False)) for c in configs]
+  decoders = [Transformer(c.replace(deterministic=True, decode=True)) for c in configs]
+  max_len = min(c.max_len for c in configs)
 
   def search_fn(params, inputs, rng):
     batch, source_len = inputs.shape
-    max_decode_len = min(source_len + search.max_extra, model_config.max_len)
+    max_decode_len = min(source_len + search.max_extra, max_len)
     max_lengths = jnp.minimum((inputs != 0).sum(axis=1) + search.max_extra, max_decode_len)
-    encoded = encoder.apply({"params": params}, inputs, method=Transformer.encode)
     sampling = search.temperature > 0 or search.beam_size == 1
     rows = 1 if sampling else search.beam_size
-    # The encoder runs once per sentence; beams share its output (and, with
-    # share_beam_cache, the whole decoding cache) instead of copies.
-    if not model_config.share_beam_cache:
-      encoded, inputs = decoding.repeat_beams(encoded, rows), decoding.repeat_beams(inputs, rows)
-    cache = init_cache(model_config, batch, max_decode_len, source_len, beam_size=rows)
-
-    def tokens_to_logits(ids, cache):
-      logits, updated = decoder.apply({"params": params, "cache": cache}, encoded, inputs, ids,
-                                      method=Transformer.decode, mutable=["cache"])
-      return logits[:, 0], updated["cache"]
+    steps, caches = zip(*(
+        _member_step(config, encoder, decoder, member_params, inputs, rows, max_decode_len)
+        for config, encoder, decoder, member_params
+        in zip(configs, encoders, decoders, params if ensemble else (params,))))
+    if ensemble:
+      tokens_to_logits, cache = _mean_of_probabilities(steps), tuple(caches)
+    else:
+      tokens_to_logits, cache = steps[0], caches[0]
 
     if sampling:
       return decoding.sample_search(
@@ -85,6 +105,36 @@ def make_search_fn(model_config: TransformerConfig, search: SearchConfig
         max_lengths=max_lengths)
 
   return search_fn
+
+
+def _member_step(model_config, encoder, decoder, params, inputs, rows, max_decode_len):
+  """One model's (tokens_to_logits, initial cache) for `rows` hypotheses per sentence."""
+  batch, source_len = inputs.shape
+  encoded = encoder.apply({"params": params}, inputs, method=Transformer.encode)
+  # The encoder runs once per sentence; beams share its output (and, with
+  # share_beam_cache, the whole decoding cache) instead of copies.
+  if not model_config.share_beam_cache:
+    encoded, inputs = decoding.repeat_beams(encoded, rows), decoding.repeat_beams(inputs, rows)
+  cache = init_cache(model_config, batch, max_decode_len, source_len, beam_size=rows)
+
+  def tokens_to_logits(ids, cache):
+    logits, updated = decoder.apply({"params": params, "cache": cache}, encoded, inputs, ids,
+                                    method=Transformer.decode, mutable=["cache"])
+    return logits[:, 0], updated["cache"]
+
+  return tokens_to_logits, cache
+
+
+def _mean_of_probabilities(steps: Sequence[decoding.TokensToLogits]) -> decoding.TokensToLogits:
+  """Members' tokens_to_logits -> the ensemble's: log of the mean of their softmaxes."""
+
+  def tokens_to_logits(ids, caches):
+    outs = [step(ids, cache) for step, cache in zip(steps, caches)]
+    log_probs = jnp.stack([jax.nn.log_softmax(logits.astype(jnp.float32)) for logits, _ in outs])
+    mean = jax.scipy.special.logsumexp(log_probs, axis=0) - np.log(len(steps))
+    return mean, tuple(cache for _, cache in outs)
+
+  return tokens_to_logits
 
 
 class Progress:
@@ -191,35 +241,77 @@ def load_params(workdir: str | Path, model_config: TransformerConfig, *,
 
 
 class Translator:
-  """Text in, translations out: `Translator.from_workdir(DIR).translate(["A dog runs."])`."""
+  """Text in, translations out: `Translator.from_workdir(DIR).translate(["A dog runs."])`.
 
-  def __init__(self, model_config: TransformerConfig, params, tokenizer: Tokenizer,
+  An ensemble when model_config and params are sequences (one entry per member,
+  all trained with `tokenizer`'s vocabulary).
+  """
+
+  def __init__(self, model_config: Members, params, tokenizer: Tokenizer,
                search: SearchConfig = SearchConfig(), *, batch_tokens: int = 4096,
                seed: int = 0):
-    self.model_config = model_config.replace(deterministic=True, decode=False)
-    self.params = params
+    self.model_configs = tuple(c.replace(deterministic=True, decode=False)
+                               for c in _members(model_config))
+    self.ensemble = not isinstance(model_config, TransformerConfig)
+    if self.ensemble and len(params) != len(self.model_configs):
+      raise ValueError(f"{len(self.model_configs)} model configs but {len(params)} parameter "
+                       "sets")
+    self.model_config = self.model_configs[0]
+    self.max_len = min(c.max_len for c in self.model_configs)
+    self.params = tuple(params) if self.ensemble else params
     self.tokenizer = tokenizer
     self.search = search
     self.batch_tokens = batch_tokens
     self.seed = seed
-    self._search_fn = jax.jit(make_search_fn(self.model_config, search))
-    self.truncated = 0  # Sources cut to the model's max_len by the last call.
+    self._search_fn = jax.jit(make_search_fn(
+        self.model_configs if self.ensemble else self.model_config, search))
+    self.truncated = 0  # Sources cut to max_len by the last call.
+
+  def member(self, index: int = 0) -> tuple[TransformerConfig, Any]:
+    """(model config, params) of one model (the only one unless an ensemble)."""
+    if not self.ensemble:
+      if index != 0:
+        raise IndexError(f"not an ensemble: no member {index}")
+      return self.model_config, self.params
+    return self.model_configs[index], self.params[index]
 
   @classmethod
-  def from_workdir(cls, workdir: str | Path, *, beam_size: int = 4, alpha: float = 0.6,
+  def from_workdir(cls, workdir: str | Path, *, ensemble: Sequence[str | Path] = (),
+                   beam_size: int = 4, alpha: float = 0.6,
                    max_extra: int = 50, nbest: int = 1, temperature: float = 0.0,
                    top_k: int = 0, top_p: float = 1.0, average_last: int = 1,
                    checkpoint_step: int | None = None, batch_tokens: int = 4096,
                    seed: int = 0) -> "Translator":
-    model_config, tokenizer = read_run(workdir)
-    params, steps = load_params(workdir, model_config, checkpoint_step=checkpoint_step,
-                                average_last=average_last)
-    logging.info("Loaded %s from checkpoint step(s) %s", workdir, steps)
+    """ensemble: more workdirs whose models vote with this one's (same vocabulary);
+    average_last and checkpoint_step apply to each."""
+    workdirs = [workdir, *ensemble]
+    configs, all_params, all_steps = [], [], []
+    tokenizer = None
+    for path in workdirs:
+      model_config, member_tokenizer = read_run(path)
+      if tokenizer is None:
+        tokenizer = member_tokenizer
+      elif not tokenizer.same_vocabulary(member_tokenizer):
+        from flax_transformer.sources import DataError
+
+        raise DataError(f"ensemble: {member_tokenizer.path} is not the vocabulary of "
+                        f"{tokenizer.path}; members must share one vocabulary")
+      params, steps = load_params(path, model_config, checkpoint_step=checkpoint_step,
+                                  average_last=average_last)
+      logging.info("Loaded %s from checkpoint step(s) %s", path, steps)
+      configs.append(model_config)
+      all_params.append(params)
+      all_steps.append(steps)
     search = SearchConfig(beam_size=beam_size, alpha=alpha, max_extra=max_extra, nbest=nbest,
                           temperature=temperature, top_k=top_k, top_p=top_p)
-    translator = cls(model_config, params, tokenizer, search, batch_tokens=batch_tokens,
-                     seed=seed)
-    translator.checkpoint_steps = steps
+    if ensemble:
+      translator = cls(configs, all_params, tokenizer, search, batch_tokens=batch_tokens,
+                       seed=seed)
+      translator.checkpoint_steps = all_steps
+    else:
+      translator = cls(configs[0], all_params[0], tokenizer, search, batch_tokens=batch_tokens,
+                       seed=seed)
+      translator.checkpoint_steps = all_steps[0]
     return translator
 
   def translate_nbest(self, sentences: Sequence[str], progress: Progress | None = None
@@ -228,7 +320,7 @@ class Translator:
 
     Empty (or all-whitespace) sentences translate to ''.
     """
-    max_len = self.model_config.max_len
+    max_len = self.max_len
     ids = [self.tokenizer.tokenize(s) for s in sentences]
     self.truncated = sum(len(i) > max_len for i in ids)
     todo = [i for i, s in enumerate(sentences) if s.strip()]

@@ -143,6 +143,44 @@ def test_batched_equals_alone():
     assert len(decoding.trim(together.sequences[i, 0])) + 1 <= len(s) + 1 + 6
 
 
+def test_ensemble_greedy_equals_mean_of_full_model_probabilities():
+  """Each step of an ensemble picks the argmax of the members' mean probability."""
+  (cfg, params_a), (_, params_b) = random_model(20, seed=5), random_model(20, seed=6)
+  # Members may lay out their caches differently.
+  configs = [cfg, cfg.replace(share_beam_cache=False)]
+  max_extra = 5
+  search_fn = jax.jit(make_search_fn(configs, SearchConfig(beam_size=1, max_extra=max_extra)))
+  inputs = np.array([[2, 5, 7, 9, EOS], [3, 4, EOS, 0, 0]], np.int32)
+  out = search_fn((params_a, params_b), jnp.asarray(inputs), jax.random.PRNGKey(0))
+  model = Transformer(cfg)
+  for row in range(2):
+    limit = min(int((inputs[row] != 0).sum()) + max_extra, inputs.shape[1] + max_extra)
+    tokens, total = [], 0.0
+    while not tokens or tokens[-1] != EOS:
+      # The whole decoder over the prefix; positions not generated yet are masked by causality.
+      targets = jnp.array([tokens + [EOS] * (limit - len(tokens))], jnp.int32)
+      probs = np.mean([np.asarray(jax.nn.softmax(
+          model.apply({"params": p}, jnp.asarray(inputs[row:row + 1]), targets)[0, len(tokens)]))
+          for p in (params_a, params_b)], axis=0)
+      probs[0] = 0.0  # Never pad.
+      token = EOS if len(tokens) + 1 >= limit else int(np.argmax(probs))
+      tokens.append(token)
+      total += float(np.log(probs[token]))
+    assert decoding.trim(out.sequences[row, 0]) + [EOS] == tokens
+    np.testing.assert_allclose(out.scores[row, 0], total, rtol=1e-4, atol=1e-4)
+
+
+def test_ensemble_of_one_model_twice_equals_the_model():
+  cfg, params = random_model(20, seed=7)
+  search = SearchConfig(beam_size=3, max_extra=6)
+  inputs = jnp.array([[2, 5, 7, 9, EOS], [3, 4, EOS, 0, 0]], jnp.int32)
+  single = jax.jit(make_search_fn(cfg, search))(params, inputs, jax.random.PRNGKey(0))
+  twice = jax.jit(make_search_fn([cfg, cfg.replace(share_beam_cache=False)], search))(
+      (params, params), inputs, jax.random.PRNGKey(0))
+  np.testing.assert_array_equal(twice.sequences, single.sequences)
+  np.testing.assert_allclose(twice.scores, single.scores, atol=1e-5)
+
+
 # --- Translator and decode.py on a trained tiny workdir -------------------------
 
 @pytest.fixture(scope="module")
@@ -236,6 +274,40 @@ def test_decode_cli_attention_plots_of_several_sentences(workdir, tmp_path):
                "--attention_sentences=0")
   assert bad.returncode == 2 and b"attention_sentences" in bad.stderr
   assert b"Traceback" not in bad.stderr
+
+
+def test_translator_ensemble_of_two_checkpoints(workdir):
+  from flax_transformer.translator import load_params, read_run
+
+  config, tokenizer = read_run(workdir)
+  step10, _ = load_params(workdir, config, checkpoint_step=10)
+  step20, _ = load_params(workdir, config, checkpoint_step=20)
+  search = SearchConfig(beam_size=2, max_extra=5)
+  sentences = ["A dog runs.", "", "Two men talk on a bench."]
+  both = Translator([config, config], [step10, step20], tokenizer, search).translate(sentences)
+  assert len(both) == 3 and both[1] == "" and both[0]
+  # From workdirs: a model voting with itself is the model.
+  alone = Translator.from_workdir(workdir, beam_size=2, max_extra=5)
+  itself = Translator.from_workdir(workdir, ensemble=[workdir], beam_size=2, max_extra=5)
+  assert itself.checkpoint_steps == [[20], [20]]
+  assert itself.translate(sentences) == alone.translate(sentences)
+
+
+def test_decode_cli_ensemble_of_different_vocabularies_is_one_clear_error(workdir, tmp_path):
+  import shutil
+
+  from flax_transformer.tokenizer import train_tokenizer
+
+  other = tmp_path / "other"
+  other.mkdir()
+  shutil.copy(workdir / "run.json", other / "run.json")
+  train_tokenizer(["a dog runs", "two men talk", "a girl sits on a bench"] * 20,
+                  other / "vocab.model", vocab_size=40)
+  result = decode(workdir, f"--ensemble={other}", stdin=b"A dog.\n")
+  assert result.returncode == 2
+  stderr = result.stderr.decode()
+  assert "ensemble" in stderr and "vocabulary" in stderr and str(other) in stderr
+  assert "Traceback" not in stderr
 
 
 def test_decode_cli_missing_workdir_is_one_clear_error(tmp_path):
