@@ -1,13 +1,15 @@
 """Test-set scores of a trained Multi30k workdir, as results/multi30k_<src>-<tgt>.json.
 
-python bench/results.py --workdir DIR [--average_last 5] [--beam_size 4 --alpha 0.6]
-    [--out results/...json]
+python bench/results.py --workdir DIR [--ensemble DIR2,DIR3] [--average_last 5]
+    [--beam_size 4 --alpha 0.6] [--command CMD ...] [--out results/...json]
 Decodes test_2016_flickr with beam 4, alpha 0.6 (the paper's search; another one
 only once it was chosen on validation), averaging the last checkpoints;
 reports sacreBLEU (cased, detokenized, with signature), lowercased BLEU, chrF,
 and from the run's metrics.jsonl the training wall time, steps and the wall time
 at which validation BLEU (and test BLEU, when the run logged it with
---config.test_bleu_every_steps) first reached 30 and 35.
+--config.test_bleu_every_steps) first reached 30 and 35. With --ensemble, the
+models of all workdirs vote (decode.py --ensemble); steps and train_wall_s are
+then the members' totals, `members` lists each, and the curves are --workdir's.
 """
 
 from __future__ import annotations
@@ -24,12 +26,16 @@ from common import MULTI30K, print_table, write_json
 def main():
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--workdir", required=True, help="a trained Multi30k workdir")
+  parser.add_argument("--ensemble", default="",
+                      help="comma-separated workdirs whose models vote with --workdir's")
   parser.add_argument("--average_last", type=int, default=5,
                       help="average the last K checkpoints")
   parser.add_argument("--beam_size", type=int, default=4, help="beam width")
   parser.add_argument("--alpha", type=float, default=0.6,
                       help="length penalty exponent, ((5 + length) / 6) ** alpha")
-  parser.add_argument("--command", default="", help="the training command, for the record")
+  parser.add_argument("--command", action="append", default=[],
+                      help="the training command, for the record (with --ensemble: once per "
+                           "workdir, --workdir's first)")
   parser.add_argument("--out", help="write the results JSON here")
   args = parser.parse_args()
 
@@ -37,15 +43,19 @@ def main():
 
   from flax_transformer.translator import Translator
 
+  ensemble = [w for w in args.ensemble.split(",") if w]
+  workdirs = [args.workdir, *ensemble]
   run = json.loads((Path(args.workdir) / "run.json").read_text())
-  records = [json.loads(line) for line in
-             (Path(args.workdir) / "metrics.jsonl").read_text().splitlines() if line.strip()]
-  src, tgt = _languages(args.workdir, args.command)
+  all_records = [[json.loads(line) for line in (Path(w) / "metrics.jsonl").read_text().splitlines()
+                  if line.strip()] for w in workdirs]
+  records = all_records[0]
+  command = args.command[0] if args.command else ""
+  src, tgt = _languages(args.workdir, command)
   read = lambda lang: [line.rstrip("\n") for line in gzip.open(  # noqa: E731
       MULTI30K / f"test_2016_flickr.{lang}.gz", "rt", encoding="utf-8")]
   sources, references = read(src), read(tgt)
-  translator = Translator.from_workdir(args.workdir, beam_size=args.beam_size, alpha=args.alpha,
-                                       average_last=args.average_last)
+  translator = Translator.from_workdir(args.workdir, ensemble=ensemble, beam_size=args.beam_size,
+                                       alpha=args.alpha, average_last=args.average_last)
   start = time.time()
   hypotheses = translator.translate(sources)
   decode_s = time.time() - start
@@ -57,13 +67,21 @@ def main():
       "bleu_lowercase": bleu_lc.corpus_score(hypotheses, [references]).score,
       "chrf": chrf.corpus_score(hypotheses, [references]).score,
       "chrf_signature": str(chrf.get_signature()),
-      "steps": records[-1]["step"], "train_wall_s": records[-1]["wall_s"],
+      "steps": sum(r[-1]["step"] for r in all_records),
+      "train_wall_s": sum(r[-1]["wall_s"] for r in all_records),
       "averaged_checkpoints": translator.checkpoint_steps, "decode_s": decode_s,
       "beam_size": args.beam_size, "alpha": args.alpha,
       "validation_bleu_curve": [(r["step"], round(r["wall_s"]), round(r["bleu"], 2))
                                 for r in records if "bleu" in r],
-      "model": run["model"], "command": args.command,
+      "model": run["model"], "command": command,
   }
+  if ensemble:
+    commands = args.command + [""] * (len(workdirs) - len(args.command))
+    result["members"] = [
+        {"workdir": w, "steps": r[-1]["step"], "train_wall_s": r[-1]["wall_s"],
+         "dropout_rate": json.loads((Path(w) / "run.json").read_text())["model"]["dropout_rate"],
+         "averaged_checkpoints": steps, "command": c}
+        for w, r, steps, c in zip(workdirs, all_records, translator.checkpoint_steps, commands)]
   for target in (30, 35):
     for key, name in (("bleu", "validation"), ("test_bleu", "test")):
       hit = next((r for r in records if r.get(key, 0) >= target), None)
@@ -78,6 +96,7 @@ def main():
   print(result["bleu_signature"])
   write_json(args.out, result)
   search = "" if (args.beam_size, args.alpha) == (4, 0.6) else f".b{args.beam_size}.a{args.alpha}"
+  search += f".ensemble{len(workdirs)}" if ensemble else ""
   Path(args.workdir, f"test_2016_flickr{search}.hyp").write_text("\n".join(hypotheses) + "\n")
 
 
