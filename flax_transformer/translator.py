@@ -85,10 +85,13 @@ def make_search_fn(model_config: Members, search: SearchConfig
     max_lengths = jnp.minimum((inputs != 0).sum(axis=1) + search.max_extra, max_decode_len)
     sampling = search.temperature > 0 or search.beam_size == 1
     rows = 1 if sampling else search.beam_size
+    members_params = tuple(params) if ensemble else (params,)
+    if len(members_params) != len(configs):  # zip below would drop members silently.
+      raise ValueError(f"{len(configs)} model configs but {len(members_params)} parameter sets")
     steps, caches = zip(*(
         _member_step(config, encoder, decoder, member_params, inputs, rows, max_decode_len)
         for config, encoder, decoder, member_params
-        in zip(configs, encoders, decoders, params if ensemble else (params,))))
+        in zip(configs, encoders, decoders, members_params)))
     if ensemble:
       tokens_to_logits, cache = _mean_of_probabilities(steps), tuple(caches)
     else:
@@ -253,9 +256,6 @@ class Translator:
     self.model_configs = tuple(c.replace(deterministic=True, decode=False)
                                for c in _members(model_config))
     self.ensemble = not isinstance(model_config, TransformerConfig)
-    if self.ensemble and len(params) != len(self.model_configs):
-      raise ValueError(f"{len(self.model_configs)} model configs but {len(params)} parameter "
-                       "sets")
     self.model_config = self.model_configs[0]
     self.max_len = min(c.max_len for c in self.model_configs)
     self.params = tuple(params) if self.ensemble else params
@@ -269,11 +269,7 @@ class Translator:
 
   def member(self, index: int = 0) -> tuple[TransformerConfig, Any]:
     """(model config, params) of one model (the only one unless an ensemble)."""
-    if not self.ensemble:
-      if index != 0:
-        raise IndexError(f"not an ensemble: no member {index}")
-      return self.model_config, self.params
-    return self.model_configs[index], self.params[index]
+    return self.model_configs[index], (self.params if self.ensemble else (self.params,))[index]
 
   @classmethod
   def from_workdir(cls, workdir: str | Path, *, ensemble: Sequence[str | Path] = (),
@@ -304,14 +300,11 @@ class Translator:
       all_steps.append(steps)
     search = SearchConfig(beam_size=beam_size, alpha=alpha, max_extra=max_extra, nbest=nbest,
                           temperature=temperature, top_k=top_k, top_p=top_p)
-    if ensemble:
-      translator = cls(configs, all_params, tokenizer, search, batch_tokens=batch_tokens,
-                       seed=seed)
-      translator.checkpoint_steps = all_steps
-    else:
-      translator = cls(configs[0], all_params[0], tokenizer, search, batch_tokens=batch_tokens,
-                       seed=seed)
-      translator.checkpoint_steps = all_steps[0]
+    # One workdir keeps the single-model shapes (a config, a params tree, a step list).
+    pick = (lambda members: members) if ensemble else (lambda members: members[0])
+    translator = cls(pick(configs), pick(all_params), tokenizer, search,
+                     batch_tokens=batch_tokens, seed=seed)
+    translator.checkpoint_steps = pick(all_steps)
     return translator
 
   def translate_nbest(self, sentences: Sequence[str], progress: Progress | None = None
