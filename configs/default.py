@@ -42,6 +42,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.vocab_model_type = "bpe"  # sentencepiece model type: 'bpe' | 'unigram'.
   config.vocab_max_sentences = 2_000_000  # Sentence pairs read to train the vocabulary.
   config.vocab_character_coverage = 1.0
+  # Subword regularisation of training pairs (never of evaluation or decoding): each
+  # pair is segmented afresh every epoch, dropping BPE merges with this probability
+  # (BPE-dropout; for 'unigram', the sampling smoothing alpha). 0 = off (paper).
+  config.subword_sampling_alpha = 0.0
 
   # --- Batching -----------------------------------------------------------
   config.max_source_length = 256  # Training pairs longer than this are filtered.

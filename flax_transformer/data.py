@@ -36,9 +36,31 @@ class _TokenizePair:
             "targets": self.tokenizer.tokenize(target)}
 
 
+class _SampleTokenizePair:
+  """(source, target) strings -> ids of one sampled segmentation (subword regularisation)."""
+
+  def __init__(self, tokenizer: Tokenizer, alpha: float):
+    self.tokenizer = tokenizer
+    self.alpha = alpha
+
+  def __call__(self, pair, rng: np.random.Generator):
+    inputs, targets = self.tokenizer.tokenize_sampled(
+        pair, alpha=self.alpha, seed=int(rng.integers(1, 2**31)))
+    return {"inputs": inputs, "targets": targets}
+
+
 def tokenized(pairs: Sequence, tokenizer: Tokenizer) -> grain.MapDataset:
   """Random-access (source, target) pairs -> lazily tokenized examples."""
   return grain.MapDataset.source(pairs).map(_TokenizePair(tokenizer))
+
+
+def training_examples(pairs: Sequence, tokenizer: Tokenizer, sampling_alpha: float = 0.0):
+  """(examples, tokenize) for `train_dataset`: ids tokenized once, or, with
+  `sampling_alpha` > 0, raw pairs and a transform that samples a fresh
+  segmentation for every epoch's occurrence of a pair."""
+  if sampling_alpha > 0:
+    return grain.MapDataset.source(pairs), _SampleTokenizePair(tokenizer, sampling_alpha)
+  return tokenized(pairs, tokenizer), None
 
 
 def _fits(max_source_length: int, max_target_length: int):
@@ -75,15 +97,19 @@ class TrainBatching:
 
 def train_dataset(examples: grain.MapDataset, batching: TrainBatching, *, seed: int,
                   process_index: int = 0, process_count: int = 1,
-                  num_epochs: int | None = None) -> grain.IterDataset:
+                  num_epochs: int | None = None, tokenize=None) -> grain.IterDataset:
   """Shuffled, filtered, packed or padded, batched training stream of this host.
 
   Each host reads a disjoint 1/process_count of the examples; epochs are
-  reshuffled. `num_epochs=None` repeats forever; with a finite count, the last
+  reshuffled. `tokenize(example, rng) -> example`, if given, runs after the
+  shuffle, so it sees every epoch's occurrence of a pair with its own rng
+  (seeded by `seed` and the position in the stream: deterministic, resumable). `num_epochs=None` repeats forever; with a finite count, the last
   batch is completed with all-padding rows so that no pair is dropped.
   Iterators of the result support `get_state()` / `set_state()` for resuming.
   """
   ds = examples[process_index::process_count].shuffle(seed=seed).repeat(num_epochs)
+  if tokenize is not None:
+    ds = ds.random_map(tokenize, seed=seed)
   ds = ds.filter(_fits(batching.max_source_length, batching.max_target_length))
   lengths = {"inputs": batching.max_source_length, "targets": batching.max_target_length}
   it = ds.to_iter_dataset(grain.ReadOptions(num_threads=READ_THREADS, prefetch_buffer_size=32))

@@ -67,6 +67,9 @@ def check_config(config) -> None:
       raise ConfigError(f"config.{key} must be >= 0 (0 = never), got {config[key]}")
   if not 0.0 <= config.label_smoothing < 1.0:
     raise ConfigError(f"config.label_smoothing must be in [0, 1), got {config.label_smoothing}")
+  if not 0.0 <= config.subword_sampling_alpha < 1.0:
+    raise ConfigError("config.subword_sampling_alpha must be in [0, 1) (0 = off), got "
+                      f"{config.subword_sampling_alpha}")
   if config.nan_policy not in ("stop", "skip"):
     raise ConfigError(f"config.nan_policy must be 'stop' or 'skip', got {config.nan_policy!r}")
   model = model_config_from(config)
@@ -203,9 +206,11 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   if process_index == 0:
     check_workdir_compatible(workdir, model_config, tokenizer.vocab_size)
 
+  examples, tokenize = data_lib.training_examples(train_pairs, tokenizer,
+                                                  config.subword_sampling_alpha)
   train_iter = iter(data_lib.train_dataset(
-      data_lib.tokenized(train_pairs, tokenizer), batching, seed=config.seed,
-      process_index=process_index, process_count=process_count))
+      examples, batching, seed=config.seed, process_index=process_index,
+      process_count=process_count, tokenize=tokenize))
   eval_set = _eval_set(config, tokenizer, config.eval_split)
   # The test split is only ever reported (time to quality), never used to decide.
   test_set = (_eval_set(config, tokenizer, config.test_split)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -19,6 +20,9 @@ import sentencepiece as spm
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 VOCAB_FILENAME = "vocab.model"
+# sentencepiece's sampling generator is process-global: seeding and sampling must not
+# interleave between threads, or a seed would not determine its segmentation.
+_SAMPLING_LOCK = threading.Lock()
 
 
 class Tokenizer:
@@ -42,6 +46,22 @@ class Tokenizer:
   def tokenize(self, text: str) -> np.ndarray:
     """str -> int32 [len + 1], ending in EOS."""
     return np.asarray(self._sp.encode(text) + [EOS_ID], np.int32)
+
+  def tokenize_sampled(self, texts: Sequence[str], *, alpha: float,
+                       seed: int) -> list[np.ndarray]:
+    """Subword regularisation: one sampled segmentation per text, EOS appended.
+
+    BPE vocabularies drop each merge with probability `alpha` (BPE-dropout,
+    Provilkov et al., 2020); unigram ones sample from the lattice with
+    smoothing `alpha` (Kudo, 2018). The same `seed` gives the same segmentations.
+    """
+    with _SAMPLING_LOCK:
+      spm.set_random_generator_seed(seed)
+      # One text per call: a list would be split over sentencepiece's worker threads,
+      # whose generators the seed does not reach.
+      ids = [self._sp.encode(text, enable_sampling=True, alpha=alpha, nbest_size=-1)
+             for text in texts]
+    return [np.asarray(i + [EOS_ID], np.int32) for i in ids]
 
   def tokenize_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
     return [np.asarray(ids + [EOS_ID], np.int32) for ids in self._sp.encode(list(texts))]

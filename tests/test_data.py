@@ -148,6 +148,58 @@ def test_packing_keeps_most_tokens(multi30k_examples):
     assert row_tok[where[-1]] == tokenizer.EOS_ID
 
 
+def test_sampled_segmentations_are_seeded_and_lossless(multi30k_dir, multi30k_tokenizer):
+  texts = [s for s, _ in sources.multi30k("validation", "en", "de", manual_dir=multi30k_dir)][:60]
+  first = multi30k_tokenizer.tokenize_sampled(texts, alpha=0.1, seed=7)
+  multi30k_tokenizer.tokenize_sampled(texts, alpha=0.5, seed=99)  # Other draws in between.
+  again = multi30k_tokenizer.tokenize_sampled(texts, alpha=0.1, seed=7)
+  other = multi30k_tokenizer.tokenize_sampled(texts, alpha=0.1, seed=8)
+  plain = multi30k_tokenizer.tokenize_batch(texts)
+  assert all((a == b).all() for a, b in zip(first, again))
+  assert sum(len(a) != len(b) or (a != b).any() for a, b in zip(first, other)) >= 10
+  for text, ids in zip(texts, first):
+    assert ids[-1] == tokenizer.EOS_ID
+    assert multi30k_tokenizer.detokenize(ids) == " ".join(text.split())
+  # Dropped merges leave smaller pieces: more of them than the deterministic segmentation.
+  assert np.mean([len(a) for a in first]) > 1.05 * np.mean([len(p) for p in plain])
+
+
+def test_subword_sampling_per_epoch_is_deterministic_complete_and_resumable(
+    multi30k_dir, multi30k_tokenizer):
+  pairs = sources.multi30k("validation", "en", "de", manual_dir=multi30k_dir)
+  pairs = [pairs[i] for i in range(41)]
+  examples, tokenize = data.training_examples(pairs, multi30k_tokenizer, sampling_alpha=0.1)
+  batching = data.TrainBatching(rows=4, max_source_length=64, max_target_length=64,
+                                packing=False)
+
+  def stream(**kwargs):
+    return data.train_dataset(examples, batching, seed=1, tokenize=tokenize, **kwargs)
+
+  targets = {}  # Source text -> the target ids of each epoch.
+  for batch in stream(num_epochs=2):
+    for source, target in zip(batch["inputs"], batch["targets"]):
+      if source.any():
+        text = multi30k_tokenizer.detokenize(source)
+        targets.setdefault(text, []).append(tuple(target[target > 0].tolist()))
+  references = {" ".join(s.split()): " ".join(t.split()) for s, t in pairs}
+  assert sorted(targets) == sorted(references) and all(len(t) == 2 for t in targets.values())
+  for source, (epoch1, epoch2) in targets.items():
+    assert multi30k_tokenizer.detokenize(epoch1) == references[source]
+    assert multi30k_tokenizer.detokenize(epoch2) == references[source]
+  assert sum(a != b for a, b in targets.values()) >= 10  # Each epoch samples afresh.
+
+  uninterrupted = [b["targets"] for b, _ in zip(stream(), range(30))]
+  it = iter(stream())
+  for _ in range(12):
+    next(it)
+  state = it.get_state()
+  multi30k_tokenizer.tokenize_sampled(["Other draws in between."], alpha=0.3, seed=5)
+  resumed = iter(stream())
+  resumed.set_state(state)
+  for expected in uninterrupted[12:]:
+    np.testing.assert_array_equal(next(resumed)["targets"], expected)
+
+
 def synthetic_examples(n: int) -> grain.MapDataset:
   """Example i: inputs [i + 3, EOS] (so ids identify examples), targets of varying length."""
   items = [{"inputs": np.array([i + 3, 1], np.int32),

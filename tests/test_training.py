@@ -319,6 +319,7 @@ def test_sigterm_saves_and_exits_cleanly(tmp_path, multi30k_dir):
     ("--config.mesh.data=3", "needs 3 devices but 1 are present"),
     ("--config.manual_dir=/nonexistent", "/nonexistent/train.en.gz: no such file"),
     ("--config.max_target_length=500", "exceed config.model.max_len"),
+    ("--config.subword_sampling_alpha=1.5", "subword_sampling_alpha must be in [0, 1)"),
 ])
 def test_bad_config_exits_2_with_a_message(tmp_path, multi30k_dir, override, message):
   result = subprocess.run(train_command(tmp_path, multi30k_dir, override), env=cpu_env(),
