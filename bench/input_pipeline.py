@@ -1,7 +1,9 @@
 """Tokens per second the input pipeline produces vs what a training step consumes.
 
 python bench/input_pipeline.py [--json PATH] [--batches 50] [--repeats 5]
-Multi30k EN->DE train, configs/multi30k.py batching (packed rows), on this machine.
+    [--subword_sampling_alpha 0.1]
+Multi30k EN->DE train, configs/multi30k.py batching (packed rows), on this machine;
+with --subword_sampling_alpha, every pair is segmented afresh (BPE-dropout).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ def main():
   parser.add_argument("--json", help="write the results here")
   parser.add_argument("--batches", type=int, default=50, help="batches per timed run")
   parser.add_argument("--repeats", type=int, default=5, help="timed runs (median reported)")
+  parser.add_argument("--subword_sampling_alpha", type=float, default=0.0,
+                      help="sample segmentations as config.subword_sampling_alpha does (0 = off)")
   parser.add_argument("--skip_train_step", action="store_true",
                       help="do not time a training step for the ratio")
   args = parser.parse_args()
@@ -36,7 +40,8 @@ def main():
                                     f"{tmp}/vocab.model", vocab_size=config.vocab_size)
     vocab_s = time.time() - start
   batching = data.train_batching(config, data_parallel_size=1)
-  iterator = iter(data.train_dataset(data.tokenized(pairs, tok), batching, seed=0))
+  examples, tokenize = data.training_examples(pairs, tok, args.subword_sampling_alpha)
+  iterator = iter(data.train_dataset(examples, batching, seed=0, tokenize=tokenize))
   fractions, produced = [], []
 
   def run():
@@ -51,6 +56,7 @@ def main():
   tokens_per_s = median([p / s for p, s in zip(produced[1:], seconds)])
   batch_tokens = batching.rows * (batching.max_source_length + batching.max_target_length)
   record = {"dataset": "multi30k en-de train", "tokens_per_s": tokens_per_s,
+            "subword_sampling_alpha": args.subword_sampling_alpha,
             "nonpad_fraction": float(np.mean(fractions)), "batch_tokens": batch_tokens,
             "batch_shape": [batching.rows, batching.max_target_length],
             "vocab_train_s": vocab_s, "repeats": args.repeats, "batches": args.batches,
@@ -78,7 +84,7 @@ def main():
     record.update(train_step_s=step_s, train_tokens_per_s=consumed,
                   ratio_to_training=tokens_per_s / consumed)
 
-  print_table([record], ["dataset", "tokens_per_s", "nonpad_fraction", "batch_tokens",
+  print_table([record], ["dataset", "subword_sampling_alpha", "tokens_per_s", "nonpad_fraction", "batch_tokens",
                          "train_tokens_per_s", "ratio_to_training"])
   write_json(args.json, record)
 
