@@ -84,8 +84,8 @@ def main():
     record.update(train_step_s=step_s, train_tokens_per_s=consumed,
                   ratio_to_training=tokens_per_s / consumed)
 
-  print_table([record], ["dataset", "subword_sampling_alpha", "tokens_per_s", "nonpad_fraction", "batch_tokens",
-                         "train_tokens_per_s", "ratio_to_training"])
+  print_table([record], ["dataset", "subword_sampling_alpha", "tokens_per_s", "nonpad_fraction",
+                         "batch_tokens", "train_tokens_per_s", "ratio_to_training"])
   write_json(args.json, record)
 
 

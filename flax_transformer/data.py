@@ -103,8 +103,9 @@ def train_dataset(examples: grain.MapDataset, batching: TrainBatching, *, seed: 
   Each host reads a disjoint 1/process_count of the examples; epochs are
   reshuffled. `tokenize(example, rng) -> example`, if given, runs after the
   shuffle, so it sees every epoch's occurrence of a pair with its own rng
-  (seeded by `seed` and the position in the stream: deterministic, resumable). `num_epochs=None` repeats forever; with a finite count, the last
-  batch is completed with all-padding rows so that no pair is dropped.
+  (seeded by `seed` and the position in the stream: deterministic, resumable).
+  `num_epochs=None` repeats forever; with a finite count, the last batch is
+  completed with all-padding rows so that no pair is dropped.
   Iterators of the result support `get_state()` / `set_state()` for resuming.
   """
   ds = examples[process_index::process_count].shuffle(seed=seed).repeat(num_epochs)
