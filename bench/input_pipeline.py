@@ -40,8 +40,8 @@ def main():
                                     f"{tmp}/vocab.model", vocab_size=config.vocab_size)
     vocab_s = time.time() - start
   batching = data.train_batching(config, data_parallel_size=1)
-  examples, tokenize = data.training_examples(pairs, tok, args.subword_sampling_alpha)
-  iterator = iter(data.train_dataset(examples, batching, seed=0, tokenize=tokenize))
+  iterator = iter(data.train_dataset(
+      pairs, batching, seed=0, tokenize=data.TokenizePair(tok, args.subword_sampling_alpha)))
   fractions, produced = [], []
 
   def run():

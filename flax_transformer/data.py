@@ -24,43 +24,29 @@ _PACKED_RENAMES = {"inputs_segment_ids": "inputs_segmentation",
                    "targets_segment_ids": "targets_segmentation"}
 
 
-class _TokenizePair:
-  """(source, target) strings -> {'inputs', 'targets'} int32 ids with EOS."""
+class TokenizePair:
+  """(source, target) strings -> {'inputs', 'targets'} int32 ids ending in EOS.
 
-  def __init__(self, tokenizer: Tokenizer):
+  With `sampling_alpha` > 0 (subword regularisation), each call draws one sampled
+  segmentation seeded from `rng`; otherwise the deterministic one, and `rng` is unused.
+  """
+
+  def __init__(self, tokenizer: Tokenizer, sampling_alpha: float = 0.0):
     self.tokenizer = tokenizer
+    self.sampling_alpha = sampling_alpha
 
-  def __call__(self, pair):
-    source, target = pair
-    return {"inputs": self.tokenizer.tokenize(source),
-            "targets": self.tokenizer.tokenize(target)}
-
-
-class _SampleTokenizePair:
-  """(source, target) strings -> ids of one sampled segmentation (subword regularisation)."""
-
-  def __init__(self, tokenizer: Tokenizer, alpha: float):
-    self.tokenizer = tokenizer
-    self.alpha = alpha
-
-  def __call__(self, pair, rng: np.random.Generator):
-    inputs, targets = self.tokenizer.tokenize_sampled(
-        pair, alpha=self.alpha, seed=int(rng.integers(1, 2**31)))
+  def __call__(self, pair, rng: np.random.Generator | None = None):
+    if self.sampling_alpha > 0:
+      inputs, targets = self.tokenizer.tokenize_sampled(
+          pair, alpha=self.sampling_alpha, seed=int(rng.integers(1, 2**31)))
+    else:
+      inputs, targets = (self.tokenizer.tokenize(text) for text in pair)
     return {"inputs": inputs, "targets": targets}
 
 
 def tokenized(pairs: Sequence, tokenizer: Tokenizer) -> grain.MapDataset:
   """Random-access (source, target) pairs -> lazily tokenized examples."""
-  return grain.MapDataset.source(pairs).map(_TokenizePair(tokenizer))
-
-
-def training_examples(pairs: Sequence, tokenizer: Tokenizer, sampling_alpha: float = 0.0):
-  """(examples, tokenize) for `train_dataset`: ids tokenized once, or, with
-  `sampling_alpha` > 0, raw pairs and a transform that samples a fresh
-  segmentation for every epoch's occurrence of a pair."""
-  if sampling_alpha > 0:
-    return grain.MapDataset.source(pairs), _SampleTokenizePair(tokenizer, sampling_alpha)
-  return tokenized(pairs, tokenizer), None
+  return grain.MapDataset.source(pairs).map(TokenizePair(tokenizer))
 
 
 def _fits(max_source_length: int, max_target_length: int):
@@ -95,19 +81,22 @@ class TrainBatching:
   packing: bool = True
 
 
-def train_dataset(examples: grain.MapDataset, batching: TrainBatching, *, seed: int,
+def train_dataset(examples: Sequence | grain.MapDataset, batching: TrainBatching, *, seed: int,
                   process_index: int = 0, process_count: int = 1,
                   num_epochs: int | None = None, tokenize=None) -> grain.IterDataset:
   """Shuffled, filtered, packed or padded, batched training stream of this host.
 
   Each host reads a disjoint 1/process_count of the examples; epochs are
-  reshuffled. `tokenize(example, rng) -> example`, if given, runs after the
-  shuffle, so it sees every epoch's occurrence of a pair with its own rng
-  (seeded by `seed` and the position in the stream: deterministic, resumable).
+  reshuffled. `tokenize(example, rng) -> example` (e.g. `TokenizePair`), if given,
+  turns raw examples into ids after the shuffle, so it sees every epoch's
+  occurrence of a pair with its own rng (seeded by `seed` and the position in the
+  stream: deterministic, resumable).
   `num_epochs=None` repeats forever; with a finite count, the last batch is
   completed with all-padding rows so that no pair is dropped.
   Iterators of the result support `get_state()` / `set_state()` for resuming.
   """
+  if not isinstance(examples, grain.MapDataset):
+    examples = grain.MapDataset.source(examples)
   ds = examples[process_index::process_count].shuffle(seed=seed).repeat(num_epochs)
   if tokenize is not None:
     ds = ds.random_map(tokenize, seed=seed)

@@ -206,11 +206,10 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   if process_index == 0:
     check_workdir_compatible(workdir, model_config, tokenizer.vocab_size)
 
-  examples, tokenize = data_lib.training_examples(train_pairs, tokenizer,
-                                                  config.subword_sampling_alpha)
   train_iter = iter(data_lib.train_dataset(
-      examples, batching, seed=config.seed, process_index=process_index,
-      process_count=process_count, tokenize=tokenize))
+      train_pairs, batching, seed=config.seed,
+      process_index=process_index, process_count=process_count,
+      tokenize=data_lib.TokenizePair(tokenizer, config.subword_sampling_alpha)))
   eval_set = _eval_set(config, tokenizer, config.eval_split)
   # The test split is only ever reported (time to quality), never used to decide.
   test_set = (_eval_set(config, tokenizer, config.test_split)

@@ -148,6 +148,22 @@ def test_packing_keeps_most_tokens(multi30k_examples):
     assert row_tok[where[-1]] == tokenizer.EOS_ID
 
 
+def test_tokenizing_after_the_shuffle_gives_the_same_stream(multi30k_dir, multi30k_tokenizer,
+                                                            multi30k_examples):
+  """Training tokenizes raw pairs inside the pipeline: without sampling, the batches
+  are those of pre-tokenized examples, so runs stay comparable across versions."""
+  pairs = sources.multi30k("train", "en", "de", manual_dir=multi30k_dir)
+  batching = data.TrainBatching(rows=16, max_source_length=32, max_target_length=32)
+  raw = iter(data.train_dataset(pairs, batching, seed=3,
+                                tokenize=data.TokenizePair(multi30k_tokenizer)))
+  pre = iter(data.train_dataset(multi30k_examples, batching, seed=3))
+  for _ in range(8):
+    a, b = next(raw), next(pre)
+    assert a.keys() == b.keys()
+    for key in a:
+      np.testing.assert_array_equal(a[key], b[key])
+
+
 def test_sampled_segmentations_are_seeded_and_lossless(multi30k_dir, multi30k_tokenizer):
   texts = [s for s, _ in sources.multi30k("validation", "en", "de", manual_dir=multi30k_dir)][:60]
   first = multi30k_tokenizer.tokenize_sampled(texts, alpha=0.1, seed=7)
@@ -168,12 +184,12 @@ def test_subword_sampling_per_epoch_is_deterministic_complete_and_resumable(
     multi30k_dir, multi30k_tokenizer):
   pairs = sources.multi30k("validation", "en", "de", manual_dir=multi30k_dir)
   pairs = [pairs[i] for i in range(41)]
-  examples, tokenize = data.training_examples(pairs, multi30k_tokenizer, sampling_alpha=0.1)
+  tokenize = data.TokenizePair(multi30k_tokenizer, sampling_alpha=0.1)
   batching = data.TrainBatching(rows=4, max_source_length=64, max_target_length=64,
                                 packing=False)
 
   def stream(**kwargs):
-    return data.train_dataset(examples, batching, seed=1, tokenize=tokenize, **kwargs)
+    return data.train_dataset(pairs, batching, seed=1, tokenize=tokenize, **kwargs)
 
   targets = {}  # Source text -> the target ids of each epoch.
   for batch in stream(num_epochs=2):
