@@ -38,6 +38,10 @@ flags.DEFINE_string("attention_plot", None, "PNG path: attention heads (last lay
 flags.DEFINE_integer("attention_sentences", 1, "With --attention_plot: plot the first N non-empty "
                      "input lines, one PNG each named <stem>_<line number>.png when N > 1.",
                      lower_bound=1)
+flags.DEFINE_integer("cpu_devices", 0, "On a CPU host: XLA devices to split each batch over, "
+                     "one search each (0 = one per core). An "
+                     "--xla_force_host_platform_device_count in XLA_FLAGS wins.",
+                     lower_bound=0)
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
 
@@ -56,6 +60,7 @@ def main(argv):
                seed=FLAGS.seed, average_last=FLAGS.average_last,
                checkpoint_step=FLAGS.checkpoint_step, ensemble=FLAGS.ensemble)
 
+  cli.set_cpu_devices(FLAGS.cpu_devices)
   cli.run_main(argv, work)
 
 if __name__ == "__main__":

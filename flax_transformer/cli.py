@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 
 from absl import logging as absl_logging
@@ -86,6 +87,22 @@ def maybe_initialize_distributed(coordinator_address: str | None, num_processes:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(coordinator_address=coordinator_address,
                              num_processes=num_processes, process_id=process_id)
+
+
+def set_cpu_devices(count: int) -> None:
+  """Makes the CPU platform `count` XLA devices (<= 0: one per core this process may use).
+
+  Call before JAX starts its backends. Decoding runs one search per device
+  (`translator.shard_search_fn`), and a search is a chain of small ops that keeps
+  one core busy, so a device per core is what uses a CPU host (BENCHMARKS.md).
+  A device count already in XLA_FLAGS wins; accelerators are not affected.
+  """
+  flag = "--xla_force_host_platform_device_count"
+  xla_flags = os.environ.get("XLA_FLAGS", "")
+  if flag in xla_flags:
+    return
+  count = count if count > 0 else len(os.sched_getaffinity(0))
+  os.environ["XLA_FLAGS"] = f"{xla_flags} {flag}={count}".strip()
 
 
 def run_main(argv: list[str], work) -> None:

@@ -61,6 +61,8 @@ def run_decode(*, workdir: str, input_path: str, output_path: str, reference: st
     raise DataError(f"--reference {reference} has {len(references)} lines but the input has "
                     f"{len(sentences)}")
   translator = Translator.from_workdir(workdir, nbest=nbest, **translator_kwargs)
+  logging.info("Decoding on %d %s device(s), one search each", len(translator.devices),
+               translator.devices[0].platform)
   progress = Progress(sum(1 for s in sentences if s.strip()), "translated")
   results = translator.translate_nbest(sentences, progress)
   if translator.truncated:

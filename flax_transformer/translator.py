@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from flax_transformer import decoding
 from flax_transformer.config import TransformerConfig
@@ -108,6 +109,30 @@ def make_search_fn(model_config: Members, search: SearchConfig
         max_lengths=max_lengths)
 
   return search_fn
+
+
+def shard_search_fn(search_fn: Callable[[Any, jax.Array, jax.Array], decoding.SearchResult],
+                    mesh: Mesh) -> Callable[[Any, jax.Array, jax.Array], decoding.SearchResult]:
+  """`search_fn` run independently on every device of `mesh`, each on its share of rows.
+
+  (params, inputs int [B, S], rng) -> SearchResult, with B divisible by mesh.size;
+  params are replicated. Each device runs its own while loop, so nothing crosses
+  devices during the search (a search jitted over a sharded batch agrees on its
+  stopping test across devices at every step), and on a CPU host each core runs
+  its own search (BENCHMARKS.md). Sampling draws from `rng` folded with the device
+  index, so samples depend on the number of devices; beam search does not.
+  """
+  axes = tuple(mesh.axis_names)
+
+  def per_device(params, inputs, rng):
+    return search_fn(params, inputs, jax.random.fold_in(rng, jax.lax.axis_index(axes)))
+
+  return jax.shard_map(per_device, mesh=mesh, in_specs=(PartitionSpec(), PartitionSpec(axes),
+                                                        PartitionSpec()),
+                       out_specs=PartitionSpec(axes),
+                       # The decoding cache starts as constants and is filled with
+                       # per-device values in `nn.cond`: types differ in varying axes only.
+                       check_vma=False)
 
 
 def _member_step(model_config, encoder, decoder, params, inputs, rows, max_decode_len):
@@ -247,12 +272,14 @@ class Translator:
   """Text in, translations out: `Translator.from_workdir(DIR).translate(["A dog runs."])`.
 
   An ensemble when model_config and params are sequences (one entry per member,
-  all trained with `tokenizer`'s vocabulary).
+  all trained with `tokenizer`'s vocabulary). Each batch is split over `devices`
+  (default: all of this process's), every device holding the whole model and
+  searching its rows on its own (`shard_search_fn`).
   """
 
   def __init__(self, model_config: Members, params, tokenizer: Tokenizer,
                search: SearchConfig = SearchConfig(), *, batch_tokens: int = 4096,
-               seed: int = 0):
+               seed: int = 0, devices: Sequence[jax.Device] | None = None):
     self.model_configs = tuple(c.replace(deterministic=True, decode=False)
                                for c in _members(model_config))
     self.ensemble = not isinstance(model_config, TransformerConfig)
@@ -263,8 +290,12 @@ class Translator:
     self.search = search
     self.batch_tokens = batch_tokens
     self.seed = seed
-    self._search_fn = jax.jit(make_search_fn(
-        self.model_configs if self.ensemble else self.model_config, search))
+    self.devices = list(devices) if devices is not None else jax.local_devices()
+    mesh = Mesh(np.asarray(self.devices), ("rows",))
+    self._rows = NamedSharding(mesh, PartitionSpec("rows"))
+    self._placed_params = jax.device_put(self.params, NamedSharding(mesh, PartitionSpec()))
+    self._search_fn = jax.jit(shard_search_fn(make_search_fn(
+        self.model_configs if self.ensemble else self.model_config, search), mesh))
     self.truncated = 0  # Sources cut to max_len by the last call.
 
   def member(self, index: int = 0) -> tuple[TransformerConfig, Any]:
@@ -277,7 +308,8 @@ class Translator:
                    max_extra: int = 50, nbest: int = 1, temperature: float = 0.0,
                    top_k: int = 0, top_p: float = 1.0, average_last: int = 1,
                    checkpoint_step: int | None = None, batch_tokens: int = 4096,
-                   seed: int = 0) -> "Translator":
+                   seed: int = 0, devices: Sequence[jax.Device] | None = None
+                   ) -> "Translator":
     """ensemble: more workdirs whose models vote with this one's (same vocabulary);
     average_last and checkpoint_step apply to each."""
     workdirs = [workdir, *ensemble]
@@ -303,7 +335,7 @@ class Translator:
     # One workdir keeps the single-model shapes (a config, a params tree, a step list).
     pick = (lambda members: members) if ensemble else (lambda members: members[0])
     translator = cls(pick(configs), pick(all_params), tokenizer, search,
-                     batch_tokens=batch_tokens, seed=seed)
+                     batch_tokens=batch_tokens, seed=seed, devices=devices)
     translator.checkpoint_steps = pick(all_steps)
     return translator
 
@@ -319,9 +351,11 @@ class Translator:
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in sentences]
     if todo:
-      found = translate_ids(self._search_fn, self.params, [ids[i] for i in todo],
+      found = translate_ids(self._search_fn, self._placed_params, [ids[i] for i in todo],
                             batch_tokens=self.batch_tokens, max_length=max_len,
-                            nbest=self.search.nbest, seed=self.seed, progress=progress)
+                            row_multiple=len(self.devices), nbest=self.search.nbest,
+                            seed=self.seed, place=lambda x: jax.device_put(x, self._rows),
+                            progress=progress)
       for i, hyps in zip(todo, found):
         results[i] = [(self.tokenizer.detokenize(h), score) for h, score in hyps]
     return results

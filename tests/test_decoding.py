@@ -212,6 +212,37 @@ def test_translator_api(workdir):
   assert len(nbest) == 2 and nbest[0][1] >= nbest[1][1]
 
 
+def val_sentences(multi30k_dir, count):
+  import gzip
+
+  with gzip.open(Path(multi30k_dir) / "val.en.gz", "rt") as f:
+    return [next(f).rstrip("\n") for _ in range(count)]
+
+
+def test_translator_over_eight_devices_equals_one_device(workdir, multi30k_dir):
+  sentences = val_sentences(multi30k_dir, 13)  # Not a multiple of 8: padded rows too.
+  one = Translator.from_workdir(workdir, beam_size=3, max_extra=5, nbest=3,
+                                devices=jax.devices()[:1])
+  eight = Translator.from_workdir(workdir, beam_size=3, max_extra=5, nbest=3)
+  assert len(eight.devices) == 8
+  alone, split = one.translate_nbest(sentences), eight.translate_nbest(sentences)
+  assert [[text for text, _ in hyps] for hyps in split] == \
+      [[text for text, _ in hyps] for hyps in alone]
+  np.testing.assert_allclose([[score for _, score in hyps] for hyps in split],
+                             [[score for _, score in hyps] for hyps in alone], atol=1e-4)
+
+
+def test_decode_cli_splits_batches_over_cpu_devices(workdir, tmp_path, multi30k_dir):
+  (tmp_path / "in.en").write_text("\n".join(val_sentences(multi30k_dir, 7)) + "\n")
+  outputs = {}
+  for count in (1, 3):
+    result = decode(workdir, f"--input={tmp_path / 'in.en'}", f"--cpu_devices={count}")
+    assert result.returncode == 0, result.stderr.decode()
+    assert f"Decoding on {count} cpu device(s)" in result.stderr.decode()
+    outputs[count] = result.stdout.decode()
+  assert outputs[3] == outputs[1] and len(outputs[1].splitlines()) == 7
+
+
 def test_decode_cli_fuzz_keeps_one_line_per_input(workdir):
   rng = np.random.default_rng(0)
   lines = [b"A man rides a bike.", b"", b"\xff\xfe broken utf8 \xc3", b"x " * 400,
@@ -230,8 +261,7 @@ def test_decode_cli_fuzz_keeps_one_line_per_input(workdir):
 def test_decode_cli_scores_with_reference(workdir, tmp_path, multi30k_dir):
   import gzip
 
-  with gzip.open(Path(multi30k_dir) / "val.en.gz", "rt") as f:
-    sources = [next(f) for _ in range(8)]
+  sources = [line + "\n" for line in val_sentences(multi30k_dir, 8)]
   with gzip.open(Path(multi30k_dir) / "val.de.gz", "rt") as f:
     references = [next(f) for _ in range(8)]
   (tmp_path / "in.en").write_text("".join(sources))
