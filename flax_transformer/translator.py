@@ -83,7 +83,11 @@ def make_search_fn(model_config: Members, search: SearchConfig
   def search_fn(params, inputs, rng):
     batch, source_len = inputs.shape
     max_decode_len = min(source_len + search.max_extra, max_len)
-    max_lengths = jnp.minimum((inputs != 0).sum(axis=1) + search.max_extra, max_decode_len)
+    source_lengths = (inputs != 0).sum(axis=1)
+    # A filler row (all padding, completing a batch's compiled shape) ends at once:
+    # left open, it would babble to max_extra tokens and hold its batch's loop open.
+    max_lengths = jnp.where(source_lengths > 0,
+                            jnp.minimum(source_lengths + search.max_extra, max_decode_len), 1)
     sampling = search.temperature > 0 or search.beam_size == 1
     rows = 1 if sampling else search.beam_size
     members_params = tuple(params) if ensemble else (params,)

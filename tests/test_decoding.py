@@ -129,11 +129,16 @@ def test_batched_equals_alone():
   rng = np.random.default_rng(0)
   sources = [rng.integers(2, 20, size=n) for n in (3, 7, 5, 2)]
   width = 8
-  batch = np.zeros((4, width), np.int32)
+  batch = np.zeros((5, width), np.int32)  # Row 4: filler (all padding), as eval batches have.
   for i, s in enumerate(sources):
     batch[i, :len(s)] = s
     batch[i, len(s)] = EOS
   together = search_fn(params, jnp.asarray(batch), jax.random.PRNGKey(0))
+  # A filler row ends at once instead of decoding up to max_extra tokens.
+  assert together.sequences[4, 0, 0] == EOS and not together.sequences[4, :, 1:].any()
+  greedy = jax.jit(make_search_fn(cfg, SearchConfig(beam_size=1, max_extra=6)))(
+      params, jnp.asarray(batch), jax.random.PRNGKey(0))
+  assert greedy.sequences[4, 0, 0] == EOS and not greedy.sequences[4, 0, 1:].any()
   for i in range(4):
     alone = search_fn(params, jnp.asarray(batch[i:i + 1]), jax.random.PRNGKey(0))
     np.testing.assert_array_equal(alone.sequences[0], together.sequences[i])
