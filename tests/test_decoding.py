@@ -237,6 +237,19 @@ def test_translator_over_eight_devices_equals_one_device(workdir, multi30k_dir):
                              [[score for _, score in hyps] for hyps in alone], atol=1e-4)
 
 
+def test_sampling_over_devices_draws_afresh_on_each_and_repeats_with_the_seed(workdir):
+  sentences = ["A dog runs on the beach."] * 16
+  # One batch of 16 rows (width 16): two rows on each of the eight devices.
+  make = lambda: Translator.from_workdir(workdir, temperature=1.0, max_extra=5, seed=3,
+                                         batch_tokens=256)
+  first = make()
+  assert len(first.devices) == 8
+  samples = first.translate(sentences)
+  # The same rng on every device would repeat each device's two samples on all eight.
+  assert len(set(samples)) > 2
+  assert make().translate(sentences) == samples
+
+
 def test_decode_cli_splits_batches_over_cpu_devices(workdir, tmp_path, multi30k_dir):
   (tmp_path / "in.en").write_text("\n".join(val_sentences(multi30k_dir, 7)) + "\n")
   outputs = {}
