@@ -101,7 +101,8 @@ def set_cpu_devices(count: int) -> None:
   xla_flags = os.environ.get("XLA_FLAGS", "")
   if flag in xla_flags:
     return
-  count = count if count > 0 else len(os.sched_getaffinity(0))
+  if count <= 0:  # sched_getaffinity (the cores this process may use) is Linux-only.
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
   os.environ["XLA_FLAGS"] = f"{xla_flags} {flag}={count}".strip()
 
 
