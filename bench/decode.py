@@ -76,11 +76,10 @@ def random_model_rows(repeats: int) -> list[dict]:
 
 
 def trained_model_rows(workdir: str, repeats: int) -> list[dict]:
+  import jax
   import numpy as np
 
   from flax_transformer.translator import Translator
-
-  import jax
 
   with gzip.open(MULTI30K / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
     sentences = [line.rstrip("\n") for line in f]
