@@ -7,7 +7,7 @@ input as 'index ||| translation ||| score'. Progress goes to stderr.
 
 from absl import app, flags
 
-from flax_transformer import cli
+from flax_transformer import cli, compilation
 
 flags.DEFINE_string("workdir", None, "Training workdir (checkpoints, vocab.model, run.json).")
 flags.DEFINE_list("ensemble", [], "More workdirs (comma-separated) whose models vote with "
@@ -42,6 +42,9 @@ flags.DEFINE_integer("cpu_devices", 0, "On a CPU host: XLA devices to split each
                      "one search each (0 = one per core). An "
                      "--xla_force_host_platform_device_count in XLA_FLAGS wins.",
                      lower_bound=0)
+flags.DEFINE_string("compilation_cache_dir", compilation.default_cache_dir(),
+                    "jax's persistent compilation cache: a second run with the same shapes "
+                    "loads its searches instead of compiling them; '' = off.")
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
 
@@ -49,6 +52,8 @@ FLAGS = flags.FLAGS
 def main(argv):
   def work():
     from flax_transformer.decode_cli import run_decode
+
+    compilation.enable_cache(FLAGS.compilation_cache_dir)
 
     run_decode(workdir=FLAGS.workdir, input_path=FLAGS.input, output_path=FLAGS.output,
                reference=FLAGS.reference, metrics=FLAGS.metrics,

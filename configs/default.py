@@ -7,6 +7,7 @@ Override any key on the command line: `--config.num_train_steps=1000`,
 
 import ml_collections
 
+from flax_transformer import compilation
 from flax_transformer.config import TransformerConfig
 
 
@@ -56,6 +57,14 @@ def get_config() -> ml_collections.ConfigDict:
   config.per_device_batch_size = 0
   config.packing = True  # Pack several pairs into one row (segment ids, positions).
   config.eval_batch_tokens = 8192
+  # Evaluation and BLEU batches take at most this many row widths, so at most this
+  # many compiled shapes each (every compile is logged, with its time).
+  config.eval_max_shapes = 4
+  # Input pipeline: processes forming training batches (-1 = one per 4 cores on hosts
+  # of 8+ cores, else 0 = in this process), and batches placed on the devices ahead
+  # of the step that uses them (0 = none).
+  config.data_workers = -1
+  config.prefetch_batches = 2
   config.shuffle_buffer_size = 65_536
 
   # --- Model (paper base) -------------------------------------------------
@@ -108,4 +117,7 @@ def get_config() -> ml_collections.ConfigDict:
       ("length", None),
   )
   config.peak_flops_per_device = 0.0  # For MFU in logs; 0 = not reported.
+  # jax's persistent compilation cache (executables and XLA's GPU autotuning results):
+  # a second launch of the same job loads its steps instead of compiling. '' = off.
+  config.compilation_cache_dir = compilation.default_cache_dir()
   return config

@@ -6,6 +6,8 @@ H per-head width (`d_k` for queries/keys, `d_v` for values).
 
 from __future__ import annotations
 
+import logging
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -83,21 +85,56 @@ def cached_attention(query: jax.Array, key: jax.Array, value: jax.Array,
   return to_head_major(jnp.einsum("bnts,bnsh->bnth", weights.astype(value.dtype), value))
 
 
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+_FUSED_DTYPES = (jnp.bfloat16, jnp.float16)  # cuDNN's fused attention takes no float32.
+_reported: set[str] = set()
+
+
+def _report_once(message: str) -> None:
+  """Which attention ran, logged once per process and kind (at trace time)."""
+  if message not in _reported:
+    _reported.add(message)
+    logging.info("Attention: %s", message)
+
+
 def scaled_dot_product_attention(
     query: jax.Array, key: jax.Array, value: jax.Array,
     mask: jax.Array | None = None, *, dropout_rate: float = 0.0,
-    dropout_rng: jax.Array | None = None,
+    dropout_rng: jax.Array | None = None, implementation: str = "auto",
 ) -> jax.Array:
   """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V (paper eq. 1).
 
   query [B, T, N, d_k], key [B, S, N, d_k], value [B, S, N, d_v],
   mask bool broadcastable to [B, N, T, S]; returns [B, T, N, d_v].
-  Uses `jax.nn.dot_product_attention` (cuDNN flash attention on GPUs) unless
-  attention dropout is active or d_k != d_v, which the fused kernel lacks.
+  implementation: 'cudnn' is cuDNN's fused (flash) kernel, GPU only, bf16/fp16;
+  'xla' the plain path; 'auto' takes cuDNN on a GPU for bf16/fp16 and falls back
+  to XLA where cuDNN refuses the shapes. Attention dropout, and d_k != d_v,
+  always take the unfused path (the fused kernels lack them). The log says
+  which ran.
   """
+  if implementation not in ATTENTION_IMPLEMENTATIONS:
+    raise ValueError(f"attention implementation must be one of {ATTENTION_IMPLEMENTATIONS}, "
+                     f"got {implementation!r}")
   use_dropout = dropout_rng is not None and dropout_rate > 0.0
   if not use_dropout and key.shape == value.shape:
-    return jax.nn.dot_product_attention(query, key, value, mask=mask)
+    if implementation == "cudnn" or (implementation == "auto" and jax.default_backend() == "gpu"
+                                     and query.dtype in _FUSED_DTYPES):
+      try:
+        out = jax.nn.dot_product_attention(query, key, value, mask=mask,
+                                           implementation="cudnn")
+      except (NotImplementedError, ValueError, RuntimeError) as e:
+        if implementation == "cudnn":
+          raise
+        _report_once(f"XLA (cuDNN fused attention refused {query.dtype.name} "
+                     f"{tuple(query.shape)}: {e})")
+      else:
+        _report_once("cuDNN fused kernel (jax.nn.dot_product_attention, implementation='cudnn')")
+        return out
+    else:
+      _report_once(f"XLA (jax.nn.dot_product_attention, implementation='xla'; "
+                   f"{jax.default_backend()}, {query.dtype.name})")
+    return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation="xla")
+  _report_once("XLA, unfused (attention dropout or d_k != d_v)")
   weights = attention_weights(query, key, mask)
   if use_dropout:
     keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
@@ -211,7 +248,8 @@ class MultiHeadAttention(nn.Module):
         self.sow("intermediates", "attention_weights", attention_weights(query, key, mask))
       x = scaled_dot_product_attention(query, key, value, mask,
                                        dropout_rate=cfg.attention_dropout_rate,
-                                       dropout_rng=dropout_rng)
+                                       dropout_rng=dropout_rng,
+                                       implementation=cfg.attention_implementation)
     out = OutputProjection(cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                            name="out")(x)
     return nn.with_logical_constraint(out, ("batch", "length", "embed"))

@@ -78,15 +78,39 @@ def setup_logging() -> None:
 
 def maybe_initialize_distributed(coordinator_address: str | None, num_processes: int | None,
                                  process_id: int | None) -> None:
-  """Joins a multi-process run (one process per host) when asked to."""
+  """Joins a multi-process run (one process per host).
+
+  With `coordinator_address`, as given. Without it, jax.distributed's own cluster
+  detection (Cloud TPU VM slices, SLURM, Open MPI, Kubernetes JobSets) supplies
+  the address, process count and index; where it finds no cluster the run is a
+  single process.
+  """
   import jax
 
-  if not coordinator_address:
-    return
   if jax.config.jax_platforms in (None, "", "cpu"):
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(coordinator_address=coordinator_address,
-                             num_processes=num_processes, process_id=process_id)
+  if coordinator_address:
+    jax.distributed.initialize(coordinator_address=coordinator_address,
+                               num_processes=num_processes, process_id=process_id)
+    return
+  if jax.distributed.is_initialized():
+    return
+  try:
+    jax.distributed.initialize(num_processes=num_processes, process_id=process_id)
+  except ValueError as e:
+    # jax's words when no cluster was detected and nothing was given.
+    if "coordinator_address should be defined" not in str(e):
+      raise
+    logging.info("No cluster detected (jax.distributed): running as a single process")
+    return
+  except RuntimeError as e:
+    # Called in-process after JAX already started (a notebook, a test): too late to join.
+    if "must be called before" not in str(e):
+      raise
+    logging.info("JAX already started in this process: running as a single process")
+    return
+  logging.info("Cluster detected by jax.distributed: process %d of %d", jax.process_index(),
+               jax.process_count())
 
 
 def set_cpu_devices(count: int) -> None:

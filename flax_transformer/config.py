@@ -49,6 +49,8 @@ class TransformerConfig:
   # per-beam copies, projected every step and reordered with the beams, as most
   # implementations do (kept to measure the difference).
   share_beam_cache: bool = True
+  # 'auto': cuDNN's fused attention on a GPU for bf16/fp16, else XLA; 'xla'; 'cudnn'.
+  attention_implementation: str = "auto"
 
   def __post_init__(self):
     problems = []
@@ -68,6 +70,9 @@ class TransformerConfig:
         problems.append(f"{name} must be in [0, 1), got {getattr(self, name)}")
     if self.positional not in POSITIONAL:
       problems.append(f"positional must be one of {POSITIONAL}, got {self.positional!r}")
+    if self.attention_implementation not in ("auto", "xla", "cudnn"):
+      problems.append("attention_implementation must be 'auto', 'xla' or 'cudnn', got "
+                      f"{self.attention_implementation!r}")
     if self.norm not in NORMS:
       problems.append(f"norm must be one of {NORMS}, got {self.norm!r}")
     for name in ("dtype", "param_dtype"):

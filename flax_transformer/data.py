@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Iterator, Sequence
 
 import grain
@@ -42,6 +43,25 @@ class TokenizePair:
     else:
       inputs, targets = (self.tokenizer.tokenize(text) for text in pair)
     return {"inputs": inputs, "targets": targets}
+
+
+PRETOKENIZE_MAX_PAIRS = 1_000_000  # Above this, ids are formed on the fly (memory).
+
+
+def pretokenized(pairs: Sequence, tokenize: TokenizePair) -> list[dict[str, np.ndarray]] | None:
+  """Every pair's ids, formed once, where that gives the same stream as `tokenize`.
+
+  A deterministic segmentation (no subword sampling) of a corpus that fits in
+  memory: the pipeline then only shuffles and packs, and tokenizing leaves
+  every step's critical path. None where it does not apply.
+  """
+  if tokenize.sampling_alpha > 0 or len(pairs) > PRETOKENIZE_MAX_PAIRS:
+    return None
+  start = time.perf_counter()
+  out = [tokenize(pairs[i]) for i in range(len(pairs))]
+  logging.info("Tokenized %d training pairs once in %.1f s", len(out),
+               time.perf_counter() - start)
+  return out
 
 
 def tokenized(pairs: Sequence, tokenizer: Tokenizer) -> grain.MapDataset:
@@ -137,16 +157,35 @@ def bucket_length(length: int, multiple: int = 16) -> int:
   return max(multiple, -(-length // multiple) * multiple)
 
 
+def bucket_widths(lengths: Sequence[int], *, max_length: int, length_multiple: int = 16,
+                  max_widths: int | None = None) -> list[int]:
+  """Row widths that cover `lengths`: multiples of `length_multiple`, at most `max_widths`.
+
+  Every width is a compiled shape. When the data needs more widths than the cap,
+  the kept ones are spread evenly over the needed ones, the widest always kept;
+  a sequence goes to the narrowest kept width that holds it.
+  """
+  cap = bucket_length(max_length, length_multiple)
+  needed = sorted({min(bucket_length(n, length_multiple), cap) for n in lengths})
+  if max_widths is None or len(needed) <= max_widths:
+    return needed
+  if max_widths < 1:
+    raise ValueError(f"max_widths must be >= 1, got {max_widths}")
+  count = len(needed)
+  return sorted({needed[-(-(i + 1) * count // max_widths) - 1] for i in range(max_widths)})
+
+
 def eval_batches(token_ids: Sequence[tuple[np.ndarray, np.ndarray]], *, batch_tokens: int,
-                 max_length: int, row_multiple: int = 1, length_multiple: int = 16
-                 ) -> Iterator[dict[str, np.ndarray]]:
+                 max_length: int, row_multiple: int = 1, length_multiple: int = 16,
+                 max_widths: int | None = None) -> Iterator[dict[str, np.ndarray]]:
   """Every example, sorted by length into token-budgeted, padded batches.
 
   token_ids: (source ids, target ids) per example (target may be empty for
   translation). Sequences longer than `max_length` are truncated (counted and
   logged), never dropped. Yields dicts with `inputs`, `targets` [rows, width]
   and `index` [rows] (position in `token_ids`, -1 for filler rows); rows is a
-  multiple of `row_multiple` (the data-parallel size).
+  multiple of `row_multiple` (the data-parallel size). Rows follow from the
+  width, so the batches take at most `max_widths` shapes (`bucket_widths`).
   """
   truncated = 0
   lengths = []
@@ -157,11 +196,12 @@ def eval_batches(token_ids: Sequence[tuple[np.ndarray, np.ndarray]], *, batch_to
   if truncated:
     logging.warning("%d of %d sequences are longer than max_len=%d and were truncated",
                     truncated, len(token_ids), max_length)
+  widths = bucket_widths(lengths, max_length=max_length, length_multiple=length_multiple,
+                         max_widths=max_widths)
   order = np.argsort(np.asarray(lengths), kind="stable")
   start = 0
   while start < len(order):
-    width = bucket_length(lengths[order[start]], length_multiple)
-    width = min(width, bucket_length(max_length, length_multiple))
+    width = next(w for w in widths if w >= lengths[order[start]])
     rows = max(row_multiple, (batch_tokens // width) // row_multiple * row_multiple)
     members = [i for i in order[start:start + rows] if lengths[i] <= width]
     start += len(members)
@@ -178,6 +218,38 @@ def eval_batches(token_ids: Sequence[tuple[np.ndarray, np.ndarray]], *, batch_to
 
 
 # --- Placement ------------------------------------------------------------------
+
+def auto_workers(requested: int) -> int:
+  """Worker processes for the input pipeline: `requested`, or with -1 one per 2 cores
+  (at most 8) on hosts of 8 cores or more, and none on smaller ones, where the
+  workers would take cores from XLA's own threads."""
+  if requested >= 0:
+    return requested
+  import os
+
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return 0 if (cores or 1) < 8 else min(8, cores // 2)
+
+
+def prefetched(ds: grain.IterDataset, place, *, workers: int = 0, host_buffer: int = 4,
+               device_buffer: int = 2) -> grain.IterDataset:
+  """`ds` formed ahead of use and placed on the devices ahead of the step that needs it.
+
+  workers > 0: batches are formed in that many processes (grain `mp_prefetch`;
+  the batch order then depends on the worker count). A thread keeps
+  `host_buffer` batches ready and another runs `place` (host arrays -> sharded
+  device arrays) `device_buffer` batches ahead, so neither tokenizing, packing
+  nor the copy to the device waits in the step loop. Iterator state counts only
+  the batches handed out, so a checkpoint taken between steps resumes exactly.
+  """
+  if workers > 0:
+    ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+  ds = grain_experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=host_buffer)
+  ds = ds.map(place)
+  if device_buffer > 0:
+    ds = grain_experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=device_buffer)
+  return ds
+
 
 def host_rows(batch: dict[str, np.ndarray], process_index: int, process_count: int):
   """This host's contiguous share of a global batch's rows."""

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 import sacrebleu
 
+from flax_transformer import compilation
 from flax_transformer import data as data_lib
 from flax_transformer import host_allocator
 from flax_transformer import sharding as sharding_lib
@@ -26,13 +27,13 @@ from flax_transformer.checkpoints import Checkpointer
 from flax_transformer.config import RENAMED_KEYS, TransformerConfig
 from flax_transformer.metrics import METRICS_FILE, create_writer
 from flax_transformer.sources import load_pairs
-from flax_transformer.training import Trainer, evaluate
+from flax_transformer.training import Trainer, evaluate, train_step_flops
 from flax_transformer.translator import SearchConfig, make_search_fn, translate_ids
 
 RUN_FILE = "run.json"  # Model config and vocabulary of a workdir, checked on restart.
 # Fields that may differ between runs sharing a workdir (they change no parameter).
 MUTABLE_MODEL_FIELDS = {"dropout_rate", "attention_dropout_rate", "deterministic", "decode",
-                        "share_beam_cache", "dtype", *RENAMED_KEYS}
+                        "share_beam_cache", "dtype", "attention_implementation", *RENAMED_KEYS}
 
 
 class ConfigError(ValueError):
@@ -58,10 +59,16 @@ def check_config(config) -> None:
   """Rejects settings that cannot work before anything expensive starts."""
   positive = ("num_train_steps", "warmup_steps", "batch_tokens", "max_source_length",
               "max_target_length", "grad_accum_steps", "log_every_steps",
-              "checkpoint_every_steps", "eval_every_steps", "eval_batch_tokens", "beam_size")
+              "checkpoint_every_steps", "eval_every_steps", "eval_batch_tokens", "beam_size",
+              "eval_max_shapes")
   for key in positive:
     if config[key] <= 0:
       raise ConfigError(f"config.{key} must be positive, got {config[key]}")
+  if config.prefetch_batches < 0:
+    raise ConfigError(f"config.prefetch_batches must be >= 0, got {config.prefetch_batches}")
+  if config.data_workers < -1:
+    raise ConfigError(f"config.data_workers must be >= 0, or -1 for automatic, got "
+                      f"{config.data_workers}")
   for key in ("bleu_every_steps", "test_bleu_every_steps"):
     if config[key] < 0:
       raise ConfigError(f"config.{key} must be >= 0 (0 = never), got {config[key]}")
@@ -181,6 +188,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   workdir = Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   check_config(config)
+  compilation.enable_cache(config.compilation_cache_dir)
   model_config = model_config_from(config)
   process_index, process_count = jax.process_index(), jax.process_count()
   mesh = sharding_lib.make_mesh(config.mesh)
@@ -206,15 +214,27 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   if process_index == 0:
     check_workdir_compatible(workdir, model_config, tokenizer.vocab_size)
 
-  train_iter = iter(data_lib.train_dataset(
-      train_pairs, batching, seed=config.seed,
-      process_index=process_index, process_count=process_count,
-      tokenize=data_lib.TokenizePair(tokenizer, config.subword_sampling_alpha)))
+  trainer = Trainer(model_config, config, mesh)
+
+  def place_local(batch):
+    """This host's rows of a training batch -> the global, sharded batch."""
+    return data_lib.to_global_arrays(batch, trainer.batch_sharding)
+
+  workers = data_lib.auto_workers(config.data_workers)
+  tokenize = data_lib.TokenizePair(tokenizer, config.subword_sampling_alpha)
+  train_ids = data_lib.pretokenized(train_pairs, tokenize)
+  train_iter = iter(data_lib.prefetched(
+      data_lib.train_dataset(
+          train_pairs if train_ids is None else train_ids, batching, seed=config.seed,
+          process_index=process_index, process_count=process_count,
+          tokenize=tokenize if train_ids is None else None),
+      place_local, workers=workers, device_buffer=config.prefetch_batches))
+  logging.info("Input pipeline: %d worker process(es), %d batch(es) prefetched to the devices",
+               workers, config.prefetch_batches)
   eval_set = _eval_set(config, tokenizer, config.eval_split)
   # The test split is only ever reported (time to quality), never used to decide.
   test_set = (_eval_set(config, tokenizer, config.test_split)
               if config.test_bleu_every_steps > 0 else None)
-  trainer = Trainer(model_config, config, mesh)
   checkpointer = Checkpointer(workdir, max_to_keep=config.keep_checkpoints)
   start_step, state = checkpointer.restore_latest(trainer.abstract_state, train_iter)
   if state is None:
@@ -223,17 +243,14 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   else:
     logging.info("Resumed from the checkpoint of step %d", start_step)
 
-  def place_local(batch):
-    """This host's rows of a training batch -> the global, sharded batch."""
-    return data_lib.to_global_arrays(batch, trainer.batch_sharding)
-
   def place(batch):
     """A global batch every host holds (eval, BLEU) -> the global, sharded batch."""
     return place_local(data_lib.host_rows(batch, process_index, process_count))
 
   host_eval_batches = []  # Formed once; placed on the devices at each evaluation.
   for batch in data_lib.eval_batches(eval_set.ids, batch_tokens=config.eval_batch_tokens,
-                                     max_length=model_config.max_len, row_multiple=dp_size):
+                                     max_length=model_config.max_len, row_multiple=dp_size,
+                                     max_widths=config.eval_max_shapes):
     if 0 <= config.num_eval_steps <= len(host_eval_batches):
       break
     batch.pop("index")
@@ -244,15 +261,18 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
 
   search = SearchConfig(beam_size=config.beam_size, alpha=config.alpha,
                         max_extra=config.max_extra)
-  search_fn = jax.jit(make_search_fn(model_config, search),
-                      out_shardings=sharding_lib.replicated(mesh))
+  search_fn = compilation.PerShape(
+      jax.jit(make_search_fn(model_config, search), out_shardings=sharding_lib.replicated(mesh)),
+      "Beam search", max_shapes=config.eval_max_shapes, key=lambda params, inputs, rng: inputs,
+      describe=lambda params, inputs, rng: f"inputs {list(inputs.shape)}")
 
   def bleu(params, pairs: EvalSet, prefix: str = "") -> dict[str, float]:
     n = len(pairs.ids) if config.num_bleu_sentences < 0 else config.num_bleu_sentences
     with jax.set_mesh(mesh):
       hyps = translate_ids(search_fn, params, [s for s, _ in pairs.ids[:n]],
                            batch_tokens=config.eval_batch_tokens, max_length=model_config.max_len,
-                           row_multiple=dp_size, place=lambda x: place({"inputs": x})["inputs"])
+                           row_multiple=dp_size, place=lambda x: place({"inputs": x})["inputs"],
+                           max_widths=config.eval_max_shapes)
     hypotheses = [tokenizer.detokenize(h[0][0]) for h in hyps]
     references = pairs.references[:n]
     return {prefix + "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
@@ -267,11 +287,11 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   run_start = time.time()
   peak = config.peak_flops_per_device * jax.device_count()
 
-  first = place_local(next(train_iter))
-  compile_start = time.time()
-  step_flops = trainer.compile_train_step(state, first)
-  logging.info("Train step compiled in %.1f s (%.3g FLOPs/step)", time.time() - compile_start,
-               step_flops)
+  first = next(train_iter)
+  trainer.compile_train_step(state, first)
+  # Analytic (XLA's own count differs between backends): gflops_per_s and MFU in the log.
+  step_flops = train_step_flops(model_config, global_rows, config.max_source_length,
+                                config.max_target_length)
   pending = []  # Device metrics of steps not yet logged (fetching each would sync).
   last = {}
   timer_step, timer_start = start_step, time.time()
@@ -289,7 +309,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
         step % config.test_bleu_every_steps == 0 or is_last)
     want_save = step % config.checkpoint_every_steps == 0 or is_last or stop.signal_name
     if not (want_log or want_eval or want_test_bleu or want_save):
-      batch = place_local(next(train_iter))  # Overlaps with the device computing this step.
+      batch = next(train_iter)  # Already on the devices (`data.prefetched`).
       continue
 
     check_workdir_present(workdir, step)
@@ -351,7 +371,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
       break
     if not is_last:
       # Only now: a checkpoint must hold the iterator before this batch is drawn.
-      batch = place_local(next(train_iter))
+      batch = next(train_iter)
     timer_start = time.time()  # Evaluation and saving are not step time.
 
   checkpointer.wait()

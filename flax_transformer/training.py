@@ -16,6 +16,7 @@ import numpy as np
 import optax
 from flax import linen as nn
 
+from flax_transformer import compilation
 from flax_transformer import sharding as sharding_lib
 from flax_transformer.config import TransformerConfig
 from flax_transformer.model import Transformer
@@ -107,6 +108,28 @@ def _smoothed_cross_entropy_bwd(label_smoothing, residuals, cotangents):
 smoothed_cross_entropy.defvjp(_smoothed_cross_entropy_fwd, _smoothed_cross_entropy_bwd)
 
 
+def train_step_flops(config: TransformerConfig, rows: int, source_len: int,
+                     target_len: int) -> float:
+  """Analytic FLOPs of one training step on [rows, source_len] / [rows, target_len].
+
+  2 FLOPs per multiply-add of every matmul in the forward pass (projections,
+  FFN, Q K^T and A V over the full padded lengths, the tied output projection),
+  times 3 for forward + backward. XLA's own counts differ between backends (on a
+  GPU it leaves kernels out), so MFU is quoted from this count.
+  """
+  d, d_ff, n = config.d_model, config.d_ff, config.num_heads
+  d_k, d_v = config.head_dim_k, config.head_dim_v
+  qkvo = d * n * (2 * d_k + 2 * d_v)  # Multiply-adds per token of W^Q, W^K, W^V, W^O.
+  src, tgt = rows * source_len, rows * target_len
+  encoder = src * (qkvo + 2 * d * d_ff + source_len * n * (d_k + d_v))
+  decoder = (tgt * (qkvo + 2 * d * d_ff + target_len * n * (d_k + d_v))  # Self-attention.
+             + tgt * d * n * (d_k + d_v) + src * d * n * (d_k + d_v)  # Cross: Q, O / K, V.
+             + tgt * source_len * n * (d_k + d_v))
+  logits = tgt * d * config.vocab_size
+  multiply_adds = (config.encoder_layers * encoder + config.decoder_layers * decoder + logits)
+  return 3 * 2 * float(multiply_adds)
+
+
 def model_inputs(batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
   return {k: batch[k] for k in MODEL_INPUT_KEYS if k in batch}
 
@@ -139,9 +162,12 @@ class Trainer:
                                out_shardings=(self.state_shardings, replicated),
                                donate_argnums=(0,))
     self._compiled_train_step = None  # Set by compile_train_step (fixed batch shape).
-    self._eval_step = jax.jit(self._eval_step_fn,
-                              in_shardings=(self.state_shardings.params, self.batch_sharding),
-                              out_shardings=replicated)
+    self._eval_step = compilation.PerShape(
+        jax.jit(self._eval_step_fn, in_shardings=(self.state_shardings.params,
+                                                  self.batch_sharding),
+                out_shardings=replicated),
+        "Eval step", key=lambda params, batch: batch,
+        describe=lambda params, batch: f"batch {list(batch['inputs'].shape)}")
 
   def _boxed_init(self, rng) -> TrainState:
     dummy = jnp.ones((1, 8), jnp.int32)
@@ -211,9 +237,11 @@ class Trainer:
     return cross_entropy_sums(logits, batch["targets"], self.config.label_smoothing)
 
   def compile_train_step(self, state: TrainState, batch) -> float:
-    """Compiles the train step for this batch shape; returns its FLOPs (XLA's count)."""
+    """Compiles the train step for this batch shape (logged); returns XLA's FLOP count."""
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-      self._compiled_train_step = self._train_step.lower(state, batch).compile()
+      self._compiled_train_step, self.train_step_compile_s = compilation.compile_logged(
+          self._train_step, state, batch, name="Train step",
+          detail=f"for batch {list(batch['inputs'].shape)}")
     analysis = self._compiled_train_step.cost_analysis()
     if isinstance(analysis, (list, tuple)):
       analysis = analysis[0] if analysis else {}

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from flax_transformer import decoding
+from flax_transformer import compilation, decoding
 from flax_transformer.config import TransformerConfig
 from flax_transformer.model import Transformer, init_cache
 from flax_transformer.tokenizer import EOS_ID, Tokenizer
@@ -192,12 +192,12 @@ class Progress:
 def translate_ids(search_fn, params, sources: Sequence[np.ndarray], *, batch_tokens: int,
                   max_length: int, row_multiple: int = 1, nbest: int = 1, seed: int = 0,
                   place: Callable[[np.ndarray], Any] = jnp.asarray,
-                  progress: Progress | None = None):
+                  progress: Progress | None = None, max_widths: int | None = None):
   """Token ids of each source -> per source, `nbest` (ids, score) pairs, best first.
 
   Sources are sorted by length into token-budgeted batches (few compiled
-  shapes) and returned in their original order. `place` puts a host batch on
-  the devices (e.g. sharded over the mesh's data axes).
+  shapes, at most `max_widths`) and returned in their original order. `place`
+  puts a host batch on the devices (e.g. sharded over the mesh's data axes).
   """
   from flax_transformer.data import eval_batches  # Local: data imports grain.
 
@@ -205,7 +205,7 @@ def translate_ids(search_fn, params, sources: Sequence[np.ndarray], *, batch_tok
   pairs = [(s, np.zeros((0,), np.int32)) for s in sources]
   rng = jax.random.PRNGKey(seed)
   for batch in eval_batches(pairs, batch_tokens=batch_tokens, max_length=max_length,
-                            row_multiple=row_multiple):
+                            row_multiple=row_multiple, max_widths=max_widths):
     rng, key = jax.random.split(rng)
     out = search_fn(params, place(batch["inputs"]), key)
     sequences, scores = jax.device_get((out.sequences, out.scores))
@@ -298,8 +298,12 @@ class Translator:
     mesh = Mesh(np.asarray(self.devices), ("rows",))
     self._rows = NamedSharding(mesh, PartitionSpec("rows"))
     self._placed_params = jax.device_put(self.params, NamedSharding(mesh, PartitionSpec()))
-    self._search_fn = jax.jit(shard_search_fn(make_search_fn(
-        self.model_configs if self.ensemble else self.model_config, search), mesh))
+    sampling = search.temperature > 0 or search.beam_size == 1
+    self._search_fn = compilation.PerShape(
+        jax.jit(shard_search_fn(make_search_fn(
+            self.model_configs if self.ensemble else self.model_config, search), mesh)),
+        "Sampling" if sampling else "Beam search", key=lambda params, inputs, rng: inputs,
+        describe=lambda params, inputs, rng: f"inputs {list(inputs.shape)}")
     self.truncated = 0  # Sources cut to max_len by the last call.
 
   def member(self, index: int = 0) -> tuple[TransformerConfig, Any]:

@@ -67,3 +67,19 @@ def test_multi_head_attention_shapes_and_logical_names():
   assert params["out"]["kernel"].names == ("heads", "kv", "embed")
   out = MultiHeadAttention(cfg).apply(variables, x, x)
   assert out.shape == (2, 4, 24)
+
+
+def test_implementation_choice_same_values_and_clear_errors():
+  rng = np.random.default_rng(3)
+  q, k, v = (rng.normal(size=(2, 6, 2, 8)).astype(np.float32) for _ in range(3))
+  mask = np.asarray(causal_mask(6))
+  auto = scaled_dot_product_attention(q, k, v, mask, implementation="auto")
+  xla = scaled_dot_product_attention(q, k, v, mask, implementation="xla")
+  np.testing.assert_array_equal(np.asarray(auto), np.asarray(xla))  # 'auto' on a CPU is XLA.
+  with pytest.raises(ValueError, match="must be one of"):
+    scaled_dot_product_attention(q, k, v, mask, implementation="flash")
+  with pytest.raises(Exception):  # Asked for explicitly, cuDNN does not fall back.
+    scaled_dot_product_attention(q.astype(jnp.bfloat16), k.astype(jnp.bfloat16),
+                                 v.astype(jnp.bfloat16), mask, implementation="cudnn")
+  with pytest.raises(ValueError, match="attention_implementation must be"):
+    TransformerConfig(attention_implementation="flash")

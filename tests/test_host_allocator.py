@@ -62,3 +62,11 @@ def test_opt_out_keeps_system_malloc_which_faults_every_time():
 def test_user_tunables_are_left_alone():
   _, described = run_child(GLIBC_TUNABLES="glibc.malloc.check=0")
   assert described == "GLIBC_TUNABLES=glibc.malloc.check=0"
+
+
+@needs_glibc
+def test_accelerator_hosts_keep_the_system_malloc():
+  # Measured to help CPU steps only: where JAX runs on a GPU/TPU, no re-exec.
+  _, described = run_child(JAX_PLATFORMS="cuda")
+  assert described == "system default malloc"
+  assert host_allocator.accelerator_host() is False  # The suite runs with JAX_PLATFORMS=cpu.

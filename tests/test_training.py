@@ -379,3 +379,45 @@ def test_two_processes_match_single_process(tmp_path, multi30k_dir):
     state, metrics = trainer.train_step(state, jax.device_put(batch, trainer.batch_sharding))
     single.append(float(metrics["loss"]))
   np.testing.assert_allclose(two_process, single, atol=1e-4, rtol=0)
+
+
+def test_slurm_job_is_detected_without_flags(tmp_path, multi30k_dir):
+  """Two tasks of a SLURM job step (as srun sets them up): one run over two processes."""
+  steps = 4
+  command = train_command(tmp_path, multi30k_dir, f"--config.num_train_steps={steps}",
+                          "--config.log_every_steps=1")
+  slurm = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "localhost", "SLURM_NTASKS": "2",
+           "SLURM_STEP_NUM_NODES": "1", "JAX_COORDINATOR_PORT": str(free_port())}
+  processes = [subprocess.Popen(command, env={**cpu_env(), **slurm, "SLURM_PROCID": str(i),
+                                              "SLURM_LOCALID": str(i)},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for i in range(2)]
+  outputs = [p.communicate(timeout=300)[1] for p in processes]
+  for p, stderr in zip(processes, outputs):
+    assert p.returncode == 0, stderr
+  assert "Cluster detected by jax.distributed: process 0 of 2" in outputs[0]
+  assert "Cluster detected by jax.distributed: process 1 of 2" in outputs[1]
+  assert "2 process(es)" in outputs[0]
+  assert [r["step"] for r in read_metrics(tmp_path)] == list(range(1, steps + 1))
+
+
+
+def test_analytic_flops_match_xlas_count_of_the_forward_pass():
+  """The MFU numerator: 3x the forward matmuls, checked against XLA's CPU count."""
+  from flax_transformer.config import TransformerConfig
+  from flax_transformer.model import Transformer
+
+  config = TransformerConfig(vocab_size=1000, d_model=64, d_ff=256, num_heads=4, num_layers=2,
+                             num_decoder_layers=3, max_len=48, deterministic=True)
+  rows, source_len, target_len = 4, 40, 24
+  inputs = jnp.ones((rows, source_len), jnp.int32)
+  targets = jnp.ones((rows, target_len), jnp.int32)
+  model = Transformer(config)
+  params = model.init(jax.random.PRNGKey(0), inputs[:1], targets[:1])["params"]
+  compiled = jax.jit(lambda p: model.apply({"params": p}, inputs, targets)).lower(
+      params).compile()
+  analysis = compiled.cost_analysis()
+  xla_forward = (analysis[0] if isinstance(analysis, (list, tuple)) else analysis)["flops"]
+  analytic_forward = training.train_step_flops(config, rows, source_len, target_len) / 3
+  # XLA also counts softmax, LayerNorm and other elementwise work: a few percent more.
+  assert 1.0 <= xla_forward / analytic_forward < 1.15, (xla_forward, analytic_forward)

@@ -1,0 +1,668 @@
+"""One accelerator, every figure of the accelerator issue, in one run.
+
+python bench/accelerator.py --peer_path=FLAX/examples/wmt [--data=DIR] [--out=PATH]
+python bench/accelerator.py --tiny     # CPU: every code path on tiny shapes (the suite runs it)
+python bench/accelerator.py --merge RUN1.json RUN2.json --out=PATH   # later runs win
+
+Sections, in this order (the JSON is rewritten after each, so a run cut short keeps
+what it measured):
+1. readme_job: `train.py --config=configs/multi30k.py` from a cold compilation cache,
+   then `decode.py --average_last=5` over test 2016 (BLEU by sacrebleu). Wall time
+   of both, the train step's cold compile time, every eval/search compile, ms/step.
+2. warm_compile: the same job relaunched on the filled cache (one step): its logged
+   train-step compile time.
+3. readme_step: the README job's train step in this process, fed by the input
+   pipeline (workers, device prefetch) and fed one device batch repeatedly.
+4. decode_trained: the trained model over test 2016 (1000 sentences) here, against
+   the same decode run on the host CPU (same output?).
+5. small_f32 / base_bf16: our train step against the peer's (Flax examples/wmt
+   `models.py`, loaded from --peer_path) at the same shapes, timed alternately;
+   MFU from the analytic count (`training.train_step_flops`).
+6. decode_vs_peer: beam search (8 x 32, beam 4, alpha 0.6, random small model),
+   ours against the peer's `decode.beam_search`.
+Writes results/accelerator_<device>.json (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gzip
+import importlib.util
+import json
+import logging
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import MULTI30K, ROOT, print_table
+
+# jax in this process must leave the device's memory to the train.py / decode.py
+# subprocesses of sections 1-2; its own arrays grow the pool on demand.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+H100_BF16_DENSE_PEAK = 989e12  # FLOP/s, H100 SXM datasheet (dense).
+PEAKS_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+COMPILE_LINE = re.compile(r"(Train step|Eval step|Beam search|Sampling) (?:for (.*?) )?"
+                          r"(compiled|loaded from the compilation cache) in ([\d.]+) s")
+
+SHAPES = {  # name -> model and batch (rows x length a side).
+    "small_f32": dict(vocab=8000, d_model=256, layers=3, heads=4, d_ff=1024, rows=32, length=64,
+                      dtype="float32"),
+    # ~25k tokens a side (paper: ~25k source + ~25k target tokens per batch).
+    "base_bf16": dict(vocab=32000, d_model=512, layers=6, heads=8, d_ff=2048, rows=192,
+                      length=128, dtype="bfloat16"),
+}
+TINY_SHAPES = {
+    "small_f32": dict(vocab=500, d_model=32, layers=1, heads=2, d_ff=64, rows=4, length=16,
+                      dtype="float32"),
+    "base_bf16": dict(vocab=500, d_model=32, layers=1, heads=2, d_ff=64, rows=4, length=16,
+                      dtype="bfloat16"),
+}
+
+
+class Bench:
+  def __init__(self, args):
+    self.args = args
+    self.tiny = args.tiny
+    self.root = Path(args.scratch or tempfile.mkdtemp(prefix="accelerator_"))
+    self.root.mkdir(parents=True, exist_ok=True)
+    self.data = Path(args.data)
+    self.record = {"date": datetime.date.today().isoformat(), "tiny": self.tiny,
+                   "command": " ".join([sys.executable, *sys.argv]), "errors": {}}
+    self.out = Path(args.out) if args.out else None
+    self.start = time.time()
+
+  # --- bookkeeping -------------------------------------------------------------
+
+  def left_s(self) -> float:
+    return self.args.budget_s - (time.time() - self.start)
+
+  def save(self) -> None:
+    if self.out is None:
+      device = self.record.get("device", "unknown")
+      name = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
+      self.out = ROOT / "results" / f"accelerator_{name}{'_tiny' if self.tiny else ''}.json"
+    self.out.parent.mkdir(parents=True, exist_ok=True)
+    self.out.write_text(json.dumps(self.record, indent=1, default=float))
+
+  def run_section(self, name, fn, min_left_s: float = 0.0) -> None:
+    if self.args.sections and name not in self.args.sections:
+      return
+    if self.left_s() < min_left_s:
+      self.record["errors"][name] = f"skipped: {self.left_s():.0f} s of the budget left"
+      print(f"== {name}: skipped (budget)", flush=True)
+      return
+    print(f"== {name} ({self.left_s():.0f} s of the budget left)", flush=True)
+    started = time.time()
+    try:
+      fn()
+    except Exception as e:  # Keep the other sections' figures.
+      import traceback
+
+      traceback.print_exc()
+      self.record["errors"][name] = f"{type(e).__name__}: {e}"[:2000]
+    self.record.setdefault("section_wall_s", {})[name] = time.time() - started
+    self.save()
+
+  def subprocess(self, argv, log: Path, env=None, timeout=None) -> float:
+    """Runs argv from the repository root, output to `log`; returns wall seconds."""
+    started = time.time()
+    with open(log, "w") as f:
+      proc = subprocess.run(argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                            env={**os.environ, **(env or {})},
+                            timeout=timeout or max(60.0, self.left_s()))
+    wall = time.time() - started
+    if proc.returncode:
+      tail = log.read_text()[-3000:]
+      raise RuntimeError(f"{argv[1]} exited {proc.returncode}:\n{tail}")
+    return wall
+
+  # --- 1, 2: the README job ------------------------------------------------------
+
+  def train_argv(self, workdir: Path, cache: Path, *overrides: str) -> list[str]:
+    config = "configs/tiny.py" if self.tiny else "configs/multi30k.py"
+    argv = [sys.executable, "train.py", f"--config={config}", f"--workdir={workdir}",
+            f"--config.manual_dir={self.data}", f"--config.compilation_cache_dir={cache}"]
+    if self.tiny:
+      argv += ["--config.num_train_steps=30", "--config.eval_every_steps=10",
+               "--config.bleu_every_steps=20", "--config.checkpoint_every_steps=5",
+               "--config.log_every_steps=5"]
+    return argv + list(overrides)
+
+  def readme_job(self) -> None:
+    workdir, cache = self.root / "readme", self.root / "cache"
+    shutil.rmtree(workdir, ignore_errors=True)
+    shutil.rmtree(cache, ignore_errors=True)
+    train_log = self.root / "readme_train.log"
+    train_wall = self.subprocess(self.train_argv(workdir, cache), train_log)
+    compiles = parse_compiles(train_log.read_text())
+    metrics = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    step_times = [m["step_time_s"] for m in metrics if "step_time_s" in m]
+    hyp, ref = self.root / "readme_test.hyp", self.root / "test.ref"
+    sources = self.root / "test.src"
+    sources.write_text("\n".join(read_gz(self.data / "test_2016_flickr.en.gz")) + "\n")
+    ref.write_text("\n".join(read_gz(self.data / "test_2016_flickr.de.gz")) + "\n")
+    decode_log = self.root / "readme_decode.log"
+    decode_wall = self.subprocess(
+        [sys.executable, "decode.py", f"--workdir={workdir}", f"--input={sources}",
+         f"--output={hyp}", "--average_last=5", f"--compilation_cache_dir={cache}"], decode_log)
+    import sacrebleu
+
+    hypotheses = hyp.read_text().splitlines()
+    references = ref.read_text().splitlines()
+    bleu = sacrebleu.corpus_bleu(hypotheses, [references])
+    train_compile = [c for c in compiles if c["what"] == "Train step"]
+    self.record.update(
+        readme_job_wall_s=train_wall + decode_wall, readme_job_train_wall_s=train_wall,
+        readme_job_decode_wall_s=decode_wall, readme_job_test_bleu=bleu.score,
+        readme_job_test_bleu_lowercased=sacrebleu.corpus_bleu(
+            hypotheses, [references], lowercase=True).score,
+        readme_job_steps=metrics[-1].get("step") if metrics else None,
+        readme_job_ms_per_step=1000 * statistics.median(step_times),
+        readme_job_log_step_times_ms=[1000 * t for t in step_times],
+        readme_job_final=metrics[-1] if metrics else None,
+        train_step_compile_s_cold=train_compile[0]["seconds"] if train_compile else None,
+        readme_job_compiles=compiles,
+        readme_job_decode_compiles=parse_compiles(decode_log.read_text()),
+        readme_job_eval_shapes=sorted({c["shape"] for c in compiles if c["what"] == "Eval step"}),
+        readme_job_bleu_shapes=sorted({c["shape"] for c in compiles
+                                       if c["what"] == "Beam search"}),
+        attention=attention_lines(train_log.read_text()))
+    self.readme_workdir, self.cache, self.hyp = workdir, cache, hyp
+
+  def warm_compile(self) -> None:
+    workdir = self.root / "readme_warm"
+    shutil.rmtree(workdir, ignore_errors=True)
+    log = self.root / "warm_train.log"
+    wall = self.subprocess(self.train_argv(workdir, self.cache, "--config.num_train_steps=1"),
+                           log)
+    compiles = parse_compiles(log.read_text())
+    train = [c for c in compiles if c["what"] == "Train step"]
+    self.record.update(train_step_compile_s_warm=train[0]["seconds"] if train else None,
+                       warm_compile_cache_hit=bool(train and train[0]["cached"]),
+                       warm_launch_wall_s=wall, warm_launch_compiles=compiles)
+
+  def start_cpu_decode(self) -> None:
+    """The same decode on the host's CPU, in the background (its cores apart from ours)."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    mine, theirs = cores[:len(cores) // 2], cores[len(cores) // 2:]
+    self.cpu_hyp = self.root / "readme_test_cpu.hyp"
+    argv = [sys.executable, "decode.py", f"--workdir={self.readme_workdir}",
+            f"--input={self.root / 'test.src'}", f"--output={self.cpu_hyp}", "--average_last=5",
+            f"--cpu_devices={max(1, len(theirs))}", "--compilation_cache_dir="]
+    if theirs and shutil.which("taskset"):
+      argv = ["taskset", "-c", ",".join(map(str, theirs)), *argv]
+      os.sched_setaffinity(0, mine)
+    self.cpu_started = time.time()
+    self.cpu_log = open(self.root / "cpu_decode.log", "w")
+    self.cpu_proc = subprocess.Popen(argv, cwd=ROOT, stdout=self.cpu_log,
+                                     stderr=subprocess.STDOUT,
+                                     env={**os.environ, "JAX_PLATFORMS": "cpu"})
+
+  def finish_cpu_decode(self) -> None:
+    code = self.cpu_proc.wait(timeout=max(30.0, self.left_s()))
+    self.cpu_log.close()
+    if code:
+      raise RuntimeError(f"CPU decode exited {code}: "
+                         f"{(self.root / 'cpu_decode.log').read_text()[-2000:]}")
+    ours, cpu = self.hyp.read_text().splitlines(), self.cpu_hyp.read_text().splitlines()
+    differ = [i for i, (a, b) in enumerate(zip(ours, cpu)) if a != b]
+    self.record.update(decode_test2016_same_output_as_cpu=not differ and len(ours) == len(cpu),
+                       decode_test2016_lines_differing_from_cpu=len(differ),
+                       decode_test2016_first_differences=[
+                           {"line": i + 1, "device": ours[i], "cpu": cpu[i]} for i in differ[:5]],
+                       decode_test2016_cpu_wall_s=time.time() - self.cpu_started)
+
+  # --- 3: the README step, fed and repeated -----------------------------------------
+
+  def readme_step(self) -> None:
+    import jax
+    import numpy as np
+
+    from configs import multi30k, tiny
+    from flax_transformer import compilation, sharding, training
+    from flax_transformer import data as data_lib
+    from flax_transformer.sources import load_pairs
+    from flax_transformer.tokenizer import Tokenizer
+
+    from absl import flags
+
+    flags.FLAGS.mark_as_parsed()  # grain's worker processes read absl flags.
+    config = (tiny if self.tiny else multi30k).get_config()
+    config.manual_dir = str(self.data)
+    compilation.enable_cache(str(self.cache))
+    tokenizer = Tokenizer(self.readme_workdir / "vocab.model")
+    model_config = training.TransformerConfig.from_dict(
+        {**config.model.to_dict(), "vocab_size": tokenizer.vocab_size})
+    mesh = sharding.make_mesh(config.mesh)
+    trainer = training.Trainer(model_config, config, mesh)
+    batching = data_lib.train_batching(config, sharding.data_parallel_size(mesh))
+    pairs = load_pairs(config, config.train_split)
+    steps = 20 if self.tiny else 200
+    result = {}
+    ids = data_lib.pretokenized(pairs, data_lib.TokenizePair(tokenizer))  # As the loop does.
+    for workers in sorted({0, data_lib.auto_workers(-1)}):
+      stream = iter(data_lib.prefetched(
+          data_lib.train_dataset(ids, batching, seed=0),
+          lambda b: data_lib.to_global_arrays(b, trainer.batch_sharding), workers=workers,
+          device_buffer=config.prefetch_batches))
+      state = trainer.init_state(0)
+      batch = next(stream)
+      trainer.compile_train_step(state, batch)
+      runs_fed, runs_repeated = [], []
+      for _ in range(3):  # Alternating, medians of 3.
+        for _ in range(5):
+          state, _ = trainer.train_step(state, next(stream))
+        jax.block_until_ready(state)
+        started = time.perf_counter()
+        for _ in range(steps):
+          state, metrics = trainer.train_step(state, next(stream))
+        jax.block_until_ready((state, metrics))
+        runs_fed.append((time.perf_counter() - started) / steps)
+        started = time.perf_counter()
+        for _ in range(steps):
+          state, metrics = trainer.train_step(state, batch)
+        jax.block_until_ready((state, metrics))
+        runs_repeated.append((time.perf_counter() - started) / steps)
+      result[workers] = (statistics.median(runs_fed), statistics.median(runs_repeated),
+                         runs_fed, runs_repeated)
+    workers = data_lib.auto_workers(config.data_workers)
+    fed, repeated, runs_fed, runs_repeated = result[workers]
+    host = {}
+    it = iter(data_lib.train_dataset(ids, batching, seed=0))
+    next(it)
+    started = time.perf_counter()
+    for _ in range(50):
+      next(it)
+    host["host_ms_per_batch_one_process"] = 1000 * (time.perf_counter() - started) / 50
+    self.record.update(
+        readme_step_ms_fed=1000 * fed, readme_job_ms_per_step_repeated_batch=1000 * repeated,
+        readme_step_fed_over_repeated=fed / repeated, readme_step_data_workers=workers,
+        readme_step_runs_ms={str(w): {"fed": [1000 * x for x in r[2]],
+                                      "repeated": [1000 * x for x in r[3]]}
+                             for w, r in result.items()},
+        readme_step_tokens_per_batch_a_side=batching.rows * config.max_target_length,
+        readme_step_analytic_flops=training.train_step_flops(
+            model_config, batching.rows, config.max_source_length, config.max_target_length),
+        **host)
+
+  # --- 4: the trained model over test 2016 -------------------------------------------
+
+  def decode_trained(self) -> None:
+    import jax
+
+    from flax_transformer import compilation
+    from flax_transformer.translator import Translator
+
+    compilation.enable_cache(str(self.cache))
+    sentences = read_gz(self.data / "test_2016_flickr.en.gz")
+    translator = Translator.from_workdir(self.readme_workdir, beam_size=4, alpha=0.6,
+                                         average_last=5, devices=jax.local_devices()[:1])
+    started = time.perf_counter()
+    first = translator.translate(sentences)
+    first_s = time.perf_counter() - started
+    runs = []
+    for _ in range(1 if self.tiny else 3):
+      started = time.perf_counter()
+      again = translator.translate(sentences)
+      runs.append(time.perf_counter() - started)
+    seconds = statistics.median(runs)
+    decode_py = self.hyp.read_text().splitlines()
+    self.record.update(
+        decode_test2016_sentences_per_s=len(sentences) / seconds,
+        decode_test2016_runs_s=runs, decode_test2016_first_call_s=first_s,
+        decode_test2016_compile_s=translator._search_fn.compile_seconds,
+        decode_test2016_same_output_as_decode_py=first == again == decode_py)
+
+  # --- 5, 6: against the peer ------------------------------------------------------
+
+  def peer(self):
+    if not self.args.peer_path:
+      raise RuntimeError("no --peer_path: peer rows not measured")
+    path = Path(self.args.peer_path)
+    modules = {}
+    for name in ("models", "decode"):
+      spec = importlib.util.spec_from_file_location(f"peer_{name}", path / f"{name}.py")
+      module = importlib.util.module_from_spec(spec)
+      spec.loader.exec_module(module)
+      modules[name] = module
+    return modules["models"], modules["decode"]
+
+  def train_steps(self, name: str, attention: str = "auto") -> None:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    from configs import default
+    from flax_transformer import sharding, training
+    from flax_transformer.config import TransformerConfig
+
+    shape = (TINY_SHAPES if self.tiny else SHAPES)[name]
+    rows, length, vocab = shape["rows"], shape["length"], shape["vocab"]
+    rng = np.random.default_rng(0)
+    host_batch = {k: rng.integers(2, vocab, (rows, length), dtype=np.int32)
+                  for k in ("inputs", "targets")}
+    steps = 3 if self.tiny else 20
+    timed = {}
+
+    # Ours: the library's Trainer, as train.py builds it.
+    config = default.get_config()
+    model_config = TransformerConfig(vocab_size=vocab, d_model=shape["d_model"],
+                                     d_ff=shape["d_ff"], num_heads=shape["heads"],
+                                     num_layers=shape["layers"], max_len=length,
+                                     dtype=shape["dtype"], attention_implementation=attention)
+    trainer = training.Trainer(model_config, config,
+                               sharding.make_mesh({"data": 1}, jax.devices()[:1]))
+    state = trainer.init_state(0)
+    batch = jax.device_put(host_batch, trainer.batch_sharding)
+    started = time.perf_counter()
+    trainer.compile_train_step(state, batch)
+    ours_compile = time.perf_counter() - started
+    holder = {"ours": [state]}
+
+    def ours():
+      for _ in range(steps):
+        holder["ours"][0], metrics = trainer.train_step(holder["ours"][0], batch)
+      jax.block_until_ready((holder["ours"][0], metrics))
+
+    timed["ours"] = ours
+    peer_compile = None
+    try:
+      models, _ = self.peer()
+    except RuntimeError as e:
+      self.record["errors"][f"{name}_peer"] = str(e)
+      models = None
+    if models is not None:
+      # The peer's model at the same shapes; its train.py loss (label smoothing 0.1,
+      # normalised by non-pad tokens) and Adam, without its pmap.
+      peer_config = models.TransformerConfig(
+          vocab_size=vocab, output_vocab_size=vocab, share_embeddings=True,
+          logits_via_embedding=True, dtype=jnp.dtype(shape["dtype"]), emb_dim=shape["d_model"],
+          num_heads=shape["heads"], num_layers=shape["layers"], qkv_dim=shape["d_model"],
+          mlp_dim=shape["d_ff"], max_len=length, dropout_rate=0.1, attention_dropout_rate=0.0,
+          deterministic=False)
+      peer_model = models.Transformer(peer_config)
+      params = jax.jit(peer_model.init)(jax.random.PRNGKey(0), host_batch["inputs"][:1],
+                                        host_batch["targets"][:1])["params"]
+      tx = optax.adam(1e-4, b1=0.9, b2=0.98, eps=1e-9)
+      opt_state = tx.init(params)
+
+      def peer_step(params, opt_state, step, batch):
+        def loss_fn(params):
+          logits = peer_model.apply({"params": params}, batch["inputs"], batch["targets"],
+                                    rngs={"dropout": jax.random.fold_in(
+                                        jax.random.PRNGKey(0), step)})
+          confidence, smoothing = 0.9, 0.1
+          low = smoothing / (vocab - 1)
+          soft = jax.nn.one_hot(batch["targets"], vocab) * (confidence - low) + low
+          loss = -jnp.sum(soft * jax.nn.log_softmax(logits), axis=-1)
+          weights = (batch["targets"] > 0).astype(jnp.float32)
+          return jnp.sum(loss * weights) / jnp.sum(weights)
+        grads = jax.grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, step + 1
+
+      device_batch = jax.device_put(host_batch, jax.devices()[0])
+      started = time.perf_counter()
+      compiled = jax.jit(peer_step, donate_argnums=(0, 1)).lower(
+          params, opt_state, jnp.int32(0), device_batch).compile()
+      peer_compile = time.perf_counter() - started
+      peer_holder = [(params, opt_state, jnp.int32(0))]
+
+      def peer():
+        for _ in range(steps):
+          peer_holder[0] = compiled(*peer_holder[0], device_batch)
+        jax.block_until_ready(peer_holder[0])
+
+      timed["peer"] = peer
+    runs = {k: [] for k in timed}
+    for fn in timed.values():
+      fn()  # Warm-up.
+    for _ in range(3 if self.tiny else 5):  # Alternating: the same machine state for both.
+      for key, fn in timed.items():
+        started = time.perf_counter()
+        fn()
+        runs[key].append((time.perf_counter() - started) / steps)
+    flops = training.train_step_flops(model_config, rows, length, length)
+    ours_s = statistics.median(runs["ours"])
+    device_kind = jax.devices()[0].device_kind
+    peak = next((v for k, v in PEAKS_BF16.items() if k in device_kind), None)
+    out = {"shape": shape, "ours_ms": 1000 * ours_s, "ours_runs_ms": [1000 * x for x in runs["ours"]],
+           "ours_compile_s": ours_compile, "analytic_flops_per_step": flops,
+           "ours_tflops_per_s": flops / ours_s / 1e12,
+           "tokens_per_s_a_side": rows * length / ours_s, "peak_bf16_flops": peak}
+    if peak:
+      out["ours_mfu_of_bf16_peak"] = flops / ours_s / peak
+    if "peer" in runs:
+      peer_s = statistics.median(runs["peer"])
+      out.update(peer_ms=1000 * peer_s, peer_runs_ms=[1000 * x for x in runs["peer"]],
+                 peer_compile_s=peer_compile, speedup_vs_peer=peer_s / ours_s)
+    if attention != "auto":  # A variant: recorded beside the headline, not as it.
+      self.record[f"{name}_{attention}_attention"] = out
+      return
+    self.record[name] = out
+    if name == "base_bf16":
+      self.record["base_bf16_mfu"] = out.get("ours_mfu_of_bf16_peak")
+      self.record["base_bf16_speedup_vs_peer"] = out.get("speedup_vs_peer")
+    else:
+      self.record["small_f32_speedup_vs_peer"] = out.get("speedup_vs_peer")
+
+  def decode_vs_peer(self) -> None:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from flax_transformer import Transformer, TransformerConfig
+    from flax_transformer.translator import SearchConfig, make_search_fn
+
+    shape = (TINY_SHAPES if self.tiny else SHAPES)["small_f32"]
+    batch, source_len, beam, extra = 8, 32, 4, 31
+    max_len = source_len + extra
+    inputs = np.random.default_rng(0).integers(2, shape["vocab"], (batch, source_len)
+                                               ).astype(np.int32)
+    config = TransformerConfig(vocab_size=shape["vocab"], d_model=shape["d_model"],
+                               d_ff=shape["d_ff"], num_heads=shape["heads"],
+                               num_layers=shape["layers"], max_len=max_len, deterministic=True)
+    params = Transformer(config).init(jax.random.PRNGKey(0), inputs[:1], inputs[:1])["params"]
+    search = jax.jit(make_search_fn(config, SearchConfig(beam_size=beam, alpha=0.6,
+                                                         max_extra=extra)))
+    key = jax.random.PRNGKey(0)
+    started = time.perf_counter()
+    ours_compiled = search.lower(params, inputs, key).compile()
+    ours_compile = time.perf_counter() - started
+    timed = {"ours": lambda: jax.block_until_ready(ours_compiled(params, inputs, key))}
+    peer_compile = None
+    try:
+      models, peer_decode = self.peer()
+    except RuntimeError as e:
+      self.record["errors"]["decode_peer"] = str(e)
+      models = None
+    if models is not None:
+      peer_config = models.TransformerConfig(
+          vocab_size=shape["vocab"], output_vocab_size=shape["vocab"], share_embeddings=True,
+          logits_via_embedding=True, emb_dim=shape["d_model"], num_heads=shape["heads"],
+          num_layers=shape["layers"], qkv_dim=shape["d_model"], mlp_dim=shape["d_ff"],
+          max_len=max_len, deterministic=True)
+      decode_config = peer_config.replace(decode=True)
+      peer_params = models.Transformer(peer_config).init(
+          jax.random.PRNGKey(0), inputs[:1], inputs[:1])["params"]
+
+      def peer_search(params, inputs):
+        # The peer's train.py initialize_cache + predict_step, beam 4, alpha 0.6.
+        cache = models.Transformer(decode_config).init(
+            jax.random.PRNGKey(0), jnp.ones(inputs.shape, jnp.float32),
+            jnp.ones((inputs.shape[0], max_len), jnp.float32))["cache"]
+        encoded = peer_decode.flat_batch_beam_expand(models.Transformer(peer_config).apply(
+            {"params": params}, inputs, method=models.Transformer.encode), beam)
+        raw_inputs = peer_decode.flat_batch_beam_expand(inputs, beam)
+
+        def tokens_ids_to_logits(flat_ids, flat_cache):
+          logits, new_vars = models.Transformer(decode_config).apply(
+              {"params": params, "cache": flat_cache}, encoded, raw_inputs, flat_ids,
+              mutable=["cache"], method=models.Transformer.decode)
+          return logits.squeeze(axis=1), new_vars["cache"]
+
+        seqs, _ = peer_decode.beam_search(inputs, cache, tokens_ids_to_logits, beam_size=beam,
+                                          alpha=0.6, eos_id=1, max_decode_len=max_len)
+        return seqs[:, -1, 1:]
+
+      started = time.perf_counter()
+      peer_compiled = jax.jit(peer_search).lower(peer_params, inputs).compile()
+      peer_compile = time.perf_counter() - started
+      timed["peer"] = lambda: jax.block_until_ready(peer_compiled(peer_params, inputs))
+    runs = {k: [] for k in timed}
+    for fn in timed.values():
+      fn()
+    for _ in range(3 if self.tiny else 10):
+      for k, fn in timed.items():
+        started = time.perf_counter()
+        fn()
+        runs[k].append(time.perf_counter() - started)
+    ours_s = statistics.median(runs["ours"])
+    out = {"batch": batch, "source_len": source_len, "beam_size": beam, "max_decode_len": max_len,
+           "ours_s_per_batch": ours_s, "ours_sentences_per_s": batch / ours_s,
+           "ours_runs_s": runs["ours"], "ours_compile_s": ours_compile}
+    if "peer" in runs:
+      peer_s = statistics.median(runs["peer"])
+      out.update(peer_s_per_batch=peer_s, peer_sentences_per_s=batch / peer_s,
+                 peer_runs_s=runs["peer"], peer_compile_s=peer_compile,
+                 speedup_vs_peer=peer_s / ours_s)
+    self.record["decode_vs_peer"] = out
+    self.record["decode_compile_s"] = ours_compile
+    self.record["decode_speedup_vs_peer"] = out.get("speedup_vs_peer")
+
+  # --- the whole run --------------------------------------------------------------
+
+  def describe_device(self) -> None:
+    import jax
+
+    device = jax.devices()[0]
+    self.record.update(device=device.device_kind, platform=device.platform,
+                       jax_version=jax.__version__, device_count=jax.device_count(),
+                       host_cores=os.cpu_count())
+    try:
+      import flax
+      import optax
+
+      self.record.update(flax_version=flax.__version__, optax_version=optax.__version__)
+    except ImportError:
+      pass
+    self.save()
+
+  def run(self) -> None:
+    import jax  # Only devices and versions before the subprocesses: no arrays yet.
+
+    self.describe_device()
+    self.run_section("readme_job", self.readme_job)
+    if hasattr(self, "readme_workdir"):
+      self.run_section("warm_compile", self.warm_compile)
+      # Before the background CPU decode: the host's cores are the step's input path.
+      self.run_section("readme_step", self.readme_step, min_left_s=30)
+      self.run_section("start_cpu_decode", self.start_cpu_decode)
+      self.run_section("decode_trained", self.decode_trained, min_left_s=20)
+    else:
+      self.record["errors"]["readme_sections"] = "not run: the README job did not run"
+    self.run_section("base_bf16", lambda: self.train_steps("base_bf16"), min_left_s=40)
+    # The XLA attention path at the same shape, beside the headline's (the log says which).
+    self.run_section("base_bf16_xla_attention",
+                     lambda: self.train_steps("base_bf16", attention="xla"), min_left_s=60)
+    self.run_section("small_f32", lambda: self.train_steps("small_f32"), min_left_s=40)
+    self.run_section("decode_vs_peer", self.decode_vs_peer, min_left_s=30)
+    if hasattr(self, "cpu_proc"):
+      self.run_section("cpu_decode", self.finish_cpu_decode)
+    from flax_transformer import attention
+
+    self.record["attention_in_process"] = sorted(attention._reported)
+    self.record["bench_wall_s"] = time.time() - self.start
+    self.save()
+    summary(self.record)
+    print(f"wrote {self.out}")
+
+
+def parse_compiles(log: str) -> list[dict]:
+  return [{"what": m.group(1), "shape": m.group(2) or "", "cached": m.group(3) != "compiled",
+           "seconds": float(m.group(4))} for m in COMPILE_LINE.finditer(log)]
+
+
+def attention_lines(log: str) -> list[str]:
+  return sorted(set(re.findall(r"Attention: (.*)", log)))
+
+
+def read_gz(path: Path) -> list[str]:
+  with gzip.open(path, "rt", encoding="utf-8") as f:
+    return [line.rstrip("\n") for line in f]
+
+
+def summary(record: dict) -> None:
+  keys = ["device", "jax_version", "date", "readme_job_wall_s", "readme_job_test_bleu",
+          "readme_job_ms_per_step", "readme_step_ms_fed", "readme_job_ms_per_step_repeated_batch",
+          "train_step_compile_s_cold", "train_step_compile_s_warm", "base_bf16_mfu",
+          "base_bf16_speedup_vs_peer", "small_f32_speedup_vs_peer", "decode_compile_s",
+          "decode_speedup_vs_peer", "decode_test2016_sentences_per_s",
+          "decode_test2016_same_output_as_cpu"]
+  print_table([{"key": k, "value": record.get(k)} for k in keys], ["key", "value"])
+  for name, error in record["errors"].items():
+    print(f"! {name}: {error.splitlines()[0] if error else ''}")
+
+
+def merge(paths: list[str], out: str) -> None:
+  """Runs of this script on one device -> one record; a later run's keys win.
+
+  `sources` names, for every key, the run it came from (each run keeps its own
+  command, date and errors under `runs`).
+  """
+  record, sources, runs = {}, {}, []
+  for path in paths:
+    run = json.loads(Path(path).read_text())
+    runs.append({"file": path, **{k: run.get(k) for k in ("command", "date", "errors",
+                                                           "section_wall_s")}})
+    for key, value in run.items():
+      if key in ("command", "errors", "section_wall_s", "bench_wall_s"):
+        continue
+      if value is None:
+        record.setdefault(key, None)  # Unmeasured stays visible as null.
+        continue
+      record[key], sources[key] = value, path
+  devices = {r.get("device") for r in map(lambda p: json.loads(Path(p).read_text()), paths)}
+  if len(devices) > 1:
+    raise SystemExit(f"runs on different devices: {sorted(map(str, devices))}")
+  Path(out).write_text(json.dumps({**record, "runs": runs, "sources": sources}, indent=1))
+  print(f"wrote {out}")
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--peer_path", help="Flax's examples/wmt directory (models.py, decode.py)")
+  parser.add_argument("--data", default=str(MULTI30K), help="the Multi30k .gz files")
+  parser.add_argument("--out", help="JSON path (default results/accelerator_<device>.json)")
+  parser.add_argument("--scratch", help="workdirs, caches and logs (default: a temp dir)")
+  parser.add_argument("--tiny", action="store_true",
+                      help="tiny shapes and few steps: every code path, on a CPU, in minutes")
+  parser.add_argument("--sections", type=lambda v: v.split(","), default=None,
+                      help="comma-separated sections to run (default: all); readme_job is "
+                      "needed by warm_compile, readme_step, decode_trained and cpu_decode")
+  parser.add_argument("--budget_s", type=float, default=480.0,
+                      help="later sections are skipped when less than they need is left")
+  parser.add_argument("--merge", nargs="+", metavar="RUN_JSON",
+                      help="merge earlier runs' JSON files (later wins) into --out, and exit")
+  args = parser.parse_args()
+  if args.merge:
+    merge(args.merge, args.out)
+    return
+  logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+  for name in ("jax", "absl", "orbax", "grain", "tensorflow_datasets"):
+    logging.getLogger(name).setLevel(logging.WARNING)
+  Bench(args).run()
+
+
+if __name__ == "__main__":
+  main()

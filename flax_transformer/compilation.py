@@ -1,0 +1,144 @@
+"""XLA compilation: the persistent cache, and every compile logged once with its time.
+
+A cold compile on a GPU is dominated by XLA's autotuning (seconds per matmul
+shape). jax's persistent cache stores each compiled executable, and with it the
+per-fusion autotuning results (`jax_persistent_cache_enable_xla_caches`), so a
+second launch of the same job loads instead of compiling.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+
+# Smaller programs than this are not worth a file (jax's default is 1 s, which would
+# leave out the CPU eval and search steps that tests and small runs compile).
+MIN_COMPILE_SECONDS = 0.2
+
+
+def default_cache_dir() -> str:
+  """$XDG_CACHE_HOME/flax_transformer/xla (~/.cache/... when unset)."""
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(base, "flax_transformer", "xla")
+
+
+_cache_dir: str | None = None
+
+
+def enable_cache(directory: str) -> str | None:
+  """Turns on jax's persistent compilation cache in `directory` ('' = off).
+
+  Call before the first compile: jax opens its cache once per process. Returns
+  the directory in use, or None when off.
+  """
+  global _cache_dir
+  if not directory:
+    return None
+  path = str(Path(directory).expanduser().resolve())
+  if _cache_dir == path:
+    return path
+  Path(path).mkdir(parents=True, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
+  if _cache_dir is not None:  # A second directory in one process (tests, notebooks).
+    from jax.experimental.compilation_cache import compilation_cache
+
+    compilation_cache.reset_cache()
+  _cache_dir = path
+  logging.info("XLA compilation cache: %s (%d entries)", path, cache_entries(path))
+  return path
+
+
+def cache_entries(directory: str) -> int:
+  """Compiled executables stored in a cache directory."""
+  path = Path(directory)
+  return sum(1 for p in path.iterdir() if p.is_file()) if path.is_dir() else 0
+
+
+class _CacheHits:
+  """Counts jax's persistent-cache hits (a jax.monitoring listener, registered once)."""
+
+  def __init__(self):
+    self.hits = 0
+    self._lock = threading.Lock()
+    jax.monitoring.register_event_listener(self._on_event)
+
+  def _on_event(self, event: str, **kwargs) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+      with self._lock:
+        self.hits += 1
+
+
+_hits: _CacheHits | None = None
+
+
+def cache_hits() -> int:
+  global _hits
+  if _hits is None:
+    _hits = _CacheHits()
+  return _hits.hits
+
+
+def compile_logged(lowerable, *args, name: str, detail: str = ""):
+  """`lowerable.lower(*args).compile()`, logging the time and whether the cache held it.
+
+  Returns (compiled executable, seconds).
+  """
+  hits = cache_hits()
+  start = time.perf_counter()
+  compiled = lowerable.lower(*args).compile()
+  seconds = time.perf_counter() - start
+  source = "loaded from the compilation cache" if cache_hits() > hits else "compiled"
+  logging.info("%s%s %s in %.1f s", name, f" {detail}" if detail else "", source, seconds)
+  return compiled, seconds
+
+
+def shape_key(tree) -> tuple:
+  """Shapes and dtypes of a pytree's arrays: what a jitted function compiles for."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  return (treedef, tuple((tuple(getattr(x, "shape", ())), str(getattr(x, "dtype", type(x))))
+                         for x in leaves))
+
+
+class PerShape:
+  """A jitted function compiled once per input shape, each compile logged.
+
+  `key(*args)` picks the arguments whose shapes tell programs apart (default: all),
+  and `describe(*args)` names a shape in the log. `max_shapes` caps the number
+  of programs: one more is an error naming the cap (the batching that feeds
+  this function should never produce it).
+  """
+
+  def __init__(self, jitted, name: str, *, max_shapes: int | None = None,
+               key: Callable[..., Any] | None = None,
+               describe: Callable[..., str] | None = None):
+    self.jitted, self.name, self.max_shapes = jitted, name, max_shapes
+    self._key = key or (lambda *args: args)
+    self._describe = describe or (lambda *args: "")
+    self._compiled: dict[tuple, Any] = {}
+    self.compile_seconds: dict[str, float] = {}
+
+  def __call__(self, *args):
+    key = shape_key(self._key(*args))
+    compiled = self._compiled.get(key)
+    if compiled is None:
+      if self.max_shapes is not None and len(self._compiled) >= self.max_shapes:
+        raise RuntimeError(f"{self.name}: a shape beyond the cap of {self.max_shapes} "
+                           f"({self._describe(*args)}); compiled so far: "
+                           f"{list(self.compile_seconds)}")
+      detail = self._describe(*args)
+      compiled, seconds = compile_logged(self.jitted, *args, name=self.name,
+                                         detail=f"for {detail}" if detail else "")
+      self._compiled[key] = compiled
+      self.compile_seconds[detail or str(len(self._compiled))] = seconds
+    return compiled(*args)
+
+  @property
+  def num_shapes(self) -> int:
+    return len(self._compiled)

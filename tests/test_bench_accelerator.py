@@ -1,0 +1,52 @@
+"""bench/accelerator.py in its tiny mode: every code path the accelerator run takes, on
+the CPU, and the compilation cache hit by a second process."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+REQUIRED = ["device", "jax_version", "date", "readme_job_wall_s", "readme_job_test_bleu",
+            "readme_job_ms_per_step", "readme_job_ms_per_step_repeated_batch",
+            "train_step_compile_s_cold", "train_step_compile_s_warm", "base_bf16_mfu",
+            "base_bf16_speedup_vs_peer", "small_f32_speedup_vs_peer", "decode_compile_s",
+            "decode_speedup_vs_peer", "decode_test2016_sentences_per_s"]
+
+
+def test_tiny_run_measures_every_section_and_a_second_launch_loads_from_the_cache(
+    tmp_path, multi30k_dir):
+  out = tmp_path / "accelerator.json"
+  env = {**os.environ, "XLA_FLAGS": ""}  # One CPU device, as a plain run.
+  result = subprocess.run(
+      [sys.executable, str(ROOT / "bench/accelerator.py"), "--tiny", f"--data={multi30k_dir}",
+       f"--scratch={tmp_path / 'scratch'}", f"--out={out}"],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  record = json.loads(out.read_text())
+  assert set(REQUIRED) <= set(record)
+  # Without --peer_path only the peer comparisons are missing, each saying why.
+  peer_free = [k for k in REQUIRED if "peer" not in k and k != "base_bf16_mfu"]
+  assert all(record[k] is not None for k in peer_free), {k: record[k] for k in peer_free}
+  assert set(record["errors"]) == {"small_f32_peer", "base_bf16_peer", "decode_peer"}
+  assert all("--peer_path" in e for e in record["errors"].values())
+
+  # The second launch (same cache directory) loaded its steps instead of compiling them.
+  cache = tmp_path / "scratch" / "cache"
+  assert sum(1 for p in cache.iterdir() if p.is_file()) >= 5
+  assert record["warm_compile_cache_hit"] is True
+  warm_log = (tmp_path / "scratch" / "warm_train.log").read_text()
+  assert "Train step for batch" in warm_log
+  assert "loaded from the compilation cache in" in warm_log
+  assert all(c["cached"] for c in record["warm_launch_compiles"])
+  cold = [c for c in record["readme_job_compiles"] if c["what"] == "Train step"]
+  assert len(cold) == 1 and not cold[0]["cached"]
+  # Evaluation and BLEU compile at most config.eval_max_shapes shapes each.
+  assert 1 <= len(record["readme_job_eval_shapes"]) <= 4
+  assert 1 <= len(record["readme_job_bleu_shapes"]) <= 4
+
+  assert record["decode_test2016_same_output_as_cpu"] is True
+  assert record["readme_step_fed_over_repeated"] > 0
+  assert record["small_f32"]["analytic_flops_per_step"] > 0
