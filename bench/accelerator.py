@@ -52,6 +52,14 @@ PEAKS_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 COMPILE_LINE = re.compile(r"(Train step|Eval step|Beam search|Sampling) (?:for (.*?) )?"
                           r"(compiled|loaded from the compilation cache) in ([\d.]+) s")
 
+# The JSON's headline keys: present in every record, null where unmeasured.
+HEADLINE = ["device", "jax_version", "date", "readme_job_wall_s", "readme_job_test_bleu",
+            "readme_job_ms_per_step", "readme_step_ms_fed",
+            "readme_job_ms_per_step_repeated_batch", "train_step_compile_s_cold",
+            "train_step_compile_s_warm", "base_bf16_mfu", "base_bf16_speedup_vs_peer",
+            "small_f32_speedup_vs_peer", "decode_compile_s", "decode_speedup_vs_peer",
+            "decode_test2016_sentences_per_s", "decode_test2016_same_output_as_cpu"]
+
 SHAPES = {  # name -> model and batch (rows x length a side).
     "small_f32": dict(vocab=8000, d_model=256, layers=3, heads=4, d_ff=1024, rows=32, length=64,
                       dtype="float32"),
@@ -74,7 +82,8 @@ class Bench:
     self.root = Path(args.scratch or tempfile.mkdtemp(prefix="accelerator_"))
     self.root.mkdir(parents=True, exist_ok=True)
     self.data = Path(args.data)
-    self.record = {"date": datetime.date.today().isoformat(), "tiny": self.tiny,
+    self.record = {**dict.fromkeys(HEADLINE), "date": datetime.date.today().isoformat(),
+                   "tiny": self.tiny,
                    "command": " ".join([sys.executable, *sys.argv]), "errors": {}}
     self.out = Path(args.out) if args.out else None
     self.start = time.time()
@@ -602,13 +611,7 @@ def read_gz(path: Path) -> list[str]:
 
 
 def summary(record: dict) -> None:
-  keys = ["device", "jax_version", "date", "readme_job_wall_s", "readme_job_test_bleu",
-          "readme_job_ms_per_step", "readme_step_ms_fed", "readme_job_ms_per_step_repeated_batch",
-          "train_step_compile_s_cold", "train_step_compile_s_warm", "base_bf16_mfu",
-          "base_bf16_speedup_vs_peer", "small_f32_speedup_vs_peer", "decode_compile_s",
-          "decode_speedup_vs_peer", "decode_test2016_sentences_per_s",
-          "decode_test2016_same_output_as_cpu"]
-  print_table([{"key": k, "value": record.get(k)} for k in keys], ["key", "value"])
+  print_table([{"key": k, "value": record.get(k)} for k in HEADLINE], ["key", "value"])
   for name, error in record["errors"].items():
     print(f"! {name}: {error.splitlines()[0] if error else ''}")
 
@@ -634,7 +637,8 @@ def merge(paths: list[str], out: str) -> None:
   devices = {r.get("device") for r in map(lambda p: json.loads(Path(p).read_text()), paths)}
   if len(devices) > 1:
     raise SystemExit(f"runs on different devices: {sorted(map(str, devices))}")
-  Path(out).write_text(json.dumps({**record, "runs": runs, "sources": sources}, indent=1))
+  record = {**dict.fromkeys(HEADLINE), **record, "runs": runs, "sources": sources}
+  Path(out).write_text(json.dumps(record, indent=1))
   print(f"wrote {out}")
 
 
