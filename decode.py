@@ -53,8 +53,6 @@ def main(argv):
   def work():
     from flax_transformer.decode_cli import run_decode
 
-    compilation.enable_cache(FLAGS.compilation_cache_dir)
-
     run_decode(workdir=FLAGS.workdir, input_path=FLAGS.input, output_path=FLAGS.output,
                reference=FLAGS.reference, metrics=FLAGS.metrics,
                sacrebleu_tokenize=FLAGS.sacrebleu_tokenize, nbest=FLAGS.nbest,
@@ -63,7 +61,8 @@ def main(argv):
                alpha=FLAGS.alpha, max_extra=FLAGS.max_extra, batch_tokens=FLAGS.batch_tokens,
                temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p,
                seed=FLAGS.seed, average_last=FLAGS.average_last,
-               checkpoint_step=FLAGS.checkpoint_step, ensemble=FLAGS.ensemble)
+               checkpoint_step=FLAGS.checkpoint_step, ensemble=FLAGS.ensemble,
+               compilation_cache_dir=FLAGS.compilation_cache_dir)
 
   cli.set_cpu_devices(FLAGS.cpu_devices)
   cli.run_main(argv, work)

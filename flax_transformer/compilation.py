@@ -34,8 +34,8 @@ _cache_dir: str | None = None
 def enable_cache(directory: str) -> str | None:
   """Turns on jax's persistent compilation cache in `directory` ('' = off).
 
-  Call before the first compile: jax opens its cache once per process. Returns
-  the directory in use, or None when off.
+  Compiles before this call are not cached (jax decides once whether to use its
+  cache, so the decision is reset here). Returns the directory in use, or None.
   """
   global _cache_dir
   if not directory:
@@ -46,10 +46,9 @@ def enable_cache(directory: str) -> str | None:
   Path(path).mkdir(parents=True, exist_ok=True)
   jax.config.update("jax_compilation_cache_dir", path)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
-  if _cache_dir is not None:  # A second directory in one process (tests, notebooks).
-    from jax.experimental.compilation_cache import compilation_cache
+  from jax.experimental.compilation_cache import compilation_cache
 
-    compilation_cache.reset_cache()
+  compilation_cache.reset_cache()  # jax may have settled on "no cache" at an earlier compile.
   _cache_dir = path
   logging.info("XLA compilation cache: %s (%d entries)", path, cache_entries(path))
   return path

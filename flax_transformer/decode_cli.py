@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from flax_transformer import compilation
 from flax_transformer.sources import DataError, split_lines_lenient
 from flax_transformer.translator import Progress, Translator
 
@@ -51,7 +52,7 @@ def score(hypotheses: Sequence[str], references: Sequence[str], metrics: Sequenc
 def run_decode(*, workdir: str, input_path: str, output_path: str, reference: str | None,
                metrics: Sequence[str], sacrebleu_tokenize: str | None, nbest: int,
                attention_plot: str | None, attention_sentences: int = 1,
-               **translator_kwargs) -> None:
+               compilation_cache_dir: str = "", **translator_kwargs) -> None:
   unknown = [m for m in metrics if m not in METRICS]
   if unknown:
     raise DataError(f"--metrics: unknown {unknown}; choose from {', '.join(METRICS)}")
@@ -61,6 +62,7 @@ def run_decode(*, workdir: str, input_path: str, output_path: str, reference: st
     raise DataError(f"--reference {reference} has {len(references)} lines but the input has "
                     f"{len(sentences)}")
   translator = Translator.from_workdir(workdir, nbest=nbest, **translator_kwargs)
+  compilation.enable_cache(compilation_cache_dir)  # Before the first search compiles.
   logging.info("Decoding on %d %s device(s), one search each", len(translator.devices),
                translator.devices[0].platform)
   progress = Progress(sum(1 for s in sentences if s.strip()), "translated")
