@@ -15,8 +15,8 @@ config_flags.DEFINE_config_file("config", None, "Training config file (configs/*
 flags.DEFINE_string("workdir", None, "Directory for checkpoints, vocabulary and metrics; "
                     "a rerun with the same workdir resumes.")
 flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for multi-process "
-                    "runs (jax.distributed); unset: single process, or auto-detected on "
-                    "Cloud TPU / SLURM.")
+                    "runs (jax.distributed); unset: jax.distributed's cluster detection "
+                    "(Cloud TPU VM slices, SLURM, Open MPI, Kubernetes), else one process.")
 flags.DEFINE_integer("num_processes", None, "Number of processes (with --coordinator_address).")
 flags.DEFINE_integer("process_id", None, "This process's index (with --coordinator_address).")
 flags.mark_flags_as_required(["config", "workdir"])

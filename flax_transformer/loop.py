@@ -23,7 +23,7 @@ from flax_transformer import compilation
 from flax_transformer import data as data_lib
 from flax_transformer import host_allocator
 from flax_transformer import sharding as sharding_lib
-from flax_transformer.checkpoints import Checkpointer
+from flax_transformer.checkpoints import Checkpointer, CheckpointSaveError
 from flax_transformer.config import RENAMED_KEYS, TransformerConfig
 from flax_transformer.metrics import METRICS_FILE, create_writer
 from flax_transformer.sources import load_pairs
@@ -183,9 +183,184 @@ def _eval_set(config, tokenizer, split: str) -> EvalSet:
                  references=[t for _, t in pairs])
 
 
-def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
-  """Trains `config` in `workdir` (resuming if it holds checkpoints); returns last metrics."""
-  workdir = Path(workdir)
+@dataclasses.dataclass(frozen=True)
+class Due:
+  """The periodic work that follows one step."""
+
+  log: bool = False
+  eval: bool = False
+  bleu: bool = False
+  test_bleu: bool = False
+  save: bool = False
+
+  def any(self) -> bool:
+    return any(dataclasses.astuple(self))
+
+
+def due_after(config, step: int, stopping: bool = False) -> Due:
+  """What step `step` (1-based) is followed by: each cadence, the last step, a signal."""
+  last = step == config.num_train_steps
+
+  def every(n: int) -> bool:  # n = 0: never (BLEU cadences), except at the last step.
+    return n > 0 and (step % n == 0 or last)
+
+  return Due(log=every(config.log_every_steps) or stopping,
+             eval=every(config.eval_every_steps), bleu=every(config.bleu_every_steps),
+             test_bleu=every(config.test_bleu_every_steps),
+             save=every(config.checkpoint_every_steps) or stopping)
+
+
+class Evaluation:
+  """Eval loss and beam-search BLEU of the current parameters, on fixed batch shapes."""
+
+  def __init__(self, config, model_config: TransformerConfig, trainer: Trainer, tokenizer,
+               place, dp_size: int):
+    self.config, self.trainer, self.tokenizer, self.place = config, trainer, tokenizer, place
+    self.mesh, self.dp_size, self.max_len = trainer.mesh, dp_size, model_config.max_len
+    self.sets = {"": _eval_set(config, tokenizer, config.eval_split)}
+    if config.test_bleu_every_steps > 0:  # Only ever reported (time to quality).
+      self.sets["test_"] = _eval_set(config, tokenizer, config.test_split)
+    self.host_batches = []  # Formed once; placed on the devices at each evaluation.
+    for batch in data_lib.eval_batches(self.sets[""].ids, batch_tokens=config.eval_batch_tokens,
+                                       max_length=self.max_len, row_multiple=dp_size,
+                                       max_widths=config.eval_max_shapes):
+      if 0 <= config.num_eval_steps <= len(self.host_batches):
+        break
+      batch.pop("index")
+      self.host_batches.append(batch)
+    logging.info("Evaluation: %d batches in %d shape(s) (cap config.eval_max_shapes=%d)",
+                 len(self.host_batches), len({b["inputs"].shape for b in self.host_batches}),
+                 config.eval_max_shapes)
+    search = SearchConfig(beam_size=config.beam_size, alpha=config.alpha,
+                          max_extra=config.max_extra)
+    self.search_fn = compilation.PerShape(
+        jax.jit(make_search_fn(model_config, search),
+                out_shardings=sharding_lib.replicated(self.mesh)),
+        "Beam search", max_shapes=config.eval_max_shapes,
+        key=lambda params, inputs, rng: inputs,
+        describe=lambda params, inputs, rng: f"inputs {list(inputs.shape)}")
+
+  def __call__(self, params, due: Due) -> dict[str, float]:
+    out = {}
+    if due.eval:
+      out.update(evaluate(self.trainer, params, (self.place(b) for b in self.host_batches)))
+    if due.bleu:
+      out.update(self.bleu(params, ""))
+    if due.test_bleu:
+      out.update(self.bleu(params, "test_"))
+    return out
+
+  def bleu(self, params, prefix: str) -> dict[str, float]:
+    pairs, config = self.sets[prefix], self.config
+    n = len(pairs.ids) if config.num_bleu_sentences < 0 else config.num_bleu_sentences
+    with jax.set_mesh(self.mesh):
+      hyps = translate_ids(self.search_fn, params, [s for s, _ in pairs.ids[:n]],
+                           batch_tokens=config.eval_batch_tokens, max_length=self.max_len,
+                           row_multiple=self.dp_size,
+                           place=lambda x: self.place({"inputs": x})["inputs"],
+                           max_widths=config.eval_max_shapes)
+    hypotheses = [self.tokenizer.detokenize(h[0][0]) for h in hyps]
+    references = pairs.references[:n]
+    return {prefix + "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
+            prefix + "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score}
+
+
+class StepMeter:
+  """Device metrics of the steps since the last log, fetched only when logged."""
+
+  def __init__(self, config, step_flops: float, start_step: int, wall_before: float):
+    self.config, self.step_flops, self.wall_before = config, step_flops, wall_before
+    self.peak = config.peak_flops_per_device * jax.device_count()
+    self.run_start = time.time()
+    self.pending: list = []
+    self.restart(start_step)
+
+  def restart(self, step: int) -> None:
+    """Step time counts from here (evaluation and saving are not step time)."""
+    self.since_step, self.since = step, time.time()
+
+  def add(self, step: int, metrics) -> None:
+    self.pending.append((step, metrics))  # Fetching each would sync host and device.
+
+  def wall_s(self) -> float:
+    return self.wall_before + time.time() - self.run_start
+
+  def summary(self, step: int, checkpointer: Checkpointer) -> dict[str, float]:
+    """Means of the pending steps, rates, and the NaN policy applied to each."""
+    fetched = jax.device_get([m for _, m in self.pending])
+    for (s, _), m in zip(self.pending, fetched):
+      if m["nonfinite"]:
+        message = f"non-finite loss ({m['loss']}) at step {s}"
+        if self.config.nan_policy == "stop":
+          checkpointer.wait()
+          raise NonFiniteLossError(message + ": stopping; the last checkpoint holds the "
+                                   "parameters before it (set config.nan_policy='skip' to "
+                                   "skip such steps instead)")
+        logging.warning("%s: update skipped", message)
+    elapsed = max(time.time() - self.since, 1e-9)
+    steps = max(step - self.since_step, 1)
+    summary = {k: float(np.mean([m[k] for m in fetched])) for k in
+               ("loss", "nll", "learning_rate", "grad_norm")}
+    summary.update(tokens_per_s=float(np.sum([m["tokens"] for m in fetched])) / elapsed,
+                   step_time_s=elapsed / steps, wall_s=self.wall_s())
+    if self.step_flops:
+      summary["gflops_per_s"] = self.step_flops * steps / elapsed / 1e9
+      if self.peak:
+        summary["mfu"] = summary["gflops_per_s"] * 1e9 / self.peak
+    self.pending = []
+    return summary
+
+
+def log_line(config, step: int, summary: dict[str, float], due: Due) -> str:
+  eta = (config.num_train_steps - step) * summary["step_time_s"]
+  line = (f"step {step}/{config.num_train_steps} | loss {summary['loss']:.4f} | "
+          f"lr {summary['learning_rate']:.2e} | {summary['tokens_per_s']:,.0f} tok/s | "
+          f"{summary['step_time_s']:.3f} s/step | ETA {_format_seconds(eta)} | {_memory()}")
+  if "mfu" in summary:
+    line += f" | MFU {100 * summary['mfu']:.1f}%"
+  if due.eval:
+    line += (f" || eval loss {summary['eval_loss']:.4f} ppl {summary['eval_perplexity']:.2f}"
+             f" acc {summary['eval_accuracy']:.3f}")
+  if due.bleu:
+    line += f" BLEU {summary['bleu']:.2f} chrF {summary['chrf']:.2f}"
+  if due.test_bleu:
+    line += (f" | {config.test_split} BLEU {summary['test_bleu']:.2f}"
+             f" chrF {summary['test_chrf']:.2f}")
+  return line
+
+
+@dataclasses.dataclass
+class Run:
+  """Everything a training run holds, built by `setup_run`."""
+
+  config: Any
+  workdir: Path
+  trainer: Trainer
+  train_iter: Any  # Device batches, prefetched; its state is checkpointed.
+  checkpointer: Checkpointer
+  evaluation: Evaluation
+  writer: Any
+  stop: StopRequest
+  meter: StepMeter
+  state: Any
+  start_step: int
+
+  def save(self, step: int, state) -> None:
+    try:
+      self.checkpointer.save(step, state, self.train_iter, force=True)
+    except CheckpointSaveError:
+      # A save fails when the workdir is deleted under it: say that, not "disk full?".
+      check_workdir_present(self.workdir, step)
+      raise
+
+  def close(self) -> None:
+    self.checkpointer.wait()
+    self.checkpointer.close()
+    self.writer.close()
+
+
+def setup_run(config, workdir: Path) -> Run:
+  """Checks the config, builds mesh, data, model, evaluation; restores or initialises."""
   workdir.mkdir(parents=True, exist_ok=True)
   check_config(config)
   compilation.enable_cache(config.compilation_cache_dir)
@@ -220,6 +395,10 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
     """This host's rows of a training batch -> the global, sharded batch."""
     return data_lib.to_global_arrays(batch, trainer.batch_sharding)
 
+  def place(batch):
+    """A global batch every host holds (eval, BLEU) -> the global, sharded batch."""
+    return place_local(data_lib.host_rows(batch, process_index, process_count))
+
   workers = data_lib.auto_workers(config.data_workers)
   tokenize = data_lib.TokenizePair(tokenizer, config.subword_sampling_alpha)
   train_ids = data_lib.pretokenized(train_pairs, tokenize)
@@ -231,10 +410,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
       place_local, workers=workers, device_buffer=config.prefetch_batches))
   logging.info("Input pipeline: %d worker process(es), %d batch(es) prefetched to the devices",
                workers, config.prefetch_batches)
-  eval_set = _eval_set(config, tokenizer, config.eval_split)
-  # The test split is only ever reported (time to quality), never used to decide.
-  test_set = (_eval_set(config, tokenizer, config.test_split)
-              if config.test_bleu_every_steps > 0 else None)
+  evaluation = Evaluation(config, model_config, trainer, tokenizer, place, dp_size)
   checkpointer = Checkpointer(workdir, max_to_keep=config.keep_checkpoints)
   start_step, state = checkpointer.restore_latest(trainer.abstract_state, train_iter)
   if state is None:
@@ -242,139 +418,51 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
     logging.info("Starting from scratch in %s", workdir)
   else:
     logging.info("Resumed from the checkpoint of step %d", start_step)
-
-  def place(batch):
-    """A global batch every host holds (eval, BLEU) -> the global, sharded batch."""
-    return place_local(data_lib.host_rows(batch, process_index, process_count))
-
-  host_eval_batches = []  # Formed once; placed on the devices at each evaluation.
-  for batch in data_lib.eval_batches(eval_set.ids, batch_tokens=config.eval_batch_tokens,
-                                     max_length=model_config.max_len, row_multiple=dp_size,
-                                     max_widths=config.eval_max_shapes):
-    if 0 <= config.num_eval_steps <= len(host_eval_batches):
-      break
-    batch.pop("index")
-    host_eval_batches.append(batch)
-
-  def eval_batches():
-    return (place(batch) for batch in host_eval_batches)
-
-  search = SearchConfig(beam_size=config.beam_size, alpha=config.alpha,
-                        max_extra=config.max_extra)
-  search_fn = compilation.PerShape(
-      jax.jit(make_search_fn(model_config, search), out_shardings=sharding_lib.replicated(mesh)),
-      "Beam search", max_shapes=config.eval_max_shapes, key=lambda params, inputs, rng: inputs,
-      describe=lambda params, inputs, rng: f"inputs {list(inputs.shape)}")
-
-  def bleu(params, pairs: EvalSet, prefix: str = "") -> dict[str, float]:
-    n = len(pairs.ids) if config.num_bleu_sentences < 0 else config.num_bleu_sentences
-    with jax.set_mesh(mesh):
-      hyps = translate_ids(search_fn, params, [s for s, _ in pairs.ids[:n]],
-                           batch_tokens=config.eval_batch_tokens, max_length=model_config.max_len,
-                           row_multiple=dp_size, place=lambda x: place({"inputs": x})["inputs"],
-                           max_widths=config.eval_max_shapes)
-    hypotheses = [tokenizer.detokenize(h[0][0]) for h in hyps]
-    references = pairs.references[:n]
-    return {prefix + "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
-            prefix + "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score}
-
   writer = create_writer(workdir, process_index)
   if start_step == 0:
     writer.write_hparams({"model": model_config.to_dict(), **config.to_dict()})
   stop = StopRequest()
   stop.install()
-  wall_before = _previous_wall_time(workdir)
-  run_start = time.time()
-  peak = config.peak_flops_per_device * jax.device_count()
-
-  first = next(train_iter)
-  trainer.compile_train_step(state, first)
   # Analytic (XLA's own count differs between backends): gflops_per_s and MFU in the log.
   step_flops = train_step_flops(model_config, global_rows, config.max_source_length,
                                 config.max_target_length)
-  pending = []  # Device metrics of steps not yet logged (fetching each would sync).
-  last = {}
-  timer_step, timer_start = start_step, time.time()
-  step = start_step
-  batch = first
+  meter = StepMeter(config, step_flops, start_step, _previous_wall_time(workdir))
+  return Run(config, workdir, trainer, train_iter, checkpointer, evaluation, writer, stop,
+             meter, state, start_step)
+
+
+def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
+  """Trains `config` in `workdir` (resuming if it holds checkpoints); returns last metrics."""
+  run = setup_run(config, Path(workdir))
+  state, step, last = run.state, run.start_step, {}
+  batch = next(run.train_iter)  # Already on the devices (`data.prefetched`).
+  run.trainer.compile_train_step(state, batch)
+  run.meter.restart(step)
   while step < config.num_train_steps:
-    state, metrics = trainer.train_step(state, batch)
+    state, metrics = run.trainer.train_step(state, batch)
     step += 1
-    pending.append((step, metrics))
-    is_last = step == config.num_train_steps
-    want_log = step % config.log_every_steps == 0 or is_last or stop.signal_name
-    want_eval = step % config.eval_every_steps == 0 or is_last
-    want_bleu = config.bleu_every_steps > 0 and (step % config.bleu_every_steps == 0 or is_last)
-    want_test_bleu = test_set is not None and (
-        step % config.test_bleu_every_steps == 0 or is_last)
-    want_save = step % config.checkpoint_every_steps == 0 or is_last or stop.signal_name
-    if not (want_log or want_eval or want_test_bleu or want_save):
-      batch = next(train_iter)  # Already on the devices (`data.prefetched`).
+    run.meter.add(step, metrics)
+    due = due_after(config, step, stopping=run.stop.signal_name is not None)
+    if not due.any():
+      batch = next(run.train_iter)  # Overlaps with the device computing this step.
       continue
 
-    check_workdir_present(workdir, step)
-    fetched = jax.device_get([m for _, m in pending])
-    for (s, _), m in zip(pending, fetched):
-      if m["nonfinite"]:
-        message = f"non-finite loss ({m['loss']}) at step {s}"
-        if config.nan_policy == "stop":
-          checkpointer.wait()
-          raise NonFiniteLossError(message + ": stopping; the last checkpoint holds the "
-                                   "parameters before it (set config.nan_policy='skip' to "
-                                   "skip such steps instead)")
-        logging.warning("%s: update skipped", message)
-    now = time.time()
-    elapsed = now - timer_start
-    steps_done = step - timer_step
-    summary = {k: float(np.mean([m[k] for m in fetched])) for k in
-               ("loss", "nll", "learning_rate", "grad_norm")}
-    tokens = float(np.sum([m["tokens"] for m in fetched]))
-    step_time = elapsed / max(steps_done, 1)
-    summary.update(tokens_per_s=tokens / max(elapsed, 1e-9), step_time_s=step_time,
-                   wall_s=wall_before + now - run_start)
-    if step_flops:
-      summary["gflops_per_s"] = step_flops * steps_done / max(elapsed, 1e-9) / 1e9
-      if peak:
-        summary["mfu"] = summary["gflops_per_s"] * 1e9 / peak
-    pending = []
-    timer_step, timer_start = step, now
-
-    if want_eval:
-      summary.update(evaluate(trainer, state.params, eval_batches()))
-    if want_bleu:
-      summary.update(bleu(state.params, eval_set))
-    if want_test_bleu:
-      summary.update(bleu(state.params, test_set, prefix="test_"))
-    summary["wall_s"] = wall_before + time.time() - run_start
-    eta = (config.num_train_steps - step) * step_time
-    line = (f"step {step}/{config.num_train_steps} | loss {summary['loss']:.4f} | "
-            f"lr {summary['learning_rate']:.2e} | {summary['tokens_per_s']:,.0f} tok/s | "
-            f"{step_time:.3f} s/step | ETA {_format_seconds(eta)} | {_memory()}")
-    if "mfu" in summary:
-      line += f" | MFU {100 * summary['mfu']:.1f}%"
-    if want_eval:
-      line += (f" || eval loss {summary['eval_loss']:.4f} ppl {summary['eval_perplexity']:.2f}"
-               f" acc {summary['eval_accuracy']:.3f}")
-    if want_bleu:
-      line += f" BLEU {summary['bleu']:.2f} chrF {summary['chrf']:.2f}"
-    if want_test_bleu:
-      line += (f" | {config.test_split} BLEU {summary['test_bleu']:.2f}"
-               f" chrF {summary['test_chrf']:.2f}")
-    logging.info("%s", line)
-    writer.write_scalars(step, summary)
-    writer.flush()
+    check_workdir_present(run.workdir, step)
+    summary = run.meter.summary(step, run.checkpointer)
+    summary.update(run.evaluation(state.params, due))
+    summary["wall_s"] = run.meter.wall_s()
+    logging.info("%s", log_line(config, step, summary, due))
+    run.writer.write_scalars(step, summary)
+    run.writer.flush()
     last = summary
-    if want_save or stop.signal_name:  # A signal may arrive while logging or evaluating.
-      checkpointer.save(step, state, train_iter, force=True)
-    if stop.signal_name:
-      logging.warning("Stopped by %s at step %d; checkpoint saved", stop.signal_name, step)
+    if due.save or run.stop.signal_name:  # A signal may arrive while logging or evaluating.
+      run.save(step, state)
+    if run.stop.signal_name:
+      logging.warning("Stopped by %s at step %d; checkpoint saved", run.stop.signal_name, step)
       break
-    if not is_last:
+    if step < config.num_train_steps:
       # Only now: a checkpoint must hold the iterator before this batch is drawn.
-      batch = next(train_iter)
-    timer_start = time.time()  # Evaluation and saving are not step time.
-
-  checkpointer.wait()
-  checkpointer.close()
-  writer.close()
+      batch = next(run.train_iter)
+    run.meter.restart(step)
+  run.close()
   return last

@@ -176,8 +176,10 @@ class Trainer:
                       opt_state=self.optimizer.init(params))
 
   def init_state(self, seed: int) -> TrainState:
+    rng = jax.random.PRNGKey(seed)
     with jax.set_mesh(self.mesh):
-      return self._init(jax.random.PRNGKey(seed))
+      init, _ = compilation.compile_logged(self._init, rng, name="Parameter initialisation")
+      return init(rng)
 
   # --- Steps ---------------------------------------------------------------------
 

@@ -421,3 +421,29 @@ def test_analytic_flops_match_xlas_count_of_the_forward_pass():
   analytic_forward = training.train_step_flops(config, rows, source_len, target_len) / 3
   # XLA also counts softmax, LayerNorm and other elementwise work: a few percent more.
   assert 1.0 <= xla_forward / analytic_forward < 1.15, (xla_forward, analytic_forward)
+
+
+def test_bleu_runs_on_its_own_cadence(tmp_path, multi30k_dir):
+  """BLEU every 7 steps while log, eval and save run every 10: BLEU at 7 and the end."""
+  config = tiny_config(multi30k_dir, num_train_steps=14, log_every_steps=10,
+                       eval_every_steps=10, bleu_every_steps=7, checkpoint_every_steps=100,
+                       num_bleu_sentences=8)
+  train_and_evaluate(config, str(tmp_path))
+  records = read_metrics(tmp_path)
+  assert [r["step"] for r in records if "bleu" in r] == [7, 14]
+  assert [r["step"] for r in records if "eval_loss" in r] == [10, 14]
+
+
+def test_due_after_names_each_cadence():
+  from flax_transformer.loop import Due, due_after
+
+  config = tiny.get_config()
+  config.unlock()
+  config.update(num_train_steps=30, log_every_steps=10, eval_every_steps=15,
+                bleu_every_steps=0, test_bleu_every_steps=0, checkpoint_every_steps=20)
+  assert due_after(config, 7) == Due()
+  assert due_after(config, 10) == Due(log=True)
+  assert due_after(config, 15) == Due(eval=True)
+  assert due_after(config, 20) == Due(log=True, save=True)
+  assert due_after(config, 21, stopping=True) == Due(log=True, save=True)
+  assert due_after(config, 30) == Due(log=True, eval=True, save=True)  # 0 = never, even last.
