@@ -18,9 +18,9 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   def work():
-    from flax_transformer.checkpoints import write_averaged_workdir
+    from flax_transformer.workdir import write_averaged
 
-    steps = write_averaged_workdir(FLAGS.workdir, FLAGS.output, FLAGS.last)
+    steps = write_averaged(FLAGS.workdir, FLAGS.output, FLAGS.last)
     print(f"averaged steps {steps} -> {FLAGS.output}")
 
   cli.run_main(argv, work)

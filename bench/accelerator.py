@@ -233,7 +233,6 @@ class Bench:
 
   def readme_step(self) -> None:
     import jax
-    import numpy as np
 
     from configs import multi30k, tiny
     from flax_transformer import compilation, sharding, training
@@ -567,9 +566,7 @@ class Bench:
     self.save()
 
   def run(self) -> None:
-    import jax  # Only devices and versions before the subprocesses: no arrays yet.
-
-    self.describe_device()
+    self.describe_device()  # Devices and versions only before the subprocesses: no arrays.
     self.run_section("readme_job", self.readme_job)
     if hasattr(self, "readme_workdir"):
       self.run_section("warm_compile", self.warm_compile)

@@ -1,4 +1,4 @@
-"""Checkpoints of the training state and the data iterator (orbax), and their averaging.
+"""Checkpoints of the training state and the data iterator (orbax).
 
 Layout: `<workdir>/checkpoints/<step>/{state,data}`; orbax writes each step to a
 temporary directory and renames it when complete, so a crash mid-save leaves
@@ -14,23 +14,15 @@ from typing import Any, Sequence
 
 import grain
 import jax
-import jax.numpy as jnp
-import numpy as np
 import orbax.checkpoint as ocp
+
+from flax_transformer.errors import CheckpointError, CheckpointSaveError
 
 CHECKPOINT_DIR = "checkpoints"
 
 
-class CheckpointError(RuntimeError):
-  """Checkpoints exist but none can be used; the message says what was wrong."""
-
-
 def checkpoint_dir(workdir: str | Path) -> Path:
   return Path(workdir).absolute() / CHECKPOINT_DIR
-
-
-class CheckpointSaveError(RuntimeError):
-  """Writing a checkpoint failed (disk full, unwritable directory); older ones are intact."""
 
 
 class Checkpointer:
@@ -142,43 +134,3 @@ class Checkpointer:
 def _first_line(error: BaseException) -> str:
   text = str(error).strip().splitlines()
   return text[0][:300] if text else ""
-
-
-def average_params(checkpointer: Checkpointer, steps: Sequence[int], abstract_params: Any):
-  """Element-wise mean of the parameters at `steps` (paper: last 5 or 20 checkpoints)."""
-  if not steps:
-    raise CheckpointError(f"no checkpoints to average in {checkpointer.directory}")
-  total = None
-  for step in steps:
-    params = checkpointer.restore_params(step, abstract_params)
-    params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params)
-    total = params if total is None else jax.tree_util.tree_map(jnp.add, total, params)
-  scale = np.float32(1.0 / len(steps))
-  return jax.tree_util.tree_map(lambda x, a: (x * scale).astype(a.dtype), total, abstract_params)
-
-
-def write_averaged_workdir(workdir: str | Path, output: str | Path, last: int) -> list[int]:
-  """A new workdir whose one checkpoint is the mean of `workdir`'s last `last` ones.
-
-  run.json and the vocabulary are copied, so decode.py (and Translator) use the
-  result like any workdir. Returns the averaged steps.
-  """
-  import shutil
-
-  from flax_transformer.loop import RUN_FILE
-  from flax_transformer.tokenizer import VOCAB_FILENAME
-  from flax_transformer.translator import load_params, read_run
-
-  workdir, output = Path(workdir), Path(output)
-  if output.exists() and any(output.iterdir()):
-    raise CheckpointError(f"output {output} exists and is not empty: choose a new directory")
-  model_config, _ = read_run(workdir)
-  params, steps = load_params(workdir, model_config, average_last=last)
-  output.mkdir(parents=True, exist_ok=True)
-  for name in (RUN_FILE, VOCAB_FILENAME):
-    shutil.copy2(workdir / name, output / name)
-  writer = Checkpointer(output, asynchronous=False)
-  writer.save(steps[-1], {"params": params}, force=True)
-  writer.wait()
-  writer.close()
-  return steps

@@ -9,34 +9,19 @@ import sys
 
 from absl import logging as absl_logging
 
-from flax_transformer import host_allocator
-
-EXIT_BAD_INPUT = 2  # Bad config, data, workdir: the message says what to fix.
-EXIT_FAILED = 1  # The run itself failed (the loss diverged, a checkpoint could not be written).
-
-
-def bad_input_errors() -> tuple[type[BaseException], ...]:
-  from flax_transformer.checkpoints import CheckpointError
-  from flax_transformer.loop import ConfigError, WorkdirGoneError
-  from flax_transformer.sharding import ShardingConfigError
-  from flax_transformer.sources import DataError
-
-  return (ConfigError, DataError, ShardingConfigError, CheckpointError, WorkdirGoneError,
-          FileNotFoundError)
+from flax_transformer import errors, host_allocator
+from flax_transformer.errors import EXIT_BAD_INPUT, EXIT_FAILED
 
 
 @contextlib.contextmanager
 def exit_on_errors():
   """Known problems become one line on stderr and an exit code, not a traceback."""
-  from flax_transformer.checkpoints import CheckpointSaveError
-  from flax_transformer.loop import NonFiniteLossError
-
   try:
     yield
-  except bad_input_errors() as e:
+  except errors.BAD_INPUT as e:
     _report(e)
     sys.exit(EXIT_BAD_INPUT)
-  except (NonFiniteLossError, CheckpointSaveError) as e:
+  except errors.RUN_FAILED as e:
     _report(e)
     sys.exit(EXIT_FAILED)
 

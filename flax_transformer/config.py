@@ -8,8 +8,6 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 
 POSITIONAL = ("sinusoidal", "learned")
-# Keys older workdirs' run.json may hold -> their current names.
-RENAMED_KEYS = {"cache_cross_attention": "share_beam_cache"}
 NORMS = ("post", "pre")
 
 
@@ -115,7 +113,6 @@ class TransformerConfig:
   def from_dict(cls, values: Mapping[str, Any]) -> "TransformerConfig":
     """Builds a config, naming any key that is not a field."""
     fields = {f.name for f in dataclasses.fields(cls)}
-    values = {RENAMED_KEYS.get(k, k): v for k, v in values.items()}
     unknown = sorted(set(values) - fields)
     if unknown:
       raise ValueError(f"Unknown model config key(s): {', '.join(unknown)}; "

@@ -12,7 +12,6 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 TokensToLogits = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
 NEG_INF = -1.0e7  # Finite, so sums of it stay ordered and never NaN.
@@ -194,14 +193,3 @@ def _truncate(logits: jax.Array, top_k: int, top_p: float) -> jax.Array:
     threshold = jnp.min(kept, axis=-1, keepdims=True)
     logits = jnp.where(logits < threshold, NEG_INF, logits)
   return logits
-
-
-def trim(sequence: np.ndarray, eos_id: int = 1) -> list[int]:
-  """Ids up to (not including) the first EOS, padding removed."""
-  out = []
-  for i in np.asarray(sequence).tolist():
-    if i == eos_id:
-      break
-    if i != PAD_ID:
-      out.append(i)
-  return out

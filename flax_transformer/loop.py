@@ -19,34 +19,18 @@ import jax
 import numpy as np
 import sacrebleu
 
-from flax_transformer import compilation
+from flax_transformer import batching, compilation
 from flax_transformer import data as data_lib
 from flax_transformer import host_allocator
 from flax_transformer import sharding as sharding_lib
-from flax_transformer.checkpoints import Checkpointer, CheckpointSaveError
-from flax_transformer.config import RENAMED_KEYS, TransformerConfig
+from flax_transformer import workdir as workdir_lib
+from flax_transformer.checkpoints import Checkpointer
+from flax_transformer.errors import CheckpointSaveError, ConfigError, NonFiniteLossError
+from flax_transformer.config import TransformerConfig
 from flax_transformer.metrics import METRICS_FILE, create_writer
 from flax_transformer.sources import load_pairs
 from flax_transformer.training import Trainer, evaluate, train_step_flops
 from flax_transformer.translator import SearchConfig, make_search_fn, translate_ids
-
-RUN_FILE = "run.json"  # Model config and vocabulary of a workdir, checked on restart.
-# Fields that may differ between runs sharing a workdir (they change no parameter).
-MUTABLE_MODEL_FIELDS = {"dropout_rate", "attention_dropout_rate", "deterministic", "decode",
-                        "share_beam_cache", "dtype", "attention_implementation", *RENAMED_KEYS}
-
-
-class ConfigError(ValueError):
-  """A config value that cannot work; the message names the key and the fix."""
-
-
-class WorkdirGoneError(RuntimeError):
-  """The workdir was deleted or replaced under a running job."""
-
-
-class NonFiniteLossError(RuntimeError):
-  """The loss became NaN or infinite."""
-
 
 def model_config_from(config) -> TransformerConfig:
   try:
@@ -86,26 +70,6 @@ def check_config(config) -> None:
                       f"config.model.max_len ({model.max_len}); raise model.max_len")
 
 
-def check_workdir_compatible(workdir: Path, model_config: TransformerConfig,
-                             vocab_size: int) -> None:
-  """Records the run's model in the workdir, or refuses one that differs from it."""
-  record = {"model": model_config.to_dict(), "vocab_size": vocab_size}
-  path = workdir / RUN_FILE
-  if not path.exists():
-    path.write_text(json.dumps(record, indent=1))
-    return
-  previous = json.loads(path.read_text())
-  differences = [f"model.{k}: workdir has {v!r}, config has {record['model'].get(k)!r}"
-                 for k, v in previous["model"].items()
-                 if k not in MUTABLE_MODEL_FIELDS and record["model"].get(k) != v]
-  if previous.get("vocab_size") != vocab_size:
-    differences.append(f"vocabulary size: workdir has {previous.get('vocab_size')}, "
-                       f"now {vocab_size}")
-  if differences:
-    raise ConfigError(f"{workdir} holds a run with a different model: " + "; ".join(differences)
-                      + ". Use a new --workdir, or the workdir's values.")
-
-
 class StopRequest:
   """SIGTERM / SIGINT ask the loop to checkpoint and exit cleanly."""
 
@@ -121,20 +85,6 @@ class StopRequest:
       raise KeyboardInterrupt
     self.signal_name = signal.Signals(signum).name
     logging.warning("%s received: saving a checkpoint, then exiting", self.signal_name)
-
-
-def check_workdir_present(workdir: Path, step: int) -> None:
-  """Stops a run whose workdir vanished, before anything is written into a stray copy.
-
-  Orbax and the metrics writer would otherwise go on: checkpoints land in a
-  re-created directory without run.json or the vocabulary, and metrics go to a
-  deleted file, all silently.
-  """
-  if jax.process_index() == 0 and not (workdir / RUN_FILE).is_file():
-    raise WorkdirGoneError(
-        f"workdir {workdir} was deleted or replaced while training ({workdir / RUN_FILE} is "
-        f"gone): stopped at step {step} without writing its metrics or checkpoint. Restore "
-        "the directory to resume, or start again with a new --workdir")
 
 
 def _format_seconds(seconds: float) -> str:
@@ -221,7 +171,7 @@ class Evaluation:
     if config.test_bleu_every_steps > 0:  # Only ever reported (time to quality).
       self.sets["test_"] = _eval_set(config, tokenizer, config.test_split)
     self.host_batches = []  # Formed once; placed on the devices at each evaluation.
-    for batch in data_lib.eval_batches(self.sets[""].ids, batch_tokens=config.eval_batch_tokens,
+    for batch in batching.eval_batches(self.sets[""].ids, batch_tokens=config.eval_batch_tokens,
                                        max_length=self.max_len, row_multiple=dp_size,
                                        max_widths=config.eval_max_shapes):
       if 0 <= config.num_eval_steps <= len(self.host_batches):
@@ -350,7 +300,7 @@ class Run:
       self.checkpointer.save(step, state, self.train_iter, force=True)
     except CheckpointSaveError:
       # A save fails when the workdir is deleted under it: say that, not "disk full?".
-      check_workdir_present(self.workdir, step)
+      workdir_lib.check_present(self.workdir, step)
       raise
 
   def close(self) -> None:
@@ -368,8 +318,8 @@ def setup_run(config, workdir: Path) -> Run:
   process_index, process_count = jax.process_index(), jax.process_count()
   mesh = sharding_lib.make_mesh(config.mesh)
   dp_size = sharding_lib.data_parallel_size(mesh)
-  batching = data_lib.train_batching(config, dp_size, process_count)
-  global_rows = batching.rows * process_count
+  train_batching = data_lib.train_batching(config, dp_size, process_count)
+  global_rows = train_batching.rows * process_count
   sharding_lib.check_divisible(global_rows, mesh)
   if global_rows % (dp_size * config.grad_accum_steps):
     raise ConfigError(f"global batch of {global_rows} rows does not split into "
@@ -387,7 +337,7 @@ def setup_run(config, workdir: Path) -> Run:
                  tokenizer.vocab_size)
     model_config = model_config.replace(vocab_size=tokenizer.vocab_size)
   if process_index == 0:
-    check_workdir_compatible(workdir, model_config, tokenizer.vocab_size)
+    workdir_lib.record_run(workdir, model_config, tokenizer.vocab_size)
 
   trainer = Trainer(model_config, config, mesh)
 
@@ -404,7 +354,7 @@ def setup_run(config, workdir: Path) -> Run:
   train_ids = data_lib.pretokenized(train_pairs, tokenize)
   train_iter = iter(data_lib.prefetched(
       data_lib.train_dataset(
-          train_pairs if train_ids is None else train_ids, batching, seed=config.seed,
+          train_pairs if train_ids is None else train_ids, train_batching, seed=config.seed,
           process_index=process_index, process_count=process_count,
           tokenize=tokenize if train_ids is None else None),
       place_local, workers=workers, device_buffer=config.prefetch_batches))
@@ -447,7 +397,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
       batch = next(run.train_iter)  # Overlaps with the device computing this step.
       continue
 
-    check_workdir_present(run.workdir, step)
+    workdir_lib.check_present(run.workdir, step)
     summary = run.meter.summary(step, run.checkpointer)
     summary.update(run.evaluation(state.params, due))
     summary["wall_s"] = run.meter.wall_s()

@@ -15,12 +15,10 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from flax_transformer.errors import ShardingConfigError
+
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
-
-
-class ShardingConfigError(ValueError):
-  """A mesh or batch setting that cannot work; the message names key and fix."""
 
 
 def mesh_shape(mesh_config: Mapping[str, int], device_count: int) -> tuple[int, ...]:

@@ -16,9 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-
-class DataError(ValueError):
-  """Bad or missing input data; the message names the file (and line)."""
+from flax_transformer.errors import DataError
 
 
 class TextPairs(Sequence):

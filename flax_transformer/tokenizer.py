@@ -78,9 +78,18 @@ class Tokenizer:
 
   def detokenize(self, ids: Iterable[int]) -> str:
     """ids -> text; stops at the first EOS, skips padding."""
-    from flax_transformer.decoding import trim
+    return self._sp.decode(trim(ids))
 
-    return self._sp.decode(trim(ids, EOS_ID))
+
+def trim(ids: Iterable[int]) -> list[int]:
+  """Ids up to (not including) the first EOS, padding removed."""
+  out = []
+  for i in np.asarray(ids).tolist():
+    if i == EOS_ID:
+      break
+    if i != PAD_ID:
+      out.append(i)
+  return out
 
 
 def train_tokenizer(sentences: Iterable[str], output_path: str | os.PathLike, *,

@@ -8,7 +8,6 @@ loading, for notebooks and servers (decode.py is a thin shell over it).
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import sys
 import time
@@ -20,10 +19,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from flax_transformer import compilation, decoding
+from flax_transformer import batching, compilation, decoding, workdir as workdir_lib
 from flax_transformer.config import TransformerConfig
+from flax_transformer.errors import DataError
 from flax_transformer.model import Transformer, init_cache
-from flax_transformer.tokenizer import EOS_ID, Tokenizer
+from flax_transformer.tokenizer import EOS_ID, Tokenizer, trim
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,77 +199,21 @@ def translate_ids(search_fn, params, sources: Sequence[np.ndarray], *, batch_tok
   shapes, at most `max_widths`) and returned in their original order. `place`
   puts a host batch on the devices (e.g. sharded over the mesh's data axes).
   """
-  from flax_transformer.data import eval_batches  # Local: data imports grain.
-
   results: list[Any] = [None] * len(sources)
   pairs = [(s, np.zeros((0,), np.int32)) for s in sources]
   rng = jax.random.PRNGKey(seed)
-  for batch in eval_batches(pairs, batch_tokens=batch_tokens, max_length=max_length,
+  for batch in batching.eval_batches(pairs, batch_tokens=batch_tokens, max_length=max_length,
                             row_multiple=row_multiple, max_widths=max_widths):
     rng, key = jax.random.split(rng)
     out = search_fn(params, place(batch["inputs"]), key)
     sequences, scores = jax.device_get((out.sequences, out.scores))
     for row, index in enumerate(batch["index"]):
       if index >= 0:
-        results[index] = [(decoding.trim(sequences[row, j], EOS_ID), float(scores[row, j]))
+        results[index] = [(trim(sequences[row, j]), float(scores[row, j]))
                           for j in range(min(nbest, sequences.shape[1]))]
     if progress is not None:
       progress.update(int((batch["index"] >= 0).sum()))
   return results
-
-
-def abstract_params(model_config: TransformerConfig):
-  """Shapes and dtypes of the model's parameters (nothing allocated)."""
-  from flax import linen as nn
-
-  dummy = jnp.ones((1, 8), jnp.int32)
-  shapes = jax.eval_shape(lambda: Transformer(model_config).init(
-      jax.random.PRNGKey(0), dummy, dummy)["params"])
-  return nn.unbox(shapes)
-
-
-def read_run(workdir: str | Path) -> tuple[TransformerConfig, Tokenizer]:
-  """The model config and vocabulary a workdir was trained with."""
-  from flax_transformer.loop import RUN_FILE
-  from flax_transformer.tokenizer import VOCAB_FILENAME
-
-  workdir = Path(workdir)
-  if not workdir.is_dir():
-    raise FileNotFoundError(f"workdir {workdir} does not exist")
-  run_file = workdir / RUN_FILE
-  if not run_file.is_file():
-    raise FileNotFoundError(f"{run_file} not found: {workdir} is not a training workdir "
-                            "(train.py writes it)")
-  record = json.loads(run_file.read_text())
-  model_config = TransformerConfig.from_dict(record["model"])
-  tokenizer = Tokenizer(workdir / VOCAB_FILENAME)
-  return model_config, tokenizer
-
-
-def load_params(workdir: str | Path, model_config: TransformerConfig, *,
-                checkpoint_step: int | None = None, average_last: int = 1):
-  """Parameters of a workdir's checkpoint, or the mean of its last `average_last`."""
-  from flax_transformer.checkpoints import (CheckpointError, Checkpointer,
-                                            average_params)
-
-  checkpointer = Checkpointer(workdir, read_only=True)
-  steps = checkpointer.steps()
-  if not steps:
-    raise CheckpointError(f"no checkpoint in {checkpointer.directory}")
-  if checkpoint_step is not None:
-    if checkpoint_step not in steps:
-      raise CheckpointError(f"no checkpoint of step {checkpoint_step} in "
-                            f"{checkpointer.directory}; steps: {steps}")
-    chosen = [s for s in steps if s <= checkpoint_step][-average_last:]
-  else:
-    chosen = steps[-average_last:]
-  if len(chosen) < average_last:
-    logging.warning("Averaging %d checkpoints (%s): fewer than the %d asked for",
-                    len(chosen), chosen, average_last)
-  target = abstract_params(model_config)
-  if len(chosen) == 1:
-    return checkpointer.restore_params(chosen[0], target), chosen
-  return average_params(checkpointer, chosen, target), chosen
 
 
 class Translator:
@@ -324,16 +268,15 @@ class Translator:
     configs, all_params, all_steps = [], [], []
     tokenizer = None
     for path in workdirs:
-      model_config, member_tokenizer = read_run(path)
+      model_config, member_tokenizer = workdir_lib.read_run(path)
       if tokenizer is None:
         tokenizer = member_tokenizer
       elif not tokenizer.same_vocabulary(member_tokenizer):
-        from flax_transformer.sources import DataError
-
         raise DataError(f"ensemble: {member_tokenizer.path} is not the vocabulary of "
                         f"{tokenizer.path}; members must share one vocabulary")
-      params, steps = load_params(path, model_config, checkpoint_step=checkpoint_step,
-                                  average_last=average_last)
+      params, steps = workdir_lib.load_params(path, model_config,
+                                              checkpoint_step=checkpoint_step,
+                                              average_last=average_last)
       logging.info("Loaded %s from checkpoint step(s) %s", path, steps)
       configs.append(model_config)
       all_params.append(params)

@@ -61,8 +61,3 @@ def test_invalid_model_config_names_the_field(changes, message):
 def test_unknown_model_key_is_named():
   with pytest.raises(ValueError, match="Unknown model config key.*d_modle"):
     TransformerConfig.from_dict({"d_modle": 3})
-
-
-def test_renamed_model_key_from_an_older_workdir_still_loads():
-  # run.json files written before the rename hold `cache_cross_attention`.
-  assert TransformerConfig.from_dict({"cache_cross_attention": False}).share_beam_cache is False

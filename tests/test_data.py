@@ -12,7 +12,7 @@ import grain
 import numpy as np
 import pytest
 
-from flax_transformer import data, sources, tokenizer
+from flax_transformer import batching, data, sources, tokenizer
 
 
 # --- Sources --------------------------------------------------------------------
@@ -301,7 +301,7 @@ def test_eval_batches_keep_every_example_and_restore_order():
   examples.append((np.array([], np.int32), np.array([], np.int32)))  # An empty line.
   found = {}
   widths = set()
-  for batch in data.eval_batches(examples, batch_tokens=512, max_length=64, row_multiple=4):
+  for batch in batching.eval_batches(examples, batch_tokens=512, max_length=64, row_multiple=4):
     assert batch["inputs"].shape[0] % 4 == 0
     widths.add(batch["inputs"].shape[1])
     for row, i in enumerate(batch["index"]):
@@ -333,12 +333,12 @@ def test_batch_size_modes():
 
 def test_eval_widths_are_capped_and_every_length_fits():
   lengths = [3, 17, 20, 33, 40, 49, 60, 64, 70, 100]
-  assert data.bucket_widths(lengths, max_length=128) == [16, 32, 48, 64, 80, 112]
-  capped = data.bucket_widths(lengths, max_length=128, max_widths=3)
+  assert batching.bucket_widths(lengths, max_length=128) == [16, 32, 48, 64, 80, 112]
+  capped = batching.bucket_widths(lengths, max_length=128, max_widths=3)
   assert len(capped) == 3 and capped[-1] == 112  # The widest always kept.
   examples = [(np.arange(1, n + 1), np.arange(1, 3)) for n in lengths * 5]
   shapes, seen = set(), 0
-  for batch in data.eval_batches(examples, batch_tokens=256, max_length=128, max_widths=3):
+  for batch in batching.eval_batches(examples, batch_tokens=256, max_length=128, max_widths=3):
     shapes.add(batch["inputs"].shape)
     seen += int((batch["index"] >= 0).sum())
     for row, i in enumerate(batch["index"]):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from flax_transformer import Transformer, TransformerConfig, decoding, init_cache
+from flax_transformer.tokenizer import trim
 from flax_transformer.translator import SearchConfig, Translator, make_search_fn
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,7 +83,7 @@ def test_beam_equals_exhaustive_search():
       lp = ((5 + len(tokens)) / 6) ** alpha
       scored.append((sequence_log_prob(cfg, params, inputs, tokens) / lp, tokens))
   scored.sort(key=lambda x: -x[0])
-  found = [(float(s), decoding.trim(seq) + [EOS])
+  found = [(float(s), trim(seq) + [EOS])
            for s, seq in zip(result.scores[0], result.sequences[0]) if s > -1e6]
   assert len(found) == len(scored) == 13
   assert [t for _, t in found] == [t for _, t in scored]
@@ -145,7 +146,7 @@ def test_batched_equals_alone():
     np.testing.assert_allclose(alone.scores[0], together.scores[i], atol=1e-5)
   # Output length respects source length + max_extra (EOS included).
   for i, s in enumerate(sources):
-    assert len(decoding.trim(together.sequences[i, 0])) + 1 <= len(s) + 1 + 6
+    assert len(trim(together.sequences[i, 0])) + 1 <= len(s) + 1 + 6
 
 
 def test_ensemble_greedy_equals_mean_of_full_model_probabilities():
@@ -171,7 +172,7 @@ def test_ensemble_greedy_equals_mean_of_full_model_probabilities():
       token = EOS if len(tokens) + 1 >= limit else int(np.argmax(probs))
       tokens.append(token)
       total += float(np.log(probs[token]))
-    assert decoding.trim(out.sequences[row, 0]) + [EOS] == tokens
+    assert trim(out.sequences[row, 0]) + [EOS] == tokens
     np.testing.assert_allclose(out.scores[row, 0], total, rtol=1e-4, atol=1e-4)
 
 
@@ -325,7 +326,7 @@ def test_decode_cli_attention_plots_of_several_sentences(workdir, tmp_path):
 
 
 def test_translator_ensemble_of_two_checkpoints(workdir):
-  from flax_transformer.translator import load_params, read_run
+  from flax_transformer.workdir import load_params, read_run
 
   config, tokenizer = read_run(workdir)
   step10, _ = load_params(workdir, config, checkpoint_step=10)
@@ -366,7 +367,7 @@ def test_decode_cli_missing_workdir_is_one_clear_error(tmp_path):
 
 
 def test_average_checkpoints_cli_writes_a_decodable_workdir(workdir, tmp_path):
-  from flax_transformer.translator import load_params, read_run
+  from flax_transformer.workdir import load_params, read_run
 
   env = dict(os.environ, XLA_FLAGS="")
   output = tmp_path / "avg"

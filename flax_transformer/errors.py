@@ -1,0 +1,41 @@
+"""Every error the package raises on purpose, and the exit code each means.
+
+Known problems reach the user as one line naming what to fix (cli.exit_on_errors);
+anything else is a bug and keeps its traceback.
+"""
+
+EXIT_BAD_INPUT = 2  # Bad config, data, workdir: the message says what to fix.
+EXIT_FAILED = 1  # The run itself failed (the loss diverged, a checkpoint could not be written).
+
+
+class ConfigError(ValueError):
+  """A config value that cannot work; the message names the key and the fix."""
+
+
+class ShardingConfigError(ValueError):
+  """A mesh or batch setting that cannot work; the message names key and fix."""
+
+
+class DataError(ValueError):
+  """Bad or missing input data; the message names the file (and line)."""
+
+
+class CheckpointError(RuntimeError):
+  """Checkpoints exist but none can be used; the message says what was wrong."""
+
+
+class WorkdirGoneError(RuntimeError):
+  """The workdir was deleted or replaced under a running job."""
+
+
+class CheckpointSaveError(RuntimeError):
+  """Writing a checkpoint failed (disk full, unwritable directory); older ones are intact."""
+
+
+class NonFiniteLossError(RuntimeError):
+  """The loss became NaN or infinite."""
+
+
+BAD_INPUT = (ConfigError, ShardingConfigError, DataError, CheckpointError, WorkdirGoneError,
+             FileNotFoundError)
+RUN_FAILED = (NonFiniteLossError, CheckpointSaveError)
