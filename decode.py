@@ -8,6 +8,9 @@ input as 'index ||| translation ||| score'. Progress goes to stderr.
 from absl import app, flags
 
 from flax_transformer import cli, compilation
+from flax_transformer.translator import SearchConfig
+
+SEARCH = SearchConfig()  # The defaults.
 
 flags.DEFINE_string("workdir", None, "Training workdir (checkpoints, vocab.model, run.json).")
 flags.DEFINE_list("ensemble", [], "More workdirs (comma-separated) whose models vote with "
@@ -16,16 +19,19 @@ flags.DEFINE_list("ensemble", [], "More workdirs (comma-separated) whose models 
                   "apply to each.")
 flags.DEFINE_string("input", "-", "File of sentences, one per line; '-' = stdin.")
 flags.DEFINE_string("output", "-", "Where translations go, one per line; '-' = stdout.")
-flags.DEFINE_integer("beam_size", 4, "Beam width (paper: 4); 1 = greedy.")
-flags.DEFINE_float("alpha", 0.6, "Length penalty exponent, ((5 + |Y|) / 6)^alpha (paper: 0.6).")
-flags.DEFINE_integer("max_extra", 50, "Longest output = source length + max_extra tokens "
-                     "(paper: 50), capped by the model's max_len.")
+# Search flags: their defaults are SearchConfig's, the one place they are set.
+flags.DEFINE_integer("beam_size", SEARCH.beam_size, "Beam width (paper: 4); 1 = greedy.")
+flags.DEFINE_float("alpha", SEARCH.alpha,
+                   "Length penalty exponent, ((5 + |Y|) / 6)^alpha (paper: 0.6).")
+flags.DEFINE_integer("max_extra", SEARCH.max_extra, "Longest output = source length + "
+                     "max_extra tokens (paper: 50), capped by the model's max_len.")
 flags.DEFINE_integer("batch_tokens", 4096, "Source tokens per batch (sentences are sorted by "
                      "length into batches and output in input order).")
-flags.DEFINE_integer("nbest", 1, "Hypotheses per sentence (<= beam_size).")
-flags.DEFINE_float("temperature", 0.0, "> 0: sample instead of beam search.")
-flags.DEFINE_integer("top_k", 0, "Sampling: keep the k most likely tokens (0 = all).")
-flags.DEFINE_float("top_p", 1.0, "Sampling: keep the smallest set of tokens with mass >= p.")
+flags.DEFINE_integer("nbest", SEARCH.nbest, "Hypotheses per sentence (<= beam_size).")
+flags.DEFINE_float("temperature", SEARCH.temperature, "> 0: sample instead of beam search.")
+flags.DEFINE_integer("top_k", SEARCH.top_k, "Sampling: keep the k most likely tokens (0 = all).")
+flags.DEFINE_float("top_p", SEARCH.top_p,
+                   "Sampling: keep the smallest set of tokens with mass >= p.")
 flags.DEFINE_integer("seed", 0, "Sampling seed.")
 flags.DEFINE_integer("average_last", 1, "Average the parameters of the last K checkpoints "
                      "(paper: 5 for base, 20 for big).")
@@ -53,16 +59,18 @@ def main(argv):
   def work():
     from flax_transformer.decode_cli import run_decode
 
+    search = SearchConfig(beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
+                          max_extra=FLAGS.max_extra, nbest=FLAGS.nbest,
+                          temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p)
     run_decode(workdir=FLAGS.workdir, input_path=FLAGS.input, output_path=FLAGS.output,
                reference=FLAGS.reference, metrics=FLAGS.metrics,
-               sacrebleu_tokenize=FLAGS.sacrebleu_tokenize, nbest=FLAGS.nbest,
+               sacrebleu_tokenize=FLAGS.sacrebleu_tokenize,
                attention_plot=FLAGS.attention_plot,
-               attention_sentences=FLAGS.attention_sentences, beam_size=FLAGS.beam_size,
-               alpha=FLAGS.alpha, max_extra=FLAGS.max_extra, batch_tokens=FLAGS.batch_tokens,
-               temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p,
-               seed=FLAGS.seed, average_last=FLAGS.average_last,
-               checkpoint_step=FLAGS.checkpoint_step, ensemble=FLAGS.ensemble,
-               compilation_cache_dir=FLAGS.compilation_cache_dir)
+               attention_sentences=FLAGS.attention_sentences,
+               compilation_cache_dir=FLAGS.compilation_cache_dir, search=search,
+               batch_tokens=FLAGS.batch_tokens, seed=FLAGS.seed,
+               average_last=FLAGS.average_last, checkpoint_step=FLAGS.checkpoint_step,
+               ensemble=FLAGS.ensemble)
 
   cli.set_cpu_devices(FLAGS.cpu_devices)
   cli.run_main(argv, work)

@@ -307,11 +307,12 @@ class Bench:
     import jax
 
     from flax_transformer import compilation
-    from flax_transformer.translator import Translator
+    from flax_transformer.translator import SearchConfig, Translator
 
     compilation.enable_cache(str(self.cache))
     sentences = read_gz(self.data / "test_2016_flickr.en.gz")
-    translator = Translator.from_workdir(self.readme_workdir, beam_size=4, alpha=0.6,
+    translator = Translator.from_workdir(self.readme_workdir,
+                                         search=SearchConfig(beam_size=4, alpha=0.6),
                                          average_last=5, devices=jax.local_devices()[:1])
     started = time.perf_counter()
     first = translator.translate(sentences)
@@ -443,7 +444,8 @@ class Bench:
     ours_s = statistics.median(runs["ours"])
     device_kind = jax.devices()[0].device_kind
     peak = next((v for k, v in PEAKS_BF16.items() if k in device_kind), None)
-    out = {"shape": shape, "ours_ms": 1000 * ours_s, "ours_runs_ms": [1000 * x for x in runs["ours"]],
+    out = {"shape": shape, "ours_ms": 1000 * ours_s,
+           "ours_runs_ms": [1000 * x for x in runs["ours"]],
            "ours_compile_s": ours_compile, "analytic_flops_per_step": flops,
            "ours_tflops_per_s": flops / ours_s / 1e12,
            "tokens_per_s_a_side": rows * length / ours_s, "peak_bf16_flops": peak}

@@ -31,7 +31,6 @@ CACHES = {  # name -> TransformerConfig.share_beam_cache
 def random_model_rows(repeats: int) -> list[dict]:
   """Both cache variants on one device and on all devices, timed alternately."""
   import jax
-  import jax.numpy as jnp
   import numpy as np
   from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -79,11 +78,12 @@ def trained_model_rows(workdir: str, repeats: int) -> list[dict]:
   import jax
   import numpy as np
 
-  from flax_transformer.translator import Translator
+  from flax_transformer.translator import SearchConfig, Translator
 
   with gzip.open(MULTI30K / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
     sentences = [line.rstrip("\n") for line in f]
-  translators = {n: Translator.from_workdir(workdir, beam_size=4, alpha=0.6,
+  translators = {n: Translator.from_workdir(workdir,
+                                            search=SearchConfig(beam_size=4, alpha=0.6),
                                             devices=jax.devices()[:n])
                  for n in sorted({1, jax.device_count()})}
   outputs, times = {n: [] for n in translators}, {n: [] for n in translators}

@@ -41,7 +41,7 @@ def main():
 
   from sacrebleu.metrics import BLEU, CHRF
 
-  from flax_transformer.translator import Translator
+  from flax_transformer.translator import SearchConfig, Translator
 
   ensemble = [w for w in args.ensemble.split(",") if w]
   workdirs = [args.workdir, *ensemble]
@@ -54,8 +54,9 @@ def main():
   read = lambda lang: [line.rstrip("\n") for line in gzip.open(  # noqa: E731
       MULTI30K / f"test_2016_flickr.{lang}.gz", "rt", encoding="utf-8")]
   sources, references = read(src), read(tgt)
-  translator = Translator.from_workdir(args.workdir, ensemble=ensemble, beam_size=args.beam_size,
-                                       alpha=args.alpha, average_last=args.average_last)
+  search_config = SearchConfig(beam_size=args.beam_size, alpha=args.alpha)
+  translator = Translator.from_workdir(args.workdir, search=search_config, ensemble=ensemble,
+                                       average_last=args.average_last)
   start = time.time()
   hypotheses = translator.translate(sources)
   decode_s = time.time() - start
@@ -69,7 +70,9 @@ def main():
       "chrf_signature": str(chrf.get_signature()),
       "steps": sum(r[-1]["step"] for r in all_records),
       "train_wall_s": sum(r[-1]["wall_s"] for r in all_records),
-      "averaged_checkpoints": translator.checkpoint_steps, "decode_s": decode_s,
+      # One model: its averaged steps; an ensemble: per member.
+      "averaged_checkpoints": (list(translator.checkpoint_steps) if ensemble
+                               else translator.checkpoint_steps[0]), "decode_s": decode_s,
       "beam_size": args.beam_size, "alpha": args.alpha,
       "validation_bleu_curve": [(r["step"], round(r["wall_s"]), round(r["bleu"], 2))
                                 for r in records if "bleu" in r],

@@ -65,7 +65,6 @@ def get_config() -> ml_collections.ConfigDict:
   # of the step that uses them (0 = none).
   config.data_workers = -1
   config.prefetch_batches = 2
-  config.shuffle_buffer_size = 65_536
 
   # --- Model (paper base) -------------------------------------------------
   config.model = model_config()

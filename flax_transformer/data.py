@@ -64,11 +64,6 @@ def pretokenized(pairs: Sequence, tokenize: TokenizePair) -> list[dict[str, np.n
   return out
 
 
-def tokenized(pairs: Sequence, tokenizer: Tokenizer) -> grain.MapDataset:
-  """Random-access (source, target) pairs -> lazily tokenized examples."""
-  return grain.MapDataset.source(pairs).map(TokenizePair(tokenizer))
-
-
 def _fits(max_source_length: int, max_target_length: int):
   def keep(example) -> bool:
     return (len(example["inputs"]) <= max_source_length

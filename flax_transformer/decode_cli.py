@@ -9,7 +9,7 @@ from typing import Sequence
 
 from flax_transformer import compilation
 from flax_transformer.sources import DataError, split_lines_lenient
-from flax_transformer.translator import Progress, Translator
+from flax_transformer.translator import Translator
 
 METRICS = ("bleu", "chrf", "ter")
 
@@ -50,9 +50,10 @@ def score(hypotheses: Sequence[str], references: Sequence[str], metrics: Sequenc
 
 
 def run_decode(*, workdir: str, input_path: str, output_path: str, reference: str | None,
-               metrics: Sequence[str], sacrebleu_tokenize: str | None, nbest: int,
+               metrics: Sequence[str], sacrebleu_tokenize: str | None,
                attention_plot: str | None, attention_sentences: int = 1,
-               compilation_cache_dir: str = "", **translator_kwargs) -> None:
+               compilation_cache_dir: str = "", **from_workdir) -> None:
+  """decode.py's work; `from_workdir` goes to `Translator.from_workdir` (search included)."""
   unknown = [m for m in metrics if m not in METRICS]
   if unknown:
     raise DataError(f"--metrics: unknown {unknown}; choose from {', '.join(METRICS)}")
@@ -61,12 +62,16 @@ def run_decode(*, workdir: str, input_path: str, output_path: str, reference: st
   if references is not None and len(references) != len(sentences):
     raise DataError(f"--reference {reference} has {len(references)} lines but the input has "
                     f"{len(sentences)}")
-  translator = Translator.from_workdir(workdir, nbest=nbest, **translator_kwargs)
+  translator = Translator.from_workdir(workdir, **from_workdir)
+  nbest = translator.search.nbest
   compilation.enable_cache(compilation_cache_dir)  # Before the first search compiles.
   logging.info("Decoding on %d %s device(s), one search each", len(translator.devices),
                translator.devices[0].platform)
-  progress = Progress(sum(1 for s in sentences if s.strip()), "translated")
-  results = translator.translate_nbest(sentences, progress)
+  from tqdm import tqdm
+
+  with tqdm(total=sum(1 for s in sentences if s.strip()), desc="translated", unit=" sentences",
+            file=sys.stderr, mininterval=5.0, dynamic_ncols=True) as progress:
+    results = translator.translate_nbest(sentences, progress)
   if translator.truncated:
     logging.warning("%d input line(s) longer than the model's max_len=%d tokens were "
                     "truncated", translator.truncated, translator.max_len)

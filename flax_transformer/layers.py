@@ -146,7 +146,7 @@ class Dropout(nn.Module):
     # A multiply by a constant 0 or 1/(1 - rate) array, not a select on `keep`:
     # the backward pass is then `g * scale`, which XLA transposes cheaply for
     # the next weight gradient; the select's backward was fused with the mask's
-    # bit unpacking into slow transposed copies (~10% of the small bench step).
+    # bit unpacking into slow transposed copies (BENCHMARKS.md).
     scale = jnp.where(keep, jnp.asarray(1.0 / (1.0 - self.rate), x.dtype),
                       jnp.zeros((), x.dtype))
     return x * jax.lax.stop_gradient(scale)

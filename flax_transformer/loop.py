@@ -9,8 +9,8 @@ import dataclasses
 import json
 import logging
 import math
-import resource
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -100,7 +100,18 @@ def _memory() -> str:
   stats = jax.local_devices()[0].memory_stats() or {}
   if "peak_bytes_in_use" in stats:
     return f"device mem peak {stats['peak_bytes_in_use'] / 2**30:.1f} GB"
-  return f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.1f} GB"
+  rss = peak_rss_bytes()
+  return f"peak RSS {rss / 2**30:.1f} GB" if rss else "peak RSS ?"
+
+
+def peak_rss_bytes() -> int | None:
+  """This process's peak resident memory, where the platform tells it (not Windows)."""
+  try:
+    import resource
+  except ImportError:
+    return None
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  return peak if sys.platform == "darwin" else peak * 1024  # macOS: bytes; Linux: KiB.
 
 
 def _previous_wall_time(workdir: Path) -> float:

@@ -41,9 +41,6 @@ class JsonlWriter:
     record = {"step": int(step), **{k: _plain(v) for k, v in scalars.items()}}
     self._file.write(json.dumps(record) + "\n")
 
-  def write_hparams(self, hparams: Mapping[str, Any]) -> None:
-    del hparams  # The workdir's run.json records the model.
-
   def flush(self) -> None:
     self._file.flush()
 
@@ -84,8 +81,9 @@ class MultiWriter:
       w.write_scalars(step, scalars)
 
   def write_hparams(self, hparams):
-    for w in self.writers:
-      w.write_hparams(hparams)
+    for w in self.writers:  # metrics.jsonl holds none: run.json records the model.
+      if hasattr(w, "write_hparams"):
+        w.write_hparams(hparams)
 
   def flush(self):
     for w in self.writers:

@@ -63,9 +63,6 @@ class Tokenizer:
              for text in texts]
     return [np.asarray(i + [EOS_ID], np.int32) for i in ids]
 
-  def tokenize_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
-    return [np.asarray(ids + [EOS_ID], np.int32) for ids in self._sp.encode(list(texts))]
-
   def same_vocabulary(self, other: "Tokenizer") -> bool:
     """Whether every id means the same piece in both (so models can share ids)."""
     return (self.vocab_size == other.vocab_size and

@@ -43,9 +43,8 @@ def learning_rate_schedule(d_model: int, warmup_steps: int, scale: float = 1.0) 
   return schedule
 
 
-def make_optimizer(config, d_model: int) -> optax.GradientTransformation:
+def make_optimizer(config, schedule: optax.Schedule) -> optax.GradientTransformation:
   """Adam(beta1, beta2, eps) on the paper's schedule; optional clipping and weight decay."""
-  schedule = learning_rate_schedule(d_model, config.warmup_steps, config.learning_rate)
   parts = []
   if config.grad_clip_norm > 0:
     parts.append(optax.clip_by_global_norm(config.grad_clip_norm))
@@ -93,8 +92,7 @@ def _smoothed_cross_entropy_fwd(logits, targets, label_smoothing):
 def _smoothed_cross_entropy_bwd(label_smoothing, residuals, cotangents):
   # d loss / d logits = p - (1 - eps_ls) onehot - eps_ls / V and d NLL = p - onehot,
   # in one pass over [..., V], instead of autodiff's scatter of a one-hot into
-  # zeros and separate passes (with the tied-projection backward: 1.20x on the
-  # small bench step, BENCHMARKS.md).
+  # zeros and separate passes (BENCHMARKS.md).
   log_probs, targets = residuals
   g_loss, g_nll = (g[..., None] for g in cotangents)
   vocab = log_probs.shape[-1]
@@ -144,9 +142,9 @@ class Trainer:
     self.rules = tuple(tuple(r) for r in config.logical_axis_rules)
     self.train_model = Transformer(model_config.replace(deterministic=False, decode=False))
     self.eval_model = Transformer(model_config.replace(deterministic=True, decode=False))
-    self.optimizer = make_optimizer(config, model_config.d_model)
     self.schedule = learning_rate_schedule(model_config.d_model, config.warmup_steps,
                                            config.learning_rate)
+    self.optimizer = make_optimizer(config, self.schedule)
 
     boxed = jax.eval_shape(self._boxed_init, jax.random.PRNGKey(0))
     self.state_shardings = sharding_lib.logical_shardings(boxed, mesh, self.rules)
@@ -224,7 +222,7 @@ class Trainer:
     # A non-finite step changes nothing; the loop stops or skips on `nonfinite`.
     # A branch rather than a select between old and new state: the select kept
     # the old Adam moments alive past their update, so XLA copied every one of
-    # them each step (7% of the base bench step).
+    # them each step (BENCHMARKS.md).
     params, opt_state = jax.lax.cond(finite, update, lambda p, o, g: (p, o),
                                      state.params, state.opt_state, grads)
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)

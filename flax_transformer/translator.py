@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import sys
-import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -21,7 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from flax_transformer import batching, compilation, decoding, workdir as workdir_lib
 from flax_transformer.config import TransformerConfig
-from flax_transformer.errors import DataError
+from flax_transformer.errors import ConfigError, DataError
 from flax_transformer.model import Transformer, init_cache
 from flax_transformer.tokenizer import EOS_ID, Tokenizer, trim
 
@@ -44,11 +42,11 @@ class SearchConfig:
 
   def __post_init__(self):
     if self.beam_size < 1:
-      raise ValueError(f"beam_size must be >= 1, got {self.beam_size}")
+      raise ConfigError(f"beam_size must be >= 1, got {self.beam_size}")
     if not 1 <= self.nbest <= self.beam_size:
-      raise ValueError(f"nbest must be in [1, beam_size={self.beam_size}], got {self.nbest}")
+      raise ConfigError(f"nbest must be in [1, beam_size={self.beam_size}], got {self.nbest}")
     if self.temperature < 0:
-      raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+      raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
 
 
 Members = TransformerConfig | Sequence[TransformerConfig]
@@ -67,6 +65,13 @@ def _members(model_config: Members) -> tuple[TransformerConfig, ...]:
   return configs
 
 
+def _as_members_of(model_config: Members) -> Callable[[Any], tuple]:
+  """Parameters as given alongside `model_config` -> one entry per member, as a tuple."""
+  if isinstance(model_config, TransformerConfig):
+    return lambda params: (params,)
+  return tuple
+
+
 def make_search_fn(model_config: Members, search: SearchConfig
                    ) -> Callable[[Any, jax.Array, jax.Array], decoding.SearchResult]:
   """(params, inputs int [B, S], rng) -> SearchResult; jit it (shapes are static).
@@ -75,7 +80,7 @@ def make_search_fn(model_config: Members, search: SearchConfig
   each step's distribution is the mean of the members' probabilities.
   """
   configs = _members(model_config)
-  ensemble = not isinstance(model_config, TransformerConfig)
+  as_members = _as_members_of(model_config)
   encoders = [Transformer(c.replace(deterministic=True, decode=False)) for c in configs]
   decoders = [Transformer(c.replace(deterministic=True, decode=True)) for c in configs]
   max_len = min(c.max_len for c in configs)
@@ -90,14 +95,14 @@ def make_search_fn(model_config: Members, search: SearchConfig
                             jnp.minimum(source_lengths + search.max_extra, max_decode_len), 1)
     sampling = search.temperature > 0 or search.beam_size == 1
     rows = 1 if sampling else search.beam_size
-    members_params = tuple(params) if ensemble else (params,)
+    members_params = as_members(params)
     if len(members_params) != len(configs):  # zip below would drop members silently.
       raise ValueError(f"{len(configs)} model configs but {len(members_params)} parameter sets")
     steps, caches = zip(*(
         _member_step(config, encoder, decoder, member_params, inputs, rows, max_decode_len)
         for config, encoder, decoder, member_params
         in zip(configs, encoders, decoders, members_params)))
-    if ensemble:
+    if len(steps) > 1:
       tokens_to_logits, cache = _mean_of_probabilities(steps), tuple(caches)
     else:
       tokens_to_logits, cache = steps[0], caches[0]
@@ -169,35 +174,16 @@ def _mean_of_probabilities(steps: Sequence[decoding.TokensToLogits]) -> decoding
   return tokens_to_logits
 
 
-class Progress:
-  """Rate and ETA of long work, printed to stderr at most every `every_s` seconds."""
-
-  def __init__(self, total: int, what: str, every_s: float = 5.0, stream=None):
-    self.total, self.what, self.every_s = total, what, every_s
-    self.stream = stream if stream is not None else sys.stderr
-    self.start = self.last = time.time()
-    self.done = 0
-
-  def update(self, n: int) -> None:
-    self.done += n
-    now = time.time()
-    if now - self.last >= self.every_s or self.done >= self.total:
-      self.last = now
-      rate = self.done / max(now - self.start, 1e-9)
-      eta = (self.total - self.done) / rate if rate > 0 else float("inf")
-      print(f"{self.what}: {self.done}/{self.total} ({rate:.1f}/s, ETA {eta:.0f} s)",
-            file=self.stream, flush=True)
-
-
 def translate_ids(search_fn, params, sources: Sequence[np.ndarray], *, batch_tokens: int,
                   max_length: int, row_multiple: int = 1, nbest: int = 1, seed: int = 0,
                   place: Callable[[np.ndarray], Any] = jnp.asarray,
-                  progress: Progress | None = None, max_widths: int | None = None):
+                  progress=None, max_widths: int | None = None):
   """Token ids of each source -> per source, `nbest` (ids, score) pairs, best first.
 
   Sources are sorted by length into token-budgeted batches (few compiled
   shapes, at most `max_widths`) and returned in their original order. `place`
-  puts a host batch on the devices (e.g. sharded over the mesh's data axes).
+  puts a host batch on the devices (e.g. sharded over the mesh's data axes);
+  `progress.update(n)` (a tqdm bar, say) hears of every n sentences done.
   """
   results: list[Any] = [None] * len(sources)
   pairs = [(s, np.zeros((0,), np.int32)) for s in sources]
@@ -220,20 +206,23 @@ class Translator:
   """Text in, translations out: `Translator.from_workdir(DIR).translate(["A dog runs."])`.
 
   An ensemble when model_config and params are sequences (one entry per member,
-  all trained with `tokenizer`'s vocabulary). Each batch is split over `devices`
-  (default: all of this process's), every device holding the whole model and
-  searching its rows on its own (`shard_search_fn`).
+  all trained with `tokenizer`'s vocabulary); inside, always a tuple of members.
+  Each batch is split over `devices` (default: all of this process's), every
+  device holding the whole model and searching its rows on its own
+  (`shard_search_fn`).
   """
 
   def __init__(self, model_config: Members, params, tokenizer: Tokenizer,
                search: SearchConfig = SearchConfig(), *, batch_tokens: int = 4096,
-               seed: int = 0, devices: Sequence[jax.Device] | None = None):
+               seed: int = 0, devices: Sequence[jax.Device] | None = None,
+               checkpoint_steps: Sequence[Sequence[int]] | None = None):
+    # Normalised once: inside, a model is an ensemble of one.
     self.model_configs = tuple(c.replace(deterministic=True, decode=False)
                                for c in _members(model_config))
-    self.ensemble = not isinstance(model_config, TransformerConfig)
+    self.params = _as_members_of(model_config)(params)
+    self.checkpoint_steps = tuple(checkpoint_steps) if checkpoint_steps is not None else None
     self.model_config = self.model_configs[0]
     self.max_len = min(c.max_len for c in self.model_configs)
-    self.params = tuple(params) if self.ensemble else params
     self.tokenizer = tokenizer
     self.search = search
     self.batch_tokens = batch_tokens
@@ -244,30 +233,34 @@ class Translator:
     self._placed_params = jax.device_put(self.params, NamedSharding(mesh, PartitionSpec()))
     sampling = search.temperature > 0 or search.beam_size == 1
     self._search_fn = compilation.PerShape(
-        jax.jit(shard_search_fn(make_search_fn(
-            self.model_configs if self.ensemble else self.model_config, search), mesh)),
+        jax.jit(shard_search_fn(make_search_fn(self.model_configs, search), mesh)),
         "Sampling" if sampling else "Beam search", key=lambda params, inputs, rng: inputs,
         describe=lambda params, inputs, rng: f"inputs {list(inputs.shape)}")
     self.truncated = 0  # Sources cut to max_len by the last call.
 
+  @property
+  def ensemble(self) -> bool:
+    return len(self.model_configs) > 1
+
   def member(self, index: int = 0) -> tuple[TransformerConfig, Any]:
     """(model config, params) of one model (the only one unless an ensemble)."""
-    return self.model_configs[index], (self.params if self.ensemble else (self.params,))[index]
+    return self.model_configs[index], self.params[index]
 
   @classmethod
-  def from_workdir(cls, workdir: str | Path, *, ensemble: Sequence[str | Path] = (),
-                   beam_size: int = 4, alpha: float = 0.6,
-                   max_extra: int = 50, nbest: int = 1, temperature: float = 0.0,
-                   top_k: int = 0, top_p: float = 1.0, average_last: int = 1,
+  def from_workdir(cls, workdir: str | Path, *, search: SearchConfig = SearchConfig(),
+                   ensemble: Sequence[str | Path] = (), average_last: int = 1,
                    checkpoint_step: int | None = None, batch_tokens: int = 4096,
                    seed: int = 0, devices: Sequence[jax.Device] | None = None
                    ) -> "Translator":
-    """ensemble: more workdirs whose models vote with this one's (same vocabulary);
-    average_last and checkpoint_step apply to each."""
-    workdirs = [workdir, *ensemble]
+    """The model of a training workdir, its checkpoints averaged (paper: last 5 or 20).
+
+    ensemble: more workdirs whose models vote with this one's (same vocabulary);
+    average_last and checkpoint_step apply to each. `checkpoint_steps` of the
+    result: per member, the steps averaged.
+    """
     configs, all_params, all_steps = [], [], []
     tokenizer = None
-    for path in workdirs:
+    for path in (workdir, *ensemble):
       model_config, member_tokenizer = workdir_lib.read_run(path)
       if tokenizer is None:
         tokenizer = member_tokenizer
@@ -281,16 +274,10 @@ class Translator:
       configs.append(model_config)
       all_params.append(params)
       all_steps.append(steps)
-    search = SearchConfig(beam_size=beam_size, alpha=alpha, max_extra=max_extra, nbest=nbest,
-                          temperature=temperature, top_k=top_k, top_p=top_p)
-    # One workdir keeps the single-model shapes (a config, a params tree, a step list).
-    pick = (lambda members: members) if ensemble else (lambda members: members[0])
-    translator = cls(pick(configs), pick(all_params), tokenizer, search,
-                     batch_tokens=batch_tokens, seed=seed, devices=devices)
-    translator.checkpoint_steps = pick(all_steps)
-    return translator
+    return cls(configs, all_params, tokenizer, search, batch_tokens=batch_tokens, seed=seed,
+               devices=devices, checkpoint_steps=all_steps)
 
-  def translate_nbest(self, sentences: Sequence[str], progress: Progress | None = None
+  def translate_nbest(self, sentences: Sequence[str], progress=None
                       ) -> list[list[tuple[str, float]]]:
     """Per sentence, `search.nbest` (translation, score) pairs, best first.
 
@@ -311,6 +298,6 @@ class Translator:
         results[i] = [(self.tokenizer.detokenize(h), score) for h, score in hyps]
     return results
 
-  def translate(self, sentences: Sequence[str], progress: Progress | None = None) -> list[str]:
+  def translate(self, sentences: Sequence[str], progress=None) -> list[str]:
     """One translation per sentence, in order."""
     return [hyps[0][0] for hyps in self.translate_nbest(sentences, progress)]

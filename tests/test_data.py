@@ -127,7 +127,7 @@ def test_vocabulary_reused_and_other_hosts_wait(tmp_path, multi30k_tokenizer):
 @pytest.fixture(scope="module")
 def multi30k_examples(multi30k_dir, multi30k_tokenizer):
   pairs = sources.multi30k("train", "en", "de", manual_dir=multi30k_dir)
-  return data.tokenized(pairs, multi30k_tokenizer)
+  return data.pretokenized(pairs, data.TokenizePair(multi30k_tokenizer))
 
 
 def test_packing_keeps_most_tokens(multi30k_examples):
@@ -170,7 +170,7 @@ def test_sampled_segmentations_are_seeded_and_lossless(multi30k_dir, multi30k_to
   multi30k_tokenizer.tokenize_sampled(texts, alpha=0.5, seed=99)  # Other draws in between.
   again = multi30k_tokenizer.tokenize_sampled(texts, alpha=0.1, seed=7)
   other = multi30k_tokenizer.tokenize_sampled(texts, alpha=0.1, seed=8)
-  plain = multi30k_tokenizer.tokenize_batch(texts)
+  plain = [multi30k_tokenizer.tokenize(text) for text in texts]
   assert all((a == b).all() for a, b in zip(first, again))
   assert sum(len(a) != len(b) or (a != b).any() for a, b in zip(first, other)) >= 10
   for text, ids in zip(texts, first):

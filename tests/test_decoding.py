@@ -209,9 +209,10 @@ def decode(workdir, *args, stdin=b""):
 
 
 def test_translator_api(workdir):
-  translator = Translator.from_workdir(workdir, beam_size=2, max_extra=5, nbest=2,
+  translator = Translator.from_workdir(workdir,
+                                       search=SearchConfig(beam_size=2, max_extra=5, nbest=2),
                                        average_last=2)
-  assert translator.checkpoint_steps == [10, 20]
+  assert translator.checkpoint_steps == ([10, 20],)
   out = translator.translate(["A dog runs.", "", "Two men talk."])
   assert len(out) == 3 and out[1] == "" and out[0]
   nbest = translator.translate_nbest(["A dog runs."])[0]
@@ -227,9 +228,10 @@ def val_sentences(multi30k_dir, count):
 
 def test_translator_over_eight_devices_equals_one_device(workdir, multi30k_dir):
   sentences = val_sentences(multi30k_dir, 13)  # Not a multiple of 8: padded rows too.
-  one = Translator.from_workdir(workdir, beam_size=3, max_extra=5, nbest=3,
+  one = Translator.from_workdir(workdir,
+                                search=SearchConfig(beam_size=3, max_extra=5, nbest=3),
                                 devices=jax.devices()[:1])
-  eight = Translator.from_workdir(workdir, beam_size=3, max_extra=5, nbest=3)
+  eight = Translator.from_workdir(workdir, search=SearchConfig(beam_size=3, max_extra=5, nbest=3))
   assert len(eight.devices) == 8
   alone, split = one.translate_nbest(sentences), eight.translate_nbest(sentences)
   assert [[text for text, _ in hyps] for hyps in split] == \
@@ -241,8 +243,9 @@ def test_translator_over_eight_devices_equals_one_device(workdir, multi30k_dir):
 def test_sampling_over_devices_draws_afresh_on_each_and_repeats_with_the_seed(workdir):
   sentences = ["A dog runs on the beach."] * 16
   # One batch of 16 rows (width 16): two rows on each of the eight devices.
-  make = lambda: Translator.from_workdir(workdir, temperature=1.0, max_extra=5, seed=3,
-                                         batch_tokens=256)
+  make = lambda: Translator.from_workdir(workdir,
+                                         search=SearchConfig(temperature=1.0, max_extra=5),
+                                         seed=3, batch_tokens=256)
   first = make()
   assert len(first.devices) == 8
   samples = first.translate(sentences)
@@ -309,11 +312,10 @@ def test_decode_cli_attention_plots_of_several_sentences(workdir, tmp_path):
   for name in written:
     assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   # The plotted weights are distributions over the source tokens.
-  translator = Translator.from_workdir(workdir, beam_size=2, max_extra=5)
+  translator = Translator.from_workdir(workdir, search=SearchConfig(beam_size=2, max_extra=5))
   source = translator.tokenizer.tokenize("Two men sit on a bench.")
   target = translator.tokenizer.tokenize(translator.translate(["Two men sit on a bench."])[0])
-  self_attn, cross_attn = attention_maps(translator.model_config, translator.params,
-                                         source, target)
+  self_attn, cross_attn = attention_maps(*translator.member(0), source, target)
   heads = translator.model_config.num_heads
   assert self_attn.shape == (heads, len(source), len(source))
   assert cross_attn.shape == (heads, len(target), len(source))
@@ -336,9 +338,11 @@ def test_translator_ensemble_of_two_checkpoints(workdir):
   both = Translator([config, config], [step10, step20], tokenizer, search).translate(sentences)
   assert len(both) == 3 and both[1] == "" and both[0]
   # From workdirs: a model voting with itself is the model.
-  alone = Translator.from_workdir(workdir, beam_size=2, max_extra=5)
-  itself = Translator.from_workdir(workdir, ensemble=[workdir], beam_size=2, max_extra=5)
-  assert itself.checkpoint_steps == [[20], [20]]
+  alone = Translator.from_workdir(workdir, search=SearchConfig(beam_size=2, max_extra=5))
+  itself = Translator.from_workdir(workdir,
+                                   search=SearchConfig(beam_size=2, max_extra=5),
+                                   ensemble=[workdir])
+  assert itself.checkpoint_steps == ([20], [20])
   assert itself.translate(sentences) == alone.translate(sentences)
 
 

@@ -20,7 +20,8 @@ import resource, sys
 import numpy as np
 from flax_transformer import host_allocator
 host_allocator.reexec_with_reusable_malloc()
-np._core.multiarray._set_madvise_hugepage(False)
+# numpy >= 2 keeps it in np._core, 1.26 in np.core.
+(getattr(np, "_core", None) or np.core).multiarray._set_madvise_hugepage(False)
 np.ones(25_000_000).sum()
 start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(4):

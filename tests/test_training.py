@@ -364,8 +364,8 @@ def test_two_processes_match_single_process(tmp_path, multi30k_dir):
   model_config = TransformerConfig.from_dict(json.loads((tmp_path / "run.json").read_text())[
       "model"])
   tokenizer = Tokenizer(tmp_path / "vocab.model")
-  examples = data.tokenized(sources.multi30k("train", "en", "de", manual_dir=multi30k_dir),
-                            tokenizer)
+  examples = data.pretokenized(sources.multi30k("train", "en", "de", manual_dir=multi30k_dir),
+                               data.TokenizePair(tokenizer))
   batching = data.train_batching(config, data_parallel_size=2, process_count=2)
   hosts = [iter(data.train_dataset(examples, batching, seed=config.seed, process_index=i,
                                    process_count=2)) for i in range(2)]
