@@ -7,7 +7,7 @@ the same on the fly, without writing anything).
 
 from absl import app, flags
 
-from flax_transformer import cli
+from flax_transformer.cli import common as cli
 
 flags.DEFINE_string("workdir", None, "Training workdir holding the checkpoints.")
 flags.DEFINE_integer("last", 5, "How many of the newest checkpoints to average.")
@@ -18,7 +18,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   def work():
-    from flax_transformer.workdir import write_averaged
+    from flax_transformer.training.workdir import write_averaged
 
     steps = write_averaged(FLAGS.workdir, FLAGS.output, FLAGS.last)
     print(f"averaged steps {steps} -> {FLAGS.output}")

@@ -7,8 +7,9 @@ input as 'index ||| translation ||| score'. Progress goes to stderr.
 
 from absl import app, flags
 
-from flax_transformer import cli, compilation
-from flax_transformer.translator import SearchConfig
+from flax_transformer import compilation
+from flax_transformer.cli import common as cli
+from flax_transformer.translation.translator import SearchConfig
 
 SEARCH = SearchConfig()  # The defaults.
 
@@ -57,7 +58,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   def work():
-    from flax_transformer.decode_cli import run_decode
+    from flax_transformer.cli.translate import run_decode
 
     search = SearchConfig(beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
                           max_extra=FLAGS.max_extra, nbest=FLAGS.nbest,

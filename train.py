@@ -7,7 +7,7 @@ configs and data exit with code 2 and a message naming the problem.
 from absl import app, flags
 from ml_collections import config_flags
 
-from flax_transformer import cli
+from flax_transformer.cli import common as cli
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Training config file (configs/*.py[:ARG]).",

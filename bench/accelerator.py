@@ -235,10 +235,12 @@ class Bench:
     import jax
 
     from configs import multi30k, tiny
-    from flax_transformer import compilation, sharding, training
-    from flax_transformer import data as data_lib
-    from flax_transformer.sources import load_pairs
-    from flax_transformer.tokenizer import Tokenizer
+    from flax_transformer import compilation
+    from flax_transformer.training import sharding
+    from flax_transformer.training import steps as training
+    from flax_transformer.data import pipeline as data_lib
+    from flax_transformer.data.sources import load_pairs
+    from flax_transformer.data.tokenizer import Tokenizer
 
     from absl import flags
 
@@ -307,7 +309,7 @@ class Bench:
     import jax
 
     from flax_transformer import compilation
-    from flax_transformer.translator import SearchConfig, Translator
+    from flax_transformer.translation.translator import SearchConfig, Translator
 
     compilation.enable_cache(str(self.cache))
     sentences = read_gz(self.data / "test_2016_flickr.en.gz")
@@ -351,8 +353,9 @@ class Bench:
     import optax
 
     from configs import default
-    from flax_transformer import sharding, training
-    from flax_transformer.config import TransformerConfig
+    from flax_transformer.training import sharding
+    from flax_transformer.training import steps as training
+    from flax_transformer.network.config import TransformerConfig
 
     shape = (TINY_SHAPES if self.tiny else SHAPES)[name]
     rows, length, vocab = shape["rows"], shape["length"], shape["vocab"]
@@ -471,7 +474,7 @@ class Bench:
     import numpy as np
 
     from flax_transformer import Transformer, TransformerConfig
-    from flax_transformer.translator import SearchConfig, make_search_fn
+    from flax_transformer.translation.translator import SearchConfig, make_search_fn
 
     shape = (TINY_SHAPES if self.tiny else SHAPES)["small_f32"]
     batch, source_len, beam, extra = 8, 32, 4, 31
@@ -586,7 +589,7 @@ class Bench:
     self.run_section("decode_vs_peer", self.decode_vs_peer, min_left_s=30)
     if hasattr(self, "cpu_proc"):
       self.run_section("cpu_decode", self.finish_cpu_decode)
-    from flax_transformer import attention
+    from flax_transformer.network import attention
 
     self.record["attention_in_process"] = sorted(attention._reported)
     self.record["bench_wall_s"] = time.time() - self.start

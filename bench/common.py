@@ -54,7 +54,7 @@ def matmul_peak_gflops(sizes=(1024, 2048), repeats: int = 5) -> float:
 
 def run_like_entry_points() -> None:
   """Re-executes with the malloc settings train.py and decode.py use (host_allocator)."""
-  from flax_transformer import host_allocator
+  from flax_transformer.training import host_allocator
 
   host_allocator.reexec_with_reusable_malloc()
 
@@ -62,7 +62,7 @@ def run_like_entry_points() -> None:
 def machine() -> dict:
   import jax
 
-  from flax_transformer import host_allocator
+  from flax_transformer.training import host_allocator
 
   return {"python": platform.python_version(), "jax": jax.__version__,
           "platform": jax.devices()[0].platform, "devices": jax.device_count(),

@@ -35,7 +35,7 @@ def random_model_rows(repeats: int) -> list[dict]:
   from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
   from flax_transformer import Transformer, TransformerConfig
-  from flax_transformer.translator import SearchConfig, make_search_fn, shard_search_fn
+  from flax_transformer.translation.translator import SearchConfig, make_search_fn, shard_search_fn
 
   config = TransformerConfig(vocab_size=8000, d_model=256, d_ff=1024, num_heads=4,
                              num_layers=3, max_len=64, deterministic=True)
@@ -78,7 +78,7 @@ def trained_model_rows(workdir: str, repeats: int) -> list[dict]:
   import jax
   import numpy as np
 
-  from flax_transformer.translator import SearchConfig, Translator
+  from flax_transformer.translation.translator import SearchConfig, Translator
 
   with gzip.open(MULTI30K / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
     sentences = [line.rstrip("\n") for line in f]
@@ -113,7 +113,7 @@ def main():
   parser.add_argument("--cpu_devices", type=int, default=0,
                       help="CPU devices to split over (0 = one per core), as decode.py")
   args = parser.parse_args()
-  from flax_transformer import cli
+  from flax_transformer.cli import common as cli
 
   cli.set_cpu_devices(args.cpu_devices)
   run_like_entry_points()

@@ -30,7 +30,9 @@ def main():
   import numpy as np
 
   from configs import multi30k
-  from flax_transformer import data, sources, tokenizer
+  from flax_transformer.data import pipeline as data
+  from flax_transformer.data import sources
+  from flax_transformer.data import tokenizer
 
   config = multi30k.get_config()
   pairs = sources.multi30k("train", "en", "de", manual_dir=str(MULTI30K))
@@ -63,7 +65,8 @@ def main():
             "machine": machine()}
 
   if not args.skip_train_step:
-    from flax_transformer import sharding, training
+    from flax_transformer.training import sharding
+    from flax_transformer.training import steps as training
     from flax_transformer.loop import model_config_from
 
     model_config = model_config_from(config).replace(vocab_size=tok.vocab_size)

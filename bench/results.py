@@ -41,7 +41,7 @@ def main():
 
   from sacrebleu.metrics import BLEU, CHRF
 
-  from flax_transformer.translator import SearchConfig, Translator
+  from flax_transformer.translation.translator import SearchConfig, Translator
 
   ensemble = [w for w in args.ensemble.split(",") if w]
   workdirs = [args.workdir, *ensemble]

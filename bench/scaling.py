@@ -18,8 +18,9 @@ def measure(rows: int, length: int, repeats: int) -> dict:
   import jax
 
   from configs import default
-  from flax_transformer import sharding, training
-  from flax_transformer.config import TransformerConfig
+  from flax_transformer.training import sharding
+  from flax_transformer.training import steps as training
+  from flax_transformer.network.config import TransformerConfig
 
   config = default.get_config()
   model_config = TransformerConfig(vocab_size=8000, d_model=256, d_ff=1024, num_heads=4,

@@ -25,8 +25,9 @@ def jax_step(shape: dict, repeats: int) -> dict:
   import numpy as np
 
   from configs import default
-  from flax_transformer import sharding, training
-  from flax_transformer.config import TransformerConfig
+  from flax_transformer.training import sharding
+  from flax_transformer.training import steps as training
+  from flax_transformer.network.config import TransformerConfig
 
   config = default.get_config()
   model_config = TransformerConfig(vocab_size=shape["vocab"], d_model=shape["d_model"],

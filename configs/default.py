@@ -8,7 +8,7 @@ Override any key on the command line: `--config.num_train_steps=1000`,
 import ml_collections
 
 from flax_transformer import compilation
-from flax_transformer.config import TransformerConfig
+from flax_transformer.network.config import TransformerConfig
 
 
 def model_config(**changes) -> ml_collections.ConfigDict:

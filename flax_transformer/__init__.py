@@ -1,15 +1,15 @@
 """flax-transformer: the Transformer of "Attention Is All You Need" in JAX/Flax."""
 
-from flax_transformer.attention import (MultiHeadAttention, attention_weights, causal_mask,
+from flax_transformer.network.attention import (MultiHeadAttention, attention_weights, causal_mask,
                                         padding_mask, scaled_dot_product_attention,
                                         segment_mask)
-from flax_transformer.config import TransformerConfig
-from flax_transformer.layers import (DecoderLayer, Embedding, EncoderLayer, FeedForward,
+from flax_transformer.network.config import TransformerConfig
+from flax_transformer.network.layers import (DecoderLayer, Embedding, EncoderLayer, FeedForward,
                                      PositionEncoding, SubLayer, sinusoidal_position_encoding)
-from flax_transformer.model import (Decoder, Encoder, Transformer, count_params, init_cache,
+from flax_transformer.network.model import (Decoder, Encoder, Transformer, count_params, init_cache,
                                     shift_right)
-from flax_transformer.decoding import beam_search, sample_search
-from flax_transformer.translator import SearchConfig, Translator
+from flax_transformer.translation.search import beam_search, sample_search
+from flax_transformer.translation.translator import SearchConfig, Translator
 
 __version__ = "0.1.0"
 

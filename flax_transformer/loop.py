@@ -19,18 +19,19 @@ import jax
 import numpy as np
 import sacrebleu
 
-from flax_transformer import batching, compilation
-from flax_transformer import data as data_lib
-from flax_transformer import host_allocator
-from flax_transformer import sharding as sharding_lib
-from flax_transformer import workdir as workdir_lib
-from flax_transformer.checkpoints import Checkpointer
+from flax_transformer import compilation
+from flax_transformer.data import pipeline as data_lib
+from flax_transformer.data.sources import load_pairs
 from flax_transformer.errors import CheckpointSaveError, ConfigError, NonFiniteLossError
-from flax_transformer.config import TransformerConfig
-from flax_transformer.metrics import METRICS_FILE, create_writer
-from flax_transformer.sources import load_pairs
-from flax_transformer.training import Trainer, evaluate, train_step_flops
-from flax_transformer.translator import SearchConfig, make_search_fn, translate_ids
+from flax_transformer.network.config import TransformerConfig
+from flax_transformer.training import host_allocator
+from flax_transformer.training import sharding as sharding_lib
+from flax_transformer.training import workdir as workdir_lib
+from flax_transformer.training.checkpoints import Checkpointer
+from flax_transformer.training.metrics import METRICS_FILE, create_writer
+from flax_transformer.training.steps import Trainer, evaluate, train_step_flops
+from flax_transformer.translation import batching
+from flax_transformer.translation.translator import SearchConfig, make_search_fn, translate_ids
 
 def model_config_from(config) -> TransformerConfig:
   try:

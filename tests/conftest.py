@@ -19,7 +19,9 @@ def multi30k_dir() -> str:
 
 @pytest.fixture(scope="session")
 def multi30k_tokenizer(multi30k_dir, tmp_path_factory):
-  from flax_transformer import data, sources, tokenizer
+  from flax_transformer.data import pipeline as data
+  from flax_transformer.data import sources
+  from flax_transformer.data import tokenizer
 
   pairs = sources.multi30k("train", "en", "de", manual_dir=multi30k_dir)
   path = tmp_path_factory.mktemp("vocab") / tokenizer.VOCAB_FILENAME

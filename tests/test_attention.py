@@ -5,8 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flax_transformer import (MultiHeadAttention, TransformerConfig, attention_weights,
-                              causal_mask, padding_mask, scaled_dot_product_attention)
+from flax_transformer import MultiHeadAttention, TransformerConfig, attention_weights, causal_mask, padding_mask, scaled_dot_product_attention
 
 
 def numpy_attention(q, k, v, mask):

@@ -12,7 +12,10 @@ import grain
 import numpy as np
 import pytest
 
-from flax_transformer import batching, data, sources, tokenizer
+from flax_transformer.data import pipeline as data
+from flax_transformer.data import sources
+from flax_transformer.data import tokenizer
+from flax_transformer.translation import batching
 
 
 # --- Sources --------------------------------------------------------------------
@@ -252,7 +255,7 @@ def test_two_hosts_eight_devices_see_every_example_once():
 RESUME_SCRIPT = textwrap.dedent("""
     import json, sys
     import numpy as np, grain
-    from flax_transformer import data
+    from flax_transformer.data import pipeline as data
     items = [{"inputs": np.array([i + 3, 1], np.int32),
               "targets": np.arange(3, 3 + 1 + i % 7, dtype=np.int32)} for i in range(97)]
     ds = data.train_dataset(grain.MapDataset.source(items),

@@ -11,9 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flax_transformer import Transformer, TransformerConfig, decoding, init_cache
-from flax_transformer.tokenizer import trim
-from flax_transformer.translator import SearchConfig, Translator, make_search_fn
+from flax_transformer import Transformer, TransformerConfig, init_cache
+from flax_transformer.data.tokenizer import trim
+from flax_transformer.translation import search as decoding
+from flax_transformer.translation.translator import SearchConfig, Translator, make_search_fn
 
 ROOT = Path(__file__).resolve().parents[1]
 EOS = 1
@@ -299,7 +300,7 @@ def test_decode_cli_scores_with_reference(workdir, tmp_path, multi30k_dir):
 
 
 def test_decode_cli_attention_plots_of_several_sentences(workdir, tmp_path):
-  from flax_transformer.attention_plot import attention_maps
+  from flax_transformer.translation.attention_plot import attention_maps
 
   (tmp_path / "in.en").write_text("\nA dog runs.\nTwo men sit on a bench.\nA girl.\n")
   plot = tmp_path / "att.png"
@@ -328,7 +329,7 @@ def test_decode_cli_attention_plots_of_several_sentences(workdir, tmp_path):
 
 
 def test_translator_ensemble_of_two_checkpoints(workdir):
-  from flax_transformer.workdir import load_params, read_run
+  from flax_transformer.training.workdir import load_params, read_run
 
   config, tokenizer = read_run(workdir)
   step10, _ = load_params(workdir, config, checkpoint_step=10)
@@ -349,7 +350,7 @@ def test_translator_ensemble_of_two_checkpoints(workdir):
 def test_decode_cli_ensemble_of_different_vocabularies_is_one_clear_error(workdir, tmp_path):
   import shutil
 
-  from flax_transformer.tokenizer import train_tokenizer
+  from flax_transformer.data.tokenizer import train_tokenizer
 
   other = tmp_path / "other"
   other.mkdir()
@@ -371,7 +372,7 @@ def test_decode_cli_missing_workdir_is_one_clear_error(tmp_path):
 
 
 def test_average_checkpoints_cli_writes_a_decodable_workdir(workdir, tmp_path):
-  from flax_transformer.workdir import load_params, read_run
+  from flax_transformer.training.workdir import load_params, read_run
 
   env = dict(os.environ, XLA_FLAGS="")
   output = tmp_path / "avg"
@@ -396,7 +397,7 @@ def test_average_checkpoints_cli_writes_a_decodable_workdir(workdir, tmp_path):
 def test_search_under_an_eight_device_data_mesh_equals_one_device():
   from jax.sharding import NamedSharding, PartitionSpec
 
-  from flax_transformer import sharding
+  from flax_transformer.training import sharding
 
   cfg, params = random_model(20, seed=4)
   search_fn = make_search_fn(cfg, SearchConfig(beam_size=2, max_extra=4))

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from flax_transformer import (Transformer, TransformerConfig, count_params, init_cache,
-                              sinusoidal_position_encoding)
-from flax_transformer.layers import tied_projection
+from flax_transformer import Transformer, TransformerConfig, count_params, init_cache, sinusoidal_position_encoding
+from flax_transformer.network.layers import tied_projection
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from configs import big, table3  # noqa: E402
@@ -120,7 +119,7 @@ def test_cached_decoding_reproduces_teacher_forcing(tiny, share_beam_cache):
 
 def test_shared_beam_cache_follows_reordered_histories(tiny):
   """Beams reordered arbitrarily (parents repeated or dropped) still see their own history."""
-  from flax_transformer.decoding import _gather_beams
+  from flax_transformer.translation.search import _gather_beams
   cfg, model, params, apply, src, _ = tiny
   sentences, beams, length = 2, 3, 5
   decoder = Transformer(cfg.replace(decode=True, share_beam_cache=True))
@@ -216,7 +215,7 @@ def test_big_parameter_count():
 
 
 def test_dropout_mask_rate_and_scaling():
-  from flax_transformer.layers import Dropout, dropout_keep_mask
+  from flax_transformer.network.layers import Dropout, dropout_keep_mask
 
   keep = np.asarray(dropout_keep_mask(jax.random.PRNGKey(0), (64, 64, 257), 0.1))
   assert keep.shape == (64, 64, 257)

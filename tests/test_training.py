@@ -15,10 +15,11 @@ import orbax.checkpoint as ocp
 import pytest
 
 from configs import tiny
-from flax_transformer import sharding, training
-from flax_transformer.checkpoints import Checkpointer
 from flax_transformer.loop import ConfigError, train_and_evaluate
-from flax_transformer.metrics import METRICS_FILE
+from flax_transformer.training import sharding
+from flax_transformer.training import steps as training
+from flax_transformer.training.checkpoints import Checkpointer
+from flax_transformer.training.metrics import METRICS_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -338,9 +339,10 @@ def free_port():
 
 
 def test_two_processes_match_single_process(tmp_path, multi30k_dir):
-  from flax_transformer import data, sources
-  from flax_transformer.config import TransformerConfig
-  from flax_transformer.tokenizer import Tokenizer
+  from flax_transformer.data import pipeline as data
+  from flax_transformer.data import sources
+  from flax_transformer.network.config import TransformerConfig
+  from flax_transformer.data.tokenizer import Tokenizer
 
   steps = 12
   command = train_command(tmp_path, multi30k_dir, f"--config.num_train_steps={steps}",
@@ -404,8 +406,8 @@ def test_slurm_job_is_detected_without_flags(tmp_path, multi30k_dir):
 
 def test_analytic_flops_match_xlas_count_of_the_forward_pass():
   """The MFU numerator: 3x the forward matmuls, checked against XLA's CPU count."""
-  from flax_transformer.config import TransformerConfig
-  from flax_transformer.model import Transformer
+  from flax_transformer.network.config import TransformerConfig
+  from flax_transformer.network.model import Transformer
 
   config = TransformerConfig(vocab_size=1000, d_model=64, d_ff=256, num_heads=4, num_layers=2,
                              num_decoder_layers=3, max_len=48, deterministic=True)

@@ -24,13 +24,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from flax_transformer.checkpoints import CHECKPOINT_DIR, Checkpointer
-from flax_transformer.config import TransformerConfig
+from flax_transformer.data.tokenizer import Tokenizer
+from flax_transformer.data.tokenizer import VOCAB_FILENAME as VOCAB_FILE
 from flax_transformer.errors import CheckpointError, ConfigError, WorkdirGoneError
-from flax_transformer.metrics import METRICS_FILE
-from flax_transformer.model import Transformer
-from flax_transformer.tokenizer import VOCAB_FILENAME as VOCAB_FILE
-from flax_transformer.tokenizer import Tokenizer
+from flax_transformer.network.config import TransformerConfig
+from flax_transformer.network.model import Transformer
+from flax_transformer.training.checkpoints import CHECKPOINT_DIR, Checkpointer
+from flax_transformer.training.metrics import METRICS_FILE
 
 RUN_FILE = "run.json"
 __all__ = ["RUN_FILE", "VOCAB_FILE", "CHECKPOINT_DIR", "METRICS_FILE", "record_run",

@@ -1,6 +1,6 @@
 """Translation with a trained Transformer: jitted beam search over batches of text.
 
-`make_search_fn` glues the model to the model-agnostic search in `decoding`;
+`make_search_fn` glues the model to the model-agnostic search in `search`;
 `Translator` adds the vocabulary, length-bucketed batching and checkpoint
 loading, for notebooks and servers (decode.py is a thin shell over it).
 """
@@ -17,11 +17,14 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from flax_transformer import batching, compilation, decoding, workdir as workdir_lib
-from flax_transformer.config import TransformerConfig
+from flax_transformer import compilation
+from flax_transformer.data.tokenizer import EOS_ID, Tokenizer, trim
 from flax_transformer.errors import ConfigError, DataError
-from flax_transformer.model import Transformer, init_cache
-from flax_transformer.tokenizer import EOS_ID, Tokenizer, trim
+from flax_transformer.network.config import TransformerConfig
+from flax_transformer.network.model import Transformer, init_cache
+from flax_transformer.training import workdir as workdir_lib
+from flax_transformer.translation import batching
+from flax_transformer.translation import search as search_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +76,7 @@ def _as_members_of(model_config: Members) -> Callable[[Any], tuple]:
 
 
 def make_search_fn(model_config: Members, search: SearchConfig
-                   ) -> Callable[[Any, jax.Array, jax.Array], decoding.SearchResult]:
+                   ) -> Callable[[Any, jax.Array, jax.Array], search_lib.SearchResult]:
   """(params, inputs int [B, S], rng) -> SearchResult; jit it (shapes are static).
 
   Given a sequence of configs (an ensemble), params is the matching sequence and
@@ -108,11 +111,11 @@ def make_search_fn(model_config: Members, search: SearchConfig
       tokens_to_logits, cache = steps[0], caches[0]
 
     if sampling:
-      return decoding.sample_search(
+      return search_lib.sample_search(
           tokens_to_logits, cache, batch_size=batch, max_decode_len=max_decode_len,
           eos_id=EOS_ID, temperature=search.temperature, top_k=search.top_k,
           top_p=search.top_p, rng=rng, max_lengths=max_lengths)
-    return decoding.beam_search(
+    return search_lib.beam_search(
         tokens_to_logits, cache, batch_size=batch, beam_size=search.beam_size,
         max_decode_len=max_decode_len, alpha=search.alpha, eos_id=EOS_ID,
         max_lengths=max_lengths)
@@ -120,8 +123,8 @@ def make_search_fn(model_config: Members, search: SearchConfig
   return search_fn
 
 
-def shard_search_fn(search_fn: Callable[[Any, jax.Array, jax.Array], decoding.SearchResult],
-                    mesh: Mesh) -> Callable[[Any, jax.Array, jax.Array], decoding.SearchResult]:
+def shard_search_fn(search_fn: Callable[[Any, jax.Array, jax.Array], search_lib.SearchResult],
+                    mesh: Mesh) -> Callable[[Any, jax.Array, jax.Array], search_lib.SearchResult]:
   """`search_fn` run independently on every device of `mesh`, each on its share of rows.
 
   (params, inputs int [B, S], rng) -> SearchResult, with B divisible by mesh.size;
@@ -151,7 +154,7 @@ def _member_step(model_config, encoder, decoder, params, inputs, rows, max_decod
   # The encoder runs once per sentence; beams share its output (and, with
   # share_beam_cache, the whole decoding cache) instead of copies.
   if not model_config.share_beam_cache:
-    encoded, inputs = decoding.repeat_beams(encoded, rows), decoding.repeat_beams(inputs, rows)
+    encoded, inputs = search_lib.repeat_beams(encoded, rows), search_lib.repeat_beams(inputs, rows)
   cache = init_cache(model_config, batch, max_decode_len, source_len, beam_size=rows)
 
   def tokens_to_logits(ids, cache):
@@ -162,7 +165,7 @@ def _member_step(model_config, encoder, decoder, params, inputs, rows, max_decod
   return tokens_to_logits, cache
 
 
-def _mean_of_probabilities(steps: Sequence[decoding.TokensToLogits]) -> decoding.TokensToLogits:
+def _mean_of_probabilities(steps: Sequence[search_lib.TokensToLogits]) -> search_lib.TokensToLogits:
   """Members' tokens_to_logits -> the ensemble's: log of the mean of their softmaxes."""
 
   def tokens_to_logits(ids, caches):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from flax_transformer.model import Transformer
+from flax_transformer.network.model import Transformer
 
 
 def attention_maps(model_config, params, source_ids: np.ndarray, target_ids: np.ndarray):

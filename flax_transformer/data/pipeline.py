@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from grain import experimental as grain_experimental
 
-from flax_transformer.tokenizer import Tokenizer
+from flax_transformer.data.tokenizer import Tokenizer
 
 READ_THREADS = 0  # Reading in this thread: grain's read-ahead threads cost more than they save here.
 _PACKED_RENAMES = {"inputs_segment_ids": "inputs_segmentation",
@@ -209,7 +209,7 @@ def vocabulary_sentences(pairs: Sequence, max_sentences: int) -> Iterator[str]:
 def build_tokenizer(config, workdir: str, train_pairs: Sequence,
                     process_index: int = 0) -> Tokenizer:
   """The shared vocabulary: config.vocab_path, or the workdir's, or trained now."""
-  from flax_transformer.tokenizer import load_or_train_tokenizer
+  from flax_transformer.data.tokenizer import load_or_train_tokenizer
 
   return load_or_train_tokenizer(
       workdir, lambda: vocabulary_sentences(train_pairs, config.vocab_max_sentences),

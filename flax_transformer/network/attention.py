@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from flax_transformer.config import TransformerConfig
+from flax_transformer.network.config import TransformerConfig
 
 # Logical axis names of parameters and activations; `sharding` maps them to a mesh.
 Q_KERNEL_AXES = ("embed", "heads", "kv")

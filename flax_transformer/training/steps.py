@@ -17,9 +17,9 @@ import optax
 from flax import linen as nn
 
 from flax_transformer import compilation
-from flax_transformer import sharding as sharding_lib
-from flax_transformer.config import TransformerConfig
-from flax_transformer.model import Transformer
+from flax_transformer.network.config import TransformerConfig
+from flax_transformer.network.model import Transformer
+from flax_transformer.training import sharding as sharding_lib
 
 MODEL_INPUT_KEYS = ("inputs", "targets", "inputs_positions", "targets_positions",
                     "inputs_segmentation", "targets_segmentation")

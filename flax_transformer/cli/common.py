@@ -9,8 +9,9 @@ import sys
 
 from absl import logging as absl_logging
 
-from flax_transformer import errors, host_allocator
+from flax_transformer import errors
 from flax_transformer.errors import EXIT_BAD_INPUT, EXIT_FAILED
+from flax_transformer.training import host_allocator
 
 
 @contextlib.contextmanager

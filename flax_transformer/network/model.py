@@ -12,10 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from flax_transformer.attention import (causal_mask, combine_masks, padding_mask,
+from flax_transformer.network.attention import (causal_mask, combine_masks, padding_mask,
                                         segment_mask)
-from flax_transformer.config import TransformerConfig
-from flax_transformer.layers import (DecoderLayer, Dropout, Embedding, EncoderLayer,
+from flax_transformer.network.config import TransformerConfig
+from flax_transformer.network.layers import (DecoderLayer, Dropout, Embedding, EncoderLayer,
                                      PositionEncoding, layer_norm)
 
 

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from flax_transformer.attention import MultiHeadAttention
-from flax_transformer.config import TransformerConfig
+from flax_transformer.network.attention import MultiHeadAttention
+from flax_transformer.network.config import TransformerConfig
 
 
 def sinusoidal_position_encoding(max_len: int, d_model: int) -> np.ndarray:

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Sequence
 
 from flax_transformer import compilation
-from flax_transformer.sources import DataError, split_lines_lenient
-from flax_transformer.translator import Translator
+from flax_transformer.data.sources import split_lines_lenient
+from flax_transformer.errors import DataError
+from flax_transformer.translation.translator import Translator
 
 METRICS = ("bleu", "chrf", "ter")
 
@@ -91,7 +92,7 @@ def run_decode(*, workdir: str, input_path: str, output_path: str, reference: st
     for name, value, signature in score(best, references, metrics, sacrebleu_tokenize):
       print(f"{name.upper()} = {value:.2f}  ({signature})", file=sys.stderr)
   if attention_plot:
-    from flax_transformer.attention_plot import plot_attention
+    from flax_transformer.translation.attention_plot import plot_attention
 
     for line, path in attention_plot_paths(sentences, attention_plot, attention_sentences):
       plot_attention(translator, sentences[line], results[line][0][0], path)

@@ -1,0 +1,1 @@
+"""What the command lines share (`common`) and decode.py's work (`translate`)."""

@@ -1,0 +1,1 @@
+"""Data: the shared vocabulary (tokenizer), corpora (sources), grain pipelines (pipeline)."""
