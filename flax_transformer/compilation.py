@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import jax
+from jax.experimental.compilation_cache import compilation_cache
 
 # Smaller programs than this are not worth a file (jax's default is 1 s, which would
 # leave out the CPU eval and search steps that tests and small runs compile).
@@ -46,8 +47,6 @@ def enable_cache(directory: str) -> str | None:
   Path(path).mkdir(parents=True, exist_ok=True)
   jax.config.update("jax_compilation_cache_dir", path)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
-  from jax.experimental.compilation_cache import compilation_cache
-
   compilation_cache.reset_cache()  # jax may have settled on "no cache" at an earlier compile.
   _cache_dir = path
   logging.info("XLA compilation cache: %s (%d entries)", path, cache_entries(path))

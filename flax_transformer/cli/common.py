@@ -7,6 +7,8 @@ import logging
 import os
 import sys
 
+import jax
+from absl import app, flags
 from absl import logging as absl_logging
 
 from flax_transformer import errors
@@ -37,8 +39,6 @@ def _report(error: BaseException) -> None:
 
 def parse_flags_or_exit(argv: list[str]) -> list[str]:
   """absl flag parsing where a bad flag or config override exits 2 with one clear line."""
-  from absl import flags
-
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
@@ -71,8 +71,6 @@ def maybe_initialize_distributed(coordinator_address: str | None, num_processes:
   the address, process count and index; where it finds no cluster the run is a
   single process.
   """
-  import jax
-
   if jax.config.jax_platforms in (None, "", "cpu"):
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   if coordinator_address:
@@ -118,8 +116,6 @@ def set_cpu_devices(count: int) -> None:
 
 def run_main(argv: list[str], work) -> None:
   """An entry point's body: no stray arguments, quiet libraries, known errors -> exit codes."""
-  from absl import app
-
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
   host_allocator.reexec_with_reusable_malloc()
@@ -131,6 +127,6 @@ def run_main(argv: list[str], work) -> None:
 def run_training(config, workdir: str, *, coordinator_address=None, num_processes=None,
                  process_id=None) -> None:
   maybe_initialize_distributed(coordinator_address, num_processes, process_id)
-  from flax_transformer.loop import train_and_evaluate
+  from flax_transformer.loop import train_and_evaluate  # decode.py never loads training.
 
   train_and_evaluate(config, workdir)

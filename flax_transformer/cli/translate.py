@@ -7,6 +7,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from sacrebleu.metrics import BLEU, CHRF, TER
+from tqdm import tqdm
+
 from flax_transformer import compilation
 from flax_transformer.data.sources import split_lines_lenient
 from flax_transformer.errors import DataError
@@ -38,8 +41,6 @@ def _one_line(text: str) -> str:
 def score(hypotheses: Sequence[str], references: Sequence[str], metrics: Sequence[str],
           tokenize: str | None = None) -> list[tuple[str, float, str]]:
   """(name, score, sacrebleu signature) per metric, detokenized text in."""
-  from sacrebleu.metrics import BLEU, CHRF, TER
-
   makers = {"bleu": lambda: BLEU(tokenize=tokenize) if tokenize else BLEU(),
             "chrf": CHRF, "ter": TER}
   out = []
@@ -68,8 +69,6 @@ def run_decode(*, workdir: str, input_path: str, output_path: str, reference: st
   compilation.enable_cache(compilation_cache_dir)  # Before the first search compiles.
   logging.info("Decoding on %d %s device(s), one search each", len(translator.devices),
                translator.devices[0].platform)
-  from tqdm import tqdm
-
   with tqdm(total=sum(1 for s in sentences if s.strip()), desc="translated", unit=" sentences",
             file=sys.stderr, mininterval=5.0, dynamic_ncols=True) as progress:
     results = translator.translate_nbest(sentences, progress)
@@ -92,7 +91,7 @@ def run_decode(*, workdir: str, input_path: str, output_path: str, reference: st
     for name, value, signature in score(best, references, metrics, sacrebleu_tokenize):
       print(f"{name.upper()} = {value:.2f}  ({signature})", file=sys.stderr)
   if attention_plot:
-    from flax_transformer.translation.attention_plot import plot_attention
+    from flax_transformer.translation.attention_plot import plot_attention  # matplotlib.
 
     for line, path in attention_plot_paths(sentences, attention_plot, attention_sentences):
       plot_attention(translator, sentences[line], results[line][0][0], path)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from typing import Iterator, Sequence
 
@@ -18,7 +19,7 @@ import jax
 import numpy as np
 from grain import experimental as grain_experimental
 
-from flax_transformer.data.tokenizer import Tokenizer
+from flax_transformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
 
 READ_THREADS = 0  # Reading in this thread: grain's read-ahead threads cost more than they save here.
 _PACKED_RENAMES = {"inputs_segment_ids": "inputs_segmentation",
@@ -153,8 +154,6 @@ def auto_workers(requested: int) -> int:
   workers would take cores from XLA's own threads."""
   if requested >= 0:
     return requested
-  import os
-
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
   return 0 if (cores or 1) < 8 else min(8, cores // 2)
 
@@ -209,8 +208,6 @@ def vocabulary_sentences(pairs: Sequence, max_sentences: int) -> Iterator[str]:
 def build_tokenizer(config, workdir: str, train_pairs: Sequence,
                     process_index: int = 0) -> Tokenizer:
   """The shared vocabulary: config.vocab_path, or the workdir's, or trained now."""
-  from flax_transformer.data.tokenizer import load_or_train_tokenizer
-
   return load_or_train_tokenizer(
       workdir, lambda: vocabulary_sentences(train_pairs, config.vocab_max_sentences),
       vocab_path=config.vocab_path, vocab_size=config.vocab_size,

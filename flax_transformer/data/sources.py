@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import importlib
 import logging
 import os
 import shutil
@@ -173,8 +174,6 @@ def _import_tfds_module(name: str) -> None:
   Without TensorFlow, tfds cannot import its whole catalog, so builders are
   found only once their own module is imported.
   """
-  import importlib
-
   family = name.split("/")[0].split(":")[0]
   if family.endswith("_translate"):
     try:

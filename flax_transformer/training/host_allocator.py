@@ -18,6 +18,7 @@ where JAX runs on a GPU or TPU keep it too: the gain was measured on CPU steps.
 from __future__ import annotations
 
 import os
+from importlib import metadata
 import platform
 import sys
 
@@ -37,8 +38,6 @@ def accelerator_host() -> bool:
   platforms = os.environ.get("JAX_PLATFORMS", "").strip()
   if platforms:
     return platforms.split(",")[0].strip() not in ("cpu", "")
-  from importlib import metadata
-
   for name in ACCELERATOR_PLUGINS:
     try:
       metadata.distribution(name)

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
 
 from flax_transformer.data.tokenizer import Tokenizer
 from flax_transformer.data.tokenizer import VOCAB_FILENAME as VOCAB_FILE
@@ -89,8 +90,6 @@ def read_run(workdir: str | Path) -> tuple[TransformerConfig, Tokenizer]:
 
 def abstract_params(model_config: TransformerConfig):
   """Shapes and dtypes of the model's parameters (nothing allocated)."""
-  from flax import linen as nn
-
   dummy = jnp.ones((1, 8), jnp.int32)
   shapes = jax.eval_shape(lambda: Transformer(model_config).init(
       jax.random.PRNGKey(0), dummy, dummy)["params"])

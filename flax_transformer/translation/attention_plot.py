@@ -25,7 +25,7 @@ def plot_attention(translator, source: str, translation: str, path: str) -> None
 
   Of an ensemble, the first member's attention.
   """
-  import matplotlib
+  import matplotlib  # Heavy: only when a plot is asked for.
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
