@@ -8,7 +8,7 @@ python bench/decode.py [--workdir DIR] [--json PATH] [--repeats 5]
    do) and ours (`share_beam_cache`: a sentence's beams share one cache row,
    self-attention entries stay where they were written and each beam reads its
    history through a mask), each on one CPU device and split over one device per
-   core (`translator.shard_search_fn`), all timed alternately in one run; same
+   core (`translation.translator.shard_search_fn`), all timed alternately in one run; same
    outputs checked.
 2. With --workdir: the trained model over Multi30k test 2016 (1000 sentences), on
    one device and on one device per core.

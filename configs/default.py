@@ -9,6 +9,7 @@ import ml_collections
 
 from flax_transformer import compilation
 from flax_transformer.network.config import TransformerConfig
+from flax_transformer.translation.translator import SearchConfig
 
 
 def model_config(**changes) -> ml_collections.ConfigDict:
@@ -97,10 +98,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.keep_checkpoints = 20  # Paper: average of the last 5 (base) / 20 (big).
   config.nan_policy = "stop"  # 'stop' | 'skip' on a non-finite loss.
 
-  # --- Decoding (paper section 6.1) --------------------------------------
-  config.beam_size = 4
-  config.alpha = 0.6  # Length penalty ((5 + |Y|) / 6)^alpha.
-  config.max_extra = 50  # Max output length = source length + 50.
+  # --- Decoding (paper section 6.1), for BLEU during training ------------
+  # Defaults: SearchConfig's (beam 4, length penalty ((5 + |Y|) / 6)^0.6, outputs
+  # up to source length + 50), the one place decode.py's defaults come from too.
+  search = SearchConfig()
+  config.beam_size = search.beam_size
+  config.alpha = search.alpha
+  config.max_extra = search.max_extra
 
   # --- Devices ------------------------------------------------------------
   # Mesh axis sizes; -1 = all remaining devices. Product must equal the device count.

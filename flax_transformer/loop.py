@@ -397,7 +397,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   """Trains `config` in `workdir` (resuming if it holds checkpoints); returns last metrics."""
   run = setup_run(config, Path(workdir))
   state, step, last = run.state, run.start_step, {}
-  batch = next(run.train_iter)  # Already on the devices (`data.prefetched`).
+  batch = next(run.train_iter)  # Already on the devices (`data.pipeline.prefetched`).
   run.trainer.compile_train_step(state, batch)
   run.meter.restart(step)
   while step < config.num_train_steps:

@@ -72,9 +72,6 @@ def run_decode(*, workdir: str, input_path: str, output_path: str, reference: st
   with tqdm(total=sum(1 for s in sentences if s.strip()), desc="translated", unit=" sentences",
             file=sys.stderr, mininterval=5.0, dynamic_ncols=True) as progress:
     results = translator.translate_nbest(sentences, progress)
-  if translator.truncated:
-    logging.warning("%d input line(s) longer than the model's max_len=%d tokens were "
-                    "truncated", translator.truncated, translator.max_len)
   out = sys.stdout if output_path == "-" else open(output_path, "w", encoding="utf-8")
   try:
     for i, hyps in enumerate(results):

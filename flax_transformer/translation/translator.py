@@ -239,7 +239,6 @@ class Translator:
         jax.jit(shard_search_fn(make_search_fn(self.model_configs, search), mesh)),
         "Sampling" if sampling else "Beam search", key=lambda params, inputs, rng: inputs,
         describe=lambda params, inputs, rng: f"inputs {list(inputs.shape)}")
-    self.truncated = 0  # Sources cut to max_len by the last call.
 
   @property
   def ensemble(self) -> bool:
@@ -288,7 +287,6 @@ class Translator:
     """
     max_len = self.max_len
     ids = [self.tokenizer.tokenize(s) for s in sentences]
-    self.truncated = sum(len(i) > max_len for i in ids)
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in sentences]
     if todo:
