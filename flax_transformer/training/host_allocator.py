@@ -1,13 +1,12 @@
 """glibc malloc settings under which XLA's CPU runtime reuses its per-step buffers.
 
-XLA's CPU runtime mallocs a step's temporaries on every execution (668 MB for the
-base bench step, BENCHMARKS.md). glibc hands blocks that large out as fresh
-mmap'ed pages and unmaps them on free (a thread's arena always does, whatever
-the mmap threshold), so each step the kernel faults in and zeroes every page
-again: ~180k page faults and ~0.25 s of system CPU time per base step on 2 cores.
-With one arena, no mmap and no trimming, the block comes back from the heap and
-the faults go away (base step 1.13-1.24x faster, BENCHMARKS.md); the
-process keeps its freed memory, so peak RSS is higher.
+XLA's CPU runtime mallocs a step's temporaries on every execution, hundreds of
+MB for the base step. glibc hands blocks that large out as fresh mmap'ed pages
+and unmaps them on free (a thread's arena always does, whatever the mmap
+threshold), so each step the kernel faults in and zeroes every page again. With
+one arena, no mmap and no trimming, the block comes back from the heap and the
+faults go away (the measured gain: BENCHMARKS.md "Host memory"); the process
+keeps its freed memory, so peak RSS is higher.
 
 glibc reads these settings only at process start, so the entry points re-execute
 themselves once with them in GLIBC_TUNABLES. A GLIBC_TUNABLES the user has set is
