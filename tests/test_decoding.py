@@ -411,3 +411,15 @@ def test_search_under_an_eight_device_data_mesh_equals_one_device():
         params, placed, jax.random.PRNGKey(0))
   np.testing.assert_array_equal(sharded.sequences, single.sequences)
   np.testing.assert_allclose(sharded.scores, single.scores, atol=1e-5)
+
+
+def test_search_and_vocabulary_agree_on_padding_and_end_ids():
+  """The search keeps its own ids (it imports nothing of the package); they must be
+  the vocabulary's."""
+  import inspect
+
+  from flax_transformer.data import tokenizer
+
+  assert decoding.PAD_ID == tokenizer.PAD_ID
+  for fn in (decoding.beam_search, decoding.sample_search):
+    assert inspect.signature(fn).parameters["eos_id"].default == tokenizer.EOS_ID

@@ -45,18 +45,14 @@ def run_child(**env_changes) -> tuple[int, str]:
 
 
 @needs_glibc
-def test_reexec_makes_large_blocks_reusable():
-  faults, described = run_child()
+def test_reexec_makes_large_blocks_reusable_where_system_malloc_faults_every_time():
+  reused, described = run_child()
   assert described == f"GLIBC_TUNABLES={host_allocator.TUNABLES}"
-  assert faults < 2_000, faults
-
-
-@needs_glibc
-def test_opt_out_keeps_system_malloc_which_faults_every_time():
-  # The control: the same child without the settings pays for fresh pages each time.
-  faults, described = run_child(**{host_allocator.OPT_OUT: "1"})
-  assert described == "system default malloc"
-  assert faults > 4 * 40_000, faults
+  # The control: the same child without the settings pays for fresh pages each time
+  # (four 200 MB blocks). Compared, not against absolute counts: page sizes differ.
+  fresh, control = run_child(**{host_allocator.OPT_OUT: "1"})
+  assert control == "system default malloc"
+  assert reused * 20 < fresh, (reused, fresh)
 
 
 @needs_glibc
