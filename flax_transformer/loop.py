@@ -198,7 +198,7 @@ class Evaluation:
     self.search_fn = compilation.PerShape(
         jax.jit(make_search_fn(model_config, search),
                 out_shardings=sharding_lib.replicated(self.mesh)),
-        "Beam search", max_shapes=config.eval_max_shapes,
+        "Beam search", max_shapes=config.eval_max_shapes * len(self.sets),  # Each set's widths.
         key=lambda params, inputs, rng: inputs,
         describe=lambda params, inputs, rng: f"inputs {list(inputs.shape)}")
 
