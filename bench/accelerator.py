@@ -47,8 +47,7 @@ from common import MULTI30K, ROOT, print_table
 # subprocesses of sections 1-2; its own arrays grow the pool on demand.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-H100_BF16_DENSE_PEAK = 989e12  # FLOP/s, H100 SXM datasheet (dense).
-PEAKS_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
+PEAKS_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # Dense bf16 FLOP/s (datasheets).
 COMPILE_LINE = re.compile(r"(Train step|Eval step|Beam search|Sampling) (?:for (.*?) )?"
                           r"(compiled|loaded from the compilation cache) in ([\d.]+) s")
 

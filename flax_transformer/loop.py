@@ -31,7 +31,8 @@ from flax_transformer.training.checkpoints import Checkpointer
 from flax_transformer.training.metrics import METRICS_FILE, create_writer
 from flax_transformer.training.steps import Trainer, evaluate, train_step_flops
 from flax_transformer.translation import batching
-from flax_transformer.translation.translator import SearchConfig, make_search_fn, translate_ids
+from flax_transformer.translation.translator import (SearchConfig, make_search_fn, per_shape,
+                                                     translate_ids)
 
 def model_config_from(config) -> TransformerConfig:
   try:
@@ -195,12 +196,10 @@ class Evaluation:
                  config.eval_max_shapes)
     search = SearchConfig(beam_size=config.beam_size, alpha=config.alpha,
                           max_extra=config.max_extra)
-    self.search_fn = compilation.PerShape(
+    self.search_fn = per_shape(
         jax.jit(make_search_fn(model_config, search),
                 out_shardings=sharding_lib.replicated(self.mesh)),
-        "Beam search", max_shapes=config.eval_max_shapes * len(self.sets),  # Each set's widths.
-        key=lambda params, inputs, rng: inputs,
-        describe=lambda params, inputs, rng: f"inputs {list(inputs.shape)}")
+        search, max_shapes=config.eval_max_shapes * len(self.sets))  # Each set's widths.
 
   def __call__(self, params, due: Due) -> dict[str, float]:
     out = {}

@@ -160,6 +160,8 @@ def test_tokenizing_after_the_shuffle_gives_the_same_stream(multi30k_dir, multi3
   raw = iter(data.train_dataset(pairs, batching, seed=3,
                                 tokenize=data.TokenizePair(multi30k_tokenizer)))
   pre = iter(data.train_dataset(multi30k_examples, batching, seed=3))
+  # With sampling, segmentations differ every epoch: nothing is formed ahead.
+  assert data.pretokenized(pairs, data.TokenizePair(multi30k_tokenizer, 0.1)) is None
   for _ in range(8):
     a, b = next(raw), next(pre)
     assert a.keys() == b.keys()
@@ -349,21 +351,6 @@ def test_eval_widths_are_capped_and_every_length_fits():
         np.testing.assert_array_equal(batch["inputs"][row, :len(examples[i][0])],
                                       examples[i][0])
   assert len(shapes) <= 3 and seen == len(examples)
-
-
-def test_pretokenized_stream_equals_tokenizing_on_the_fly(multi30k_dir, multi30k_tokenizer):
-  pairs = sources.multi30k("validation", "en", "de", manual_dir=multi30k_dir)
-  batching = data.TrainBatching(rows=8, max_source_length=32, max_target_length=32)
-  tokenize = data.TokenizePair(multi30k_tokenizer)
-  ids = data.pretokenized(pairs, tokenize)
-  assert data.pretokenized(pairs, data.TokenizePair(multi30k_tokenizer, 0.1)) is None
-  on_the_fly = iter(data.train_dataset(pairs, batching, seed=3, tokenize=tokenize))
-  once = iter(data.train_dataset(ids, batching, seed=3))
-  for _ in range(5):
-    a, b = next(on_the_fly), next(once)
-    assert a.keys() == b.keys()
-    for key in a:
-      np.testing.assert_array_equal(a[key], b[key])
 
 
 @pytest.mark.parametrize("workers", [0, 2])

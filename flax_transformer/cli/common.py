@@ -11,7 +11,7 @@ import jax
 from absl import app, flags
 from absl import logging as absl_logging
 
-from flax_transformer import errors
+from flax_transformer import errors, host
 from flax_transformer.errors import EXIT_BAD_INPUT, EXIT_FAILED
 from flax_transformer.training import host_allocator
 
@@ -109,8 +109,8 @@ def set_cpu_devices(count: int) -> None:
   xla_flags = os.environ.get("XLA_FLAGS", "")
   if flag in xla_flags:
     return
-  if count <= 0:  # sched_getaffinity (the cores this process may use) is Linux-only.
-    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  if count <= 0:
+    count = host.usable_cores()
   os.environ["XLA_FLAGS"] = f"{xla_flags} {flag}={count}".strip()
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from typing import Iterator, Sequence
 
@@ -19,6 +18,7 @@ import jax
 import numpy as np
 from grain import experimental as grain_experimental
 
+from flax_transformer import host
 from flax_transformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
 
 READ_THREADS = 0  # Reading in this thread: grain's read-ahead threads cost more than they save here.
@@ -154,8 +154,8 @@ def auto_workers(requested: int) -> int:
   workers would take cores from XLA's own threads."""
   if requested >= 0:
     return requested
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  return 0 if (cores or 1) < 8 else min(8, cores // 2)
+  cores = host.usable_cores()
+  return 0 if cores < 8 else min(8, cores // 2)
 
 
 def prefetched(ds: grain.IterDataset, place, *, workers: int = 0, host_buffer: int = 4,

@@ -123,6 +123,16 @@ def make_search_fn(model_config: Members, search: SearchConfig
   return search_fn
 
 
+def per_shape(jitted_search, search: SearchConfig, *, max_shapes: int | None = None
+              ) -> compilation.PerShape:
+  """A jitted search compiled once per input shape, each compile logged by name."""
+  sampling = search.temperature > 0 or search.beam_size == 1
+  return compilation.PerShape(
+      jitted_search, "Sampling" if sampling else "Beam search", max_shapes=max_shapes,
+      key=lambda params, inputs, rng: inputs,
+      describe=lambda params, inputs, rng: f"inputs {list(inputs.shape)}")
+
+
 def shard_search_fn(search_fn: Callable[[Any, jax.Array, jax.Array], search_lib.SearchResult],
                     mesh: Mesh) -> Callable[[Any, jax.Array, jax.Array], search_lib.SearchResult]:
   """`search_fn` run independently on every device of `mesh`, each on its share of rows.
@@ -234,11 +244,8 @@ class Translator:
     mesh = Mesh(np.asarray(self.devices), ("rows",))
     self._rows = NamedSharding(mesh, PartitionSpec("rows"))
     self._placed_params = jax.device_put(self.params, NamedSharding(mesh, PartitionSpec()))
-    sampling = search.temperature > 0 or search.beam_size == 1
-    self._search_fn = compilation.PerShape(
-        jax.jit(shard_search_fn(make_search_fn(self.model_configs, search), mesh)),
-        "Sampling" if sampling else "Beam search", key=lambda params, inputs, rng: inputs,
-        describe=lambda params, inputs, rng: f"inputs {list(inputs.shape)}")
+    self._search_fn = per_shape(
+        jax.jit(shard_search_fn(make_search_fn(self.model_configs, search), mesh)), search)
 
   @property
   def ensemble(self) -> bool:
