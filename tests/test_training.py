@@ -211,7 +211,8 @@ def test_grad_accumulation_matches_full_batch():
   np.testing.assert_allclose(runs[1], runs[0], rtol=1e-4)
 
 
-def test_nonfinite_step_changes_no_parameter_or_optimiser_state():
+@pytest.mark.parametrize("with_branch", [True, False], ids=["cpu_branch", "accelerator_select"])
+def test_nonfinite_step_changes_no_parameter_or_optimiser_state(with_branch):
   config = tiny.get_config()
   config.unlock()
   config.learning_rate = 1e30  # The first update overflows the parameters...
@@ -219,6 +220,7 @@ def test_nonfinite_step_changes_no_parameter_or_optimiser_state():
                                             num_layers=2, max_len=16, dropout_rate=0.0)
   trainer = training.Trainer(model_config, config,
                              sharding.make_mesh({"data": 1}, jax.devices()[:1]))
+  trainer.skip_with_branch = with_branch
   state = trainer.init_state(seed=0)
   batches = [jax.device_put(b, trainer.batch_sharding) for b in synthetic_batches(2)]
   state, first = trainer.train_step(state, batches[0])

@@ -145,6 +145,8 @@ class Trainer:
     self.schedule = learning_rate_schedule(model_config.d_model, config.warmup_steps,
                                            config.learning_rate)
     self.optimizer = make_optimizer(config, self.schedule)
+    # How a non-finite step is skipped (see _train_step_fn); tests set both ways.
+    self.skip_with_branch = mesh.devices.flat[0].platform == "cpu"
 
     boxed = jax.eval_shape(self._boxed_init, jax.random.PRNGKey(0))
     self.state_shardings = sharding_lib.logical_shardings(boxed, mesh, self.rules)
@@ -220,11 +222,18 @@ class Trainer:
       return optax.apply_updates(params, updates), opt_state
 
     # A non-finite step changes nothing; the loop stops or skips on `nonfinite`.
-    # A branch rather than a select between old and new state: the select kept
-    # the old Adam moments alive past their update, so XLA copied every one of
-    # them each step (BENCHMARKS.md).
-    params, opt_state = jax.lax.cond(finite, update, lambda p, o, g: (p, o),
-                                     state.params, state.opt_state, grads)
+    # On CPUs a branch: a select between old and new state kept the old Adam
+    # moments alive past their update, so XLA copied every one of them each step
+    # (BENCHMARKS.md). On GPUs and TPUs a select: it fuses into the update's
+    # elementwise kernels, while a branch's predicate is copied to the host, a
+    # stall in the middle of every step.
+    if self.skip_with_branch:
+      params, opt_state = jax.lax.cond(finite, update, lambda p, o, g: (p, o),
+                                       state.params, state.opt_state, grads)
+    else:
+      params, opt_state = jax.tree_util.tree_map(
+          lambda new, old: jnp.where(finite, new, old),
+          update(state.params, state.opt_state, grads), (state.params, state.opt_state))
     new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
     metrics = {"loss": sums["loss"] / tokens, "nll": sums["nll"] / tokens,
                "tokens": sums["tokens"],
