@@ -345,7 +345,13 @@ class Bench:
       modules[name] = module
     return modules["models"], modules["decode"]
 
-  def train_steps(self, name: str, attention: str = "auto") -> None:
+  def train_steps(self, name: str, attention: str = "auto", ablations: bool = False) -> None:
+    """Our Trainer's step against the peer's at SHAPES[name], timed alternately.
+
+    With `ablations`, also ours with each of its hand-written pieces replaced by
+    the plain JAX a reader would write (`ablation_patches`): which of them costs
+    time on this device.
+    """
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -370,21 +376,37 @@ class Bench:
                                      d_ff=shape["d_ff"], num_heads=shape["heads"],
                                      num_layers=shape["layers"], max_len=length,
                                      dtype=shape["dtype"], attention_implementation=attention)
-    trainer = training.Trainer(model_config, config,
-                               sharding.make_mesh({"data": 1}, jax.devices()[:1]))
-    state = trainer.init_state(0)
-    batch = jax.device_put(host_batch, trainer.batch_sharding)
-    started = time.perf_counter()
-    trainer.compile_train_step(state, batch)
-    ours_compile = time.perf_counter() - started
-    holder = {"ours": [state]}
+    mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+    compile_s = {}
 
-    def ours():
-      for _ in range(steps):
-        holder["ours"][0], metrics = trainer.train_step(holder["ours"][0], batch)
-      jax.block_until_ready((holder["ours"][0], metrics))
+    def build(key: str, patches: dict) -> None:
+      originals = {(module, attr): getattr(module, attr) for module, attr in patches}
+      for (module, attr), replacement in patches.items():
+        setattr(module, attr, replacement)
+      try:  # The patches hold while the step is traced and compiled.
+        trainer = training.Trainer(model_config, config, mesh)
+        state = trainer.init_state(0)
+        batch = jax.device_put(host_batch, trainer.batch_sharding)
+        started = time.perf_counter()
+        trainer.compile_train_step(state, batch)
+        compile_s[key] = time.perf_counter() - started
+      finally:
+        for (module, attr), original in originals.items():
+          setattr(module, attr, original)
+      holder = [state]
 
-    timed["ours"] = ours
+      def run():
+        for _ in range(steps):
+          holder[0], metrics = trainer.train_step(holder[0], batch)
+        jax.block_until_ready((holder[0], metrics))
+
+      timed[key] = run
+
+    build("ours", {})
+    ours_compile = compile_s["ours"]
+    if ablations:
+      for key, patches in ablation_patches().items():
+        build(key, patches)
     peer_compile = None
     try:
       models, _ = self.peer()
@@ -457,6 +479,15 @@ class Bench:
       peer_s = statistics.median(runs["peer"])
       out.update(peer_ms=1000 * peer_s, peer_runs_ms=[1000 * x for x in runs["peer"]],
                  peer_compile_s=peer_compile, speedup_vs_peer=peer_s / ours_s)
+    if ablations:
+      self.record[f"{name}_ablations"] = {
+          key: {"ms": 1000 * statistics.median(runs[key]),
+                "runs_ms": [1000 * x for x in runs[key]], "compile_s": compile_s[key],
+                "over_ours": statistics.median(runs[key]) / ours_s}
+          for key in compile_s if key != "ours"}
+      out["ablations"] = f"{name}_ablations"
+      self.record[f"{name}_with_ablations"] = out
+      return
     if attention != "auto":  # A variant: recorded beside the headline, not as it.
       self.record[f"{name}_{attention}_attention"] = out
       return
@@ -585,6 +616,10 @@ class Bench:
     self.run_section("base_bf16_xla_attention",
                      lambda: self.train_steps("base_bf16", attention="xla"), min_left_s=60)
     self.run_section("small_f32", lambda: self.train_steps("small_f32"), min_left_s=40)
+    # Not in a default run: which hand-written piece of our step costs time here.
+    if self.args.sections and "small_f32_ablations" in self.args.sections:
+      self.run_section("small_f32_ablations",
+                       lambda: self.train_steps("small_f32", ablations=True), min_left_s=60)
     self.run_section("decode_vs_peer", self.decode_vs_peer, min_left_s=30)
     if hasattr(self, "cpu_proc"):
       self.run_section("cpu_decode", self.finish_cpu_decode)
@@ -595,6 +630,33 @@ class Bench:
     self.save()
     summary(self.record)
     print(f"wrote {self.out}")
+
+
+def ablation_patches() -> dict[str, dict]:
+  """name -> {(module, attribute): replacement}: each of our hand-written step
+  pieces (tuned on CPUs) swapped for plain JAX, one at a time and all together."""
+  import jax
+  import jax.numpy as jnp
+
+  from flax_transformer.network import layers
+  from flax_transformer.training import steps
+
+  def plain_projection(x, embedding):
+    return jnp.einsum("...d,vd->...v", x, embedding)
+
+  def plain_cross_entropy(logits, targets, label_smoothing):
+    return steps._smoothed_cross_entropy_fwd(logits, targets, label_smoothing)[0]
+
+  def bernoulli_keep(rng, shape, rate):
+    return jax.random.bernoulli(rng, 1.0 - rate, shape)
+
+  one_at_a_time = {
+      "plain_tied_projection": {(layers, "tied_projection"): plain_projection},
+      "autodiff_cross_entropy": {(steps, "smoothed_cross_entropy"): plain_cross_entropy},
+      "bernoulli_dropout": {(layers, "dropout_keep_mask"): bernoulli_keep},
+  }
+  everything = {k: v for patches in one_at_a_time.values() for k, v in patches.items()}
+  return {**one_at_a_time, "all_plain": everything}
 
 
 def parse_compiles(log: str) -> list[dict]:

@@ -3,7 +3,7 @@
 # XLA's default flags, then under each variant flag set below, every variant in
 # its own process with the peer measured beside ours (ratios within a variant).
 #
-#   bash bench/accelerator_variants.sh OUT_DIR [accelerator.py args...]
+#   PLAN=first|second bash bench/accelerator_variants.sh OUT_DIR [accelerator.py args...]
 #
 # Writes OUT_DIR/<variant>.json and OUT_DIR/<variant>.log. Each process has a
 # wall-clock cap (VARIANT_LIMIT_S, default 130 s; the first gets twice that) and
@@ -22,15 +22,28 @@ run() {  # name, XLA_FLAGS, sections, wall-clock cap in seconds
   echo "   exit $? after $SECONDS s in all"; tail -n 25 "$out/$1.log"
 }
 
-# 1. Defaults: the headline rows (base bf16 first: it has never been measured).
-run default "" base_bf16,small_f32,decode_vs_peer $(( 2 * limit ))
-# 2. While loops and conditionals inside CUDA graphs: the search's loop and a step
-#    without a host round trip per iteration.
-run command_buffers \
-  "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL" \
-  small_f32,decode_vs_peer "$limit"
-# 3. cuBLAS only, no Triton GEMM autotuning: compile time against step time.
-run no_triton_gemm "--xla_gpu_enable_triton_gemm=false" small_f32,decode_vs_peer "$limit"
+case "${PLAN:-first}" in
+first)  # Run 3 (2026-11-26).
+  # 1. Defaults: the headline rows (base bf16 first: it had never been measured).
+  run default "" base_bf16,small_f32,decode_vs_peer $(( 2 * limit ))
+  # 2. While loops and conditionals inside CUDA graphs: the search's loop and a
+  #    step without a host round trip per iteration.
+  run command_buffers \
+    "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL" \
+    small_f32,decode_vs_peer "$limit"
+  # 3. cuBLAS only, no Triton GEMM autotuning: compile time against step time.
+  run no_triton_gemm "--xla_gpu_enable_triton_gemm=false" small_f32,decode_vs_peer "$limit"
+  ;;
+second)  # Run 4: after run 3 found cuBLAS-only faster to compile and to run at small f32.
+  # 1. cuBLAS only at the paper's base shape, and which hand-written piece of our
+  #    step costs time (ablations, beside ours and the peer).
+  run no_triton_gemm "--xla_gpu_enable_triton_gemm=false" base_bf16,small_f32_ablations \
+    $(( 2 * limit ))
+  # 2. Defaults at small f32 (run 3 ran out of budget before it).
+  run default "" small_f32 "$(( limit - 30 ))"
+  ;;
+*) echo "unknown PLAN=$PLAN (first, second)"; exit 2 ;;
+esac
 
 python3 - "$out" <<'PY'
 import json, pathlib, sys
@@ -46,4 +59,9 @@ for path in sorted(pathlib.Path(sys.argv[1]).glob("*.json")):
     print(f"{path.stem:16} {name:15} {ours:8.2f} {peer or 0:8.2f} {r.get('speedup_vs_peer') or 0:7.2f} "
           f"{r.get('ours_compile_s') or 0:9.1f} {r.get('peer_compile_s') or 0:9.1f} "
           f"{r.get('ours_mfu_of_bf16_peak') or 0:6.1%}")
+  for key, r in record.get("small_f32_ablations", {}).items():
+    print(f"{path.stem:16} {key:25} {r['ms']:8.2f} ms = {r['over_ours']:.2f}x ours, compile {r['compile_s']:.1f} s")
+  w = record.get("small_f32_with_ablations")
+  if w:
+    print(f"{path.stem:16} {'(ours, peer there)':25} {w['ours_ms']:8.2f} {w.get('peer_ms') or 0:8.2f} ms")
 PY
