@@ -378,6 +378,7 @@ class Bench:
                                      dtype=shape["dtype"], attention_implementation=attention)
     mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
     compile_s = {}
+    initial = []
 
     def build(key: str, patches: dict) -> None:
       originals = {(module, attr): getattr(module, attr) for module, attr in patches}
@@ -385,7 +386,10 @@ class Bench:
         setattr(module, attr, replacement)
       try:  # The patches hold while the step is traced and compiled.
         trainer = training.Trainer(model_config, config, mesh)
-        state = trainer.init_state(0)
+        # One initialisation (its compile takes 12-35 s on an H100), a copy per variant.
+        if not initial:
+          initial.append(trainer.init_state(0))
+        state = jax.tree_util.tree_map(jnp.copy, initial[0])
         batch = jax.device_put(host_batch, trainer.batch_sharding)
         started = time.perf_counter()
         trainer.compile_train_step(state, batch)
@@ -725,6 +729,11 @@ def main():
   if args.merge:
     merge(args.merge, args.out)
     return
+  # In-process sections run with the XLA flags train.py and decode.py set (the peer,
+  # in the same process, too); the record names them.
+  from flax_transformer import compilation
+
+  compilation.set_default_xla_flags()
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
   for name in ("jax", "absl", "orbax", "grain", "tensorflow_datasets"):
     logging.getLogger(name).setLevel(logging.WARNING)

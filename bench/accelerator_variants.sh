@@ -5,7 +5,8 @@
 #
 #   PLAN=first|second bash bench/accelerator_variants.sh OUT_DIR [accelerator.py args...]
 #
-# Writes OUT_DIR/<variant>.json and OUT_DIR/<variant>.log. Each process has a
+# accelerator.py adds the entry points' default XLA flags (compilation.DEFAULT_XLA_FLAGS)
+# to each variant's, from run 5 on. Writes OUT_DIR/<variant>.json and OUT_DIR/<variant>.log. Each process has a
 # wall-clock cap (VARIANT_LIMIT_S, default 130 s; the first gets twice that) and
 # accelerator.py rewrites its JSON after every section, so a cap loses one section.
 set -u
@@ -42,7 +43,14 @@ second)  # Run 4: after run 3 found cuBLAS-only faster to compile and to run at 
   # 2. Defaults at small f32 (run 3 ran out of budget before it).
   run default "" small_f32 "$(( limit - 30 ))"
   ;;
-*) echo "unknown PLAN=$PLAN (first, second)"; exit 2 ;;
+third)  # Next: the library's defaults (Triton GEMMs off since run 4), then threefry
+  # as one CUDA kernel (XLA's unrolled threefry is most of the parameter-init
+  # and much of the train-step compile: 10k ops in the small model's init HLO).
+  run defaults "" small_f32_ablations,decode_vs_peer $(( 2 * limit ))
+  JAX_THREEFRY_GPU_KERNEL_LOWERING=1 run threefry_kernel "" base_bf16,small_f32 "$limit"
+  run readme_job "" readme_job,warm_compile,readme_step "$(( 2 * limit ))"
+  ;;
+*) echo "unknown PLAN=$PLAN (first, second, third)"; exit 2 ;;
 esac
 
 python3 - "$out" <<'PY'

@@ -23,6 +23,26 @@ from jax.experimental.compilation_cache import compilation_cache
 MIN_COMPILE_SECONDS = 0.2
 
 
+# XLA flags train.py and decode.py set unless XLA_FLAGS already names them: flag ->
+# value. cuBLAS-only matmuls on GPUs: on an H100 our train step compiled and ran
+# faster without Triton GEMM autotuning, at a small shape and the paper's base one
+# (BENCHMARKS.md, "One NVIDIA H100", runs 3 and 4). No effect on CPUs and TPUs.
+DEFAULT_XLA_FLAGS = {"--xla_gpu_enable_triton_gemm": "false"}
+
+
+def set_default_xla_flags(environ=os.environ) -> list[str]:
+  """Adds DEFAULT_XLA_FLAGS to XLA_FLAGS (before JAX starts its backends); returns those added.
+
+  A flag already in XLA_FLAGS, with any value, is left as the user set it.
+  """
+  current = environ.get("XLA_FLAGS", "")
+  given = {part.split("=", 1)[0] for part in current.split()}
+  added = [f"{flag}={value}" for flag, value in DEFAULT_XLA_FLAGS.items() if flag not in given]
+  if added:
+    environ["XLA_FLAGS"] = " ".join([current, *added]).strip()
+  return added
+
+
 def default_cache_dir() -> str:
   """$XDG_CACHE_HOME/flax_transformer/xla (~/.cache/... when unset)."""
   base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

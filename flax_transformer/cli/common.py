@@ -11,7 +11,7 @@ import jax
 from absl import app, flags
 from absl import logging as absl_logging
 
-from flax_transformer import errors, host
+from flax_transformer import compilation, errors, host
 from flax_transformer.errors import EXIT_BAD_INPUT, EXIT_FAILED
 from flax_transformer.training import host_allocator
 
@@ -120,6 +120,10 @@ def run_main(argv: list[str], work) -> None:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
   host_allocator.reexec_with_reusable_malloc()
   setup_logging()
+  added = compilation.set_default_xla_flags()
+  if added:
+    logging.info("Added to XLA_FLAGS: %s (name the flag in XLA_FLAGS to choose otherwise)",
+                 " ".join(added))
   with exit_on_errors():
     work()
 
