@@ -147,6 +147,7 @@ class HeadsProjection(nn.Module):
 
   num_heads: int
   head_dim: int
+  use_bias: bool = False  # The paper's W^Q, W^K, W^V have none.
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
 
@@ -158,17 +159,15 @@ class HeadsProjection(nn.Module):
         "kernel", nn.with_logical_partitioning(
             nn.initializers.xavier_uniform(in_axis=0, out_axis=(1, 2)), Q_KERNEL_AXES),
         (x.shape[-1], self.num_heads, self.head_dim), self.param_dtype)
-    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros,
-                                                           ("heads", "kv")),
-                      (self.num_heads, self.head_dim), self.param_dtype)
-    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=self.dtype)
-    return jnp.einsum("...d,dnh->...nh", x, kernel) + bias
+    return _with_bias(self, "...d,dnh->...nh", x, kernel,
+                      (self.num_heads, self.head_dim), ("heads", "kv"))
 
 
 class OutputProjection(nn.Module):
   """Concat(head_1..head_h) W^O: [..., num_heads, d_v] -> [..., features]."""
 
   features: int
+  use_bias: bool = False  # The paper's W^O has none.
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
 
@@ -178,10 +177,21 @@ class OutputProjection(nn.Module):
         "kernel", nn.with_logical_partitioning(
             nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2), OUT_KERNEL_AXES),
         (x.shape[-2], x.shape[-1], self.features), self.param_dtype)
-    bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-                      (self.features,), self.param_dtype)
-    x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=self.dtype)
-    return jnp.einsum("...nh,nhd->...d", x, kernel) + bias
+    return _with_bias(self, "...nh,nhd->...d", x, kernel, (self.features,),
+                      ("embed",))
+
+
+def _with_bias(module: nn.Module, spec: str, x: jax.Array, kernel: jax.Array,
+               bias_shape: tuple[int, ...], bias_axes: tuple[str, ...]) -> jax.Array:
+  """einsum(spec, x, kernel) in the module's dtype, plus a zero-initialised bias
+  of `bias_shape` when `module.use_bias`."""
+  if not module.use_bias:
+    x, kernel = nn.dtypes.promote_dtype(x, kernel, dtype=module.dtype)
+    return jnp.einsum(spec, x, kernel)
+  bias = module.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, bias_axes),
+                      bias_shape, module.param_dtype)
+  x, kernel, bias = nn.dtypes.promote_dtype(x, kernel, bias, dtype=module.dtype)
+  return jnp.einsum(spec, x, kernel) + bias
 
 
 class MultiHeadAttention(nn.Module):
@@ -219,8 +229,8 @@ class MultiHeadAttention(nn.Module):
     n, d_k, d_v = cfg.num_heads, cfg.head_dim_k, cfg.head_dim_v
 
     def project(x: jax.Array, features: int, name: str) -> jax.Array:
-      out = HeadsProjection(n, features, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                            name=name)(x)
+      out = HeadsProjection(n, features, use_bias=cfg.attention_bias, dtype=cfg.dtype,
+                            param_dtype=cfg.param_dtype, name=name)(x)
       return nn.with_logical_constraint(out, ("batch", "length", "heads", "kv"))
 
     query = project(inputs_q, d_k, "query")
@@ -250,8 +260,8 @@ class MultiHeadAttention(nn.Module):
                                        dropout_rate=cfg.attention_dropout_rate,
                                        dropout_rng=dropout_rng,
                                        implementation=cfg.attention_implementation)
-    out = OutputProjection(cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
-                           name="out")(x)
+    out = OutputProjection(cfg.d_model, use_bias=cfg.attention_bias, dtype=cfg.dtype,
+                           param_dtype=cfg.param_dtype, name="out")(x)
     return nn.with_logical_constraint(out, ("batch", "length", "embed"))
 
   def _static_key_value(self, inputs_kv, project):

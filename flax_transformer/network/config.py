@@ -33,6 +33,9 @@ class TransformerConfig:
   attention_dropout_rate: float = 0.0  # The paper uses none; an option.
   max_len: int = 256  # Longest sequence the position encoding covers.
   share_embeddings: bool = True  # Source, target and pre-softmax share one matrix.
+  # Biases on W^Q, W^K, W^V and W^O. The paper's projections have none (section
+  # 3.2.2); True adds them, as many implementations (and this one before) do.
+  attention_bias: bool = False
   positional: str = "sinusoidal"  # 'sinusoidal' (paper) | 'learned' (Table 3 E).
   norm: str = "post"  # 'post' (paper) | 'pre' (plus a final LayerNorm).
   layer_norm_epsilon: float = 1e-6

@@ -84,7 +84,11 @@ def read_run(workdir: str | Path) -> tuple[TransformerConfig, Tokenizer]:
   if not run_file.is_file():
     raise FileNotFoundError(f"{run_file} not found: {workdir} is not a training workdir "
                             "(train.py writes it)")
-  model_config = TransformerConfig.from_dict(json.loads(run_file.read_text())["model"])
+  model = json.loads(run_file.read_text())["model"]
+  # Records written before `attention_bias` existed describe models trained with
+  # those biases: without this their checkpoints would not load.
+  model.setdefault("attention_bias", True)
+  model_config = TransformerConfig.from_dict(model)
   return model_config, Tokenizer(workdir / VOCAB_FILE)
 
 
