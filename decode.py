@@ -34,8 +34,9 @@ flags.DEFINE_integer("top_k", SEARCH.top_k, "Sampling: keep the k most likely to
 flags.DEFINE_float("top_p", SEARCH.top_p,
                    "Sampling: keep the smallest set of tokens with mass >= p.")
 flags.DEFINE_integer("seed", 0, "Sampling seed.")
-flags.DEFINE_integer("average_last", 1, "Average the parameters of the last K checkpoints "
-                     "(paper: 5 for base, 20 for big).")
+flags.DEFINE_integer("average_last", 5, "Average the parameters of the last K checkpoints, "
+                     "as the paper did (5 for base, 20 for big); fewer, with a warning, where "
+                     "the workdir holds fewer. 1 = the newest checkpoint alone.")
 flags.DEFINE_integer("checkpoint_step", None, "Use this checkpoint step (default: newest).")
 flags.DEFINE_string("reference", None, "Reference translations, one per line: print scores.")
 flags.DEFINE_list("metrics", ["bleu", "chrf", "ter"], "Scores with --reference (sacrebleu).")

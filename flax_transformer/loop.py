@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 import sacrebleu
+from jax.experimental import multihost_utils
 
 from flax_transformer import compilation
 from flax_transformer.data import pipeline as data_lib
@@ -55,7 +56,7 @@ def check_config(config) -> None:
   if config.data_workers < -1:
     raise ConfigError(f"config.data_workers must be >= 0, or -1 for automatic, got "
                       f"{config.data_workers}")
-  for key in ("bleu_every_steps", "test_bleu_every_steps"):
+  for key in ("bleu_every_steps", "test_bleu_every_steps", "checkpoint_every_minutes"):
     if config[key] < 0:
       raise ConfigError(f"config.{key} must be >= 0 (0 = never), got {config[key]}")
   if not 0.0 <= config.label_smoothing < 1.0:
@@ -160,17 +161,33 @@ class Due:
     return any(dataclasses.astuple(self))
 
 
-def due_after(config, step: int, stopping: bool = False) -> Due:
-  """What step `step` (1-based) is followed by: each cadence, the last step, a signal."""
+def due_after(config, step: int, stopping: bool = False,
+              seconds_since_save: float = 0.0) -> Due:
+  """What step `step` (1-based) is followed by: each cadence, the last step, a signal.
+
+  `checkpoint_every_minutes` (the paper saved every 10 minutes) is checked at log
+  steps only: in a multi-process run every process must take the same decision,
+  and process 0's clock is broadcast to the others there, not at every step.
+  """
   last = step == config.num_train_steps
 
   def every(n: int) -> bool:  # n = 0: never (BLEU cadences), except at the last step.
     return n > 0 and (step % n == 0 or last)
 
-  return Due(log=every(config.log_every_steps) or stopping,
+  log = every(config.log_every_steps)
+  by_time = (config.checkpoint_every_minutes > 0 and log
+             and _agreed(seconds_since_save >= 60 * config.checkpoint_every_minutes))
+  return Due(log=log or stopping,
              eval=every(config.eval_every_steps), bleu=every(config.bleu_every_steps),
              test_bleu=every(config.test_bleu_every_steps),
-             save=every(config.checkpoint_every_steps) or stopping)
+             save=every(config.checkpoint_every_steps) or by_time or stopping)
+
+
+def _agreed(flag: bool) -> bool:
+  """Process 0's `flag`, on every process."""
+  if jax.process_count() == 1:
+    return flag
+  return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag)))
 
 
 class Evaluation:
@@ -306,6 +323,8 @@ class Run:
   state: Any
   start_step: int
 
+  saved_at: float = dataclasses.field(default_factory=time.monotonic)  # Or started.
+
   def save(self, step: int, state) -> None:
     try:
       self.checkpointer.save(step, state, self.train_iter, force=True)
@@ -313,6 +332,7 @@ class Run:
       # A save fails when the workdir is deleted under it: say that, not "disk full?".
       workdir_lib.check_present(self.workdir, step)
       raise
+    self.saved_at = time.monotonic()
 
   def close(self) -> None:
     self.checkpointer.wait()
@@ -403,7 +423,8 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
     state, metrics = run.trainer.train_step(state, batch)
     step += 1
     run.meter.add(step, metrics)
-    due = due_after(config, step, stopping=run.stop.signal_name is not None)
+    due = due_after(config, step, stopping=run.stop.signal_name is not None,
+                    seconds_since_save=time.monotonic() - run.saved_at)
     if not due.any():
       batch = next(run.train_iter)  # Overlaps with the device computing this step.
       continue

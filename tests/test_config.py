@@ -9,12 +9,14 @@ import pytest
 from flax_transformer import TransformerConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from configs import base, big, table3  # noqa: E402
+from configs import base, big, multi30k, multi30k_best, multi30k_en_fr, table3  # noqa: E402
 
 
 def test_model_section_holds_exactly_the_dataclass_fields():
   fields = {f.name for f in dataclasses.fields(TransformerConfig)}
-  for config in [base.get_config(), big.get_config()] + [
+  for config in [base.get_config(), big.get_config(), multi30k.get_config(),
+                 multi30k_en_fr.get_config()] + [
+      multi30k_best.get_config(pair) for pair in multi30k_best.STEPS] + [
       table3.get_config(row) for row in table3.ROWS]:
     assert set(config.model.to_dict()) == fields
     TransformerConfig.from_dict(config.model.to_dict())
@@ -25,6 +27,19 @@ def test_defaults_are_the_paper_base_model():
   assert (cfg.num_layers, cfg.d_model, cfg.d_ff, cfg.num_heads) == (6, 512, 2048, 8)
   assert (cfg.head_dim_k, cfg.head_dim_v, cfg.dropout_rate) == (64, 64, 0.1)
   assert (cfg.norm, cfg.positional, cfg.share_embeddings) == ("post", "sinusoidal", True)
+  assert cfg.attention_bias is False  # W^Q, W^K, W^V, W^O have no biases (section 3.2.2).
+
+
+def test_best_recipes_hold_what_their_results_were_trained_with():
+  """The settings of the runs behind RESULTS.md's best rows, by config name."""
+  de, fr = multi30k_best.get_config("en-de"), multi30k_best.get_config("en-fr")
+  for config, steps, lang in ((de, 9000, "de"), (fr, 7000, "fr")):
+    assert (config.target_lang, config.num_train_steps) == (lang, steps)
+    assert (config.model.dropout_rate, config.subword_sampling_alpha) == (0.2, 0.02)
+    assert config.model.attention_bias and config.keep_checkpoints == 10
+  assert multi30k_en_fr.get_config().target_lang == "fr"
+  with pytest.raises(ValueError, match="unknown pair 'en-xx'"):
+    multi30k_best.get_config("en-xx")
 
 
 def test_table3_rows_change_what_the_paper_says():

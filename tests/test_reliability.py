@@ -174,3 +174,13 @@ def test_workdir_deleted_under_a_running_job_stops_it_clearly(tmp_path, multi30k
   if (workdir / "checkpoints").exists():
     assert all(int(p.name) < stopped
                for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+
+
+def test_checkpoints_by_time_as_the_paper_saved_them(tmp_path, multi30k_dir):
+  # Steps alone would save only at the end (step 20); any time > 6 ms saves at log steps.
+  result = run_train(tmp_path, multi30k_dir, "--config.num_train_steps=20",
+                     "--config.checkpoint_every_steps=1000", "--config.keep_checkpoints=10",
+                     "--config.checkpoint_every_minutes=0.0001")
+  assert result.returncode == 0, result.stderr
+  saved = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+  assert saved == [5, 10, 15, 20]

@@ -451,3 +451,8 @@ def test_due_after_names_each_cadence():
   assert due_after(config, 20) == Due(log=True, save=True)
   assert due_after(config, 21, stopping=True) == Due(log=True, save=True)
   assert due_after(config, 30) == Due(log=True, eval=True, save=True)  # 0 = never, even last.
+  # By time: at a log step once the minutes have passed, never between log steps.
+  config.checkpoint_every_minutes = 10
+  assert due_after(config, 10, seconds_since_save=599) == Due(log=True)
+  assert due_after(config, 10, seconds_since_save=600) == Due(log=True, save=True)
+  assert due_after(config, 7, seconds_since_save=6000) == Due()
