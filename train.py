@@ -4,6 +4,9 @@ Every config key can be overridden: --config.num_train_steps=1000. Bad
 configs and data exit with code 2 and a message naming the problem.
 """
 
+import datetime
+import sys
+
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -23,8 +26,11 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
+  launch = {"config_file": config_flags.get_config_filename(FLAGS["config"]),
+            "overrides": config_flags.get_override_values(FLAGS["config"]),
+            "argv": sys.argv, "started": datetime.datetime.now().astimezone().isoformat()}
   cli.run_main(argv, lambda: cli.run_training(
-      FLAGS.config, FLAGS.workdir, coordinator_address=FLAGS.coordinator_address,
+      FLAGS.config, FLAGS.workdir, launch=launch, coordinator_address=FLAGS.coordinator_address,
       num_processes=FLAGS.num_processes, process_id=FLAGS.process_id))
 
 

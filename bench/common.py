@@ -54,6 +54,7 @@ def matmul_peak_gflops(sizes=(1024, 2048), repeats: int = 5) -> float:
 
 def run_like_entry_points() -> None:
   """Re-executes with the malloc settings train.py and decode.py use (host_allocator)."""
+  from flax_transformer import host
   from flax_transformer.training import host_allocator
 
   host_allocator.reexec_with_reusable_malloc()
@@ -62,30 +63,13 @@ def run_like_entry_points() -> None:
 def machine() -> dict:
   import jax
 
+  from flax_transformer import host
   from flax_transformer.training import host_allocator
 
   return {"python": platform.python_version(), "jax": jax.__version__,
           "platform": jax.devices()[0].platform, "devices": jax.device_count(),
-          "cpu": platform.processor() or platform.machine(), **cpu_model(),
+          "cpu": platform.processor() or platform.machine(), **host.cpu_model(),
           "malloc": host_allocator.describe()}
-
-
-def cpu_model() -> dict:
-  """Model name, clock (MHz) and widest vector ISA from /proc/cpuinfo (Linux), else {}.
-
-  Hosts of the same kind differ (the float32 matmul peak has been 150 and 340
-  GFLOP/s on two of them): this tells which one produced a JSON file.
-  """
-  try:
-    with open("/proc/cpuinfo") as f:
-      fields = dict(line.split(":", 1) for line in f if ":" in line)
-  except OSError:
-    return {}
-  fields = {k.strip(): v.strip() for k, v in fields.items()}
-  flags = fields.get("flags", "").split()
-  isa = next((x for x in ("avx512f", "avx2", "avx") if x in flags), "")
-  return {"cpu_model": fields.get("model name", ""), "cpu_mhz": fields.get("cpu MHz", ""),
-          "cpu_vector_isa": isa}
 
 
 def print_table(rows: Sequence[dict], columns: Sequence[str]) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import shlex
 import time
 from pathlib import Path
 
@@ -36,11 +37,18 @@ def main():
   parser.add_argument("--command", action="append", default=[],
                       help="the training command, for the record (with --ensemble: once per "
                            "workdir, --workdir's first)")
-  parser.add_argument("--out", help="write the results JSON here")
+  parser.add_argument("--train_commit", default="",
+                      help="the training run's git commit, for runs whose run.json predates "
+                           "its launch records")
+  parser.add_argument("--out", help="write the results JSON here (and its hypotheses beside "
+                                    "it, as .hyp)")
   args = parser.parse_args()
 
   from sacrebleu.metrics import BLEU, CHRF
 
+  import jax
+
+  from flax_transformer import provenance
   from flax_transformer.translation.translator import SearchConfig, Translator
 
   ensemble = [w for w in args.ensemble.split(",") if w]
@@ -50,7 +58,9 @@ def main():
                   if line.strip()] for w in workdirs]
   records = all_records[0]
   command = args.command[0] if args.command else ""
-  src, tgt = _languages(args.workdir, command)
+  launches = run.get("launches", [])
+  training = _training_record(launches, command, args.train_commit)
+  src, tgt = _languages(training)
   read = lambda lang: [line.rstrip("\n") for line in gzip.open(  # noqa: E731
       MULTI30K / f"test_2016_flickr.{lang}.gz", "rt", encoding="utf-8")]
   sources, references = read(src), read(tgt)
@@ -76,7 +86,8 @@ def main():
       "beam_size": args.beam_size, "alpha": args.alpha,
       "validation_bleu_curve": [(r["step"], round(r["wall_s"]), round(r["bleu"], 2))
                                 for r in records if "bleu" in r],
-      "model": run["model"], "command": command,
+      "model": run["model"], "command": command, **training,
+      "decoded_by": provenance.describe(jax.devices()),
   }
   if ensemble:
     commands = args.command + [""] * (len(workdirs) - len(args.command))
@@ -97,19 +108,44 @@ def main():
                          "wall_s_to_validation_bleu_30", "wall_s_to_validation_bleu_35",
                          "wall_s_to_test_bleu_30", "wall_s_to_test_bleu_35"])
   print(result["bleu_signature"])
-  write_json(args.out, result)
   search = "" if (args.beam_size, args.alpha) == (4, 0.6) else f".b{args.beam_size}.a{args.alpha}"
   search += f".ensemble{len(workdirs)}" if ensemble else ""
-  Path(args.workdir, f"test_2016_flickr{search}.hyp").write_text("\n".join(hypotheses) + "\n")
+  text = "\n".join(hypotheses) + "\n"
+  Path(args.workdir, f"test_2016_flickr{search}.hyp").write_text(text)
+  if args.out:  # Beside the JSON, to be committed: anyone can re-score it with sacrebleu.
+    hyp = Path(args.out).with_suffix(".hyp")
+    hyp.write_text(text)
+    result["hypotheses_file"] = str(hyp)
+  write_json(args.out, result)
 
 
-def _languages(workdir: str, command: str) -> tuple[str, str]:
-  """Source and target languages: from the command's overrides, else EN->DE."""
-  target = "de"
-  for part in command.split():
-    if part.startswith("--config.target_lang="):
-      target = part.split("=", 1)[1]
-  return "en", target
+def _training_record(launches: list[dict], command: str, commit: str) -> dict:
+  """config_file, overrides (a mapping), commit and launches of the training run.
+
+  From run.json's `launches` (train.py records every start); for runs older than
+  that record, from the --command given (and --train_commit).
+  """
+  if launches:
+    first = launches[0]
+    return {"config_file": first.get("config_file"), "overrides": first.get("overrides", {}),
+            "git_commit": first.get("git_commit"), "training_launches": launches}
+  config_file, overrides = None, {}
+  for part in shlex.split(command):
+    if part.startswith("--config="):
+      config_file = part.split("=", 1)[1]
+    elif part.startswith("--config."):
+      key, value = part[len("--config."):].split("=", 1)
+      overrides[key] = value
+  return {"config_file": config_file, "overrides": overrides, "git_commit": commit or None}
+
+
+def _languages(training: dict) -> tuple[str, str]:
+  """Source and target languages of the training run (default EN->DE)."""
+  launches = training.get("training_launches") or [{}]
+  config = launches[0].get("config", {})
+  source = config.get("source_lang") or training["overrides"].get("source_lang", "en")
+  target = config.get("target_lang") or training["overrides"].get("target_lang", "de")
+  return source, target
 
 
 if __name__ == "__main__":

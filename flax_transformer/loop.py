@@ -20,7 +20,7 @@ import numpy as np
 import sacrebleu
 from jax.experimental import multihost_utils
 
-from flax_transformer import compilation
+from flax_transformer import compilation, provenance
 from flax_transformer.data import pipeline as data_lib
 from flax_transformer.data.sources import load_pairs
 from flax_transformer.errors import CheckpointSaveError, ConfigError, NonFiniteLossError
@@ -340,7 +340,7 @@ class Run:
     self.writer.close()
 
 
-def setup_run(config, workdir: Path) -> Run:
+def setup_run(config, workdir: Path, launch: dict | None = None) -> Run:
   """Checks the config, builds mesh, data, model, evaluation; restores or initialises."""
   workdir.mkdir(parents=True, exist_ok=True)
   check_config(config)
@@ -368,7 +368,9 @@ def setup_run(config, workdir: Path) -> Run:
                  tokenizer.vocab_size)
     model_config = model_config.replace(vocab_size=tokenizer.vocab_size)
   if process_index == 0:
-    workdir_lib.record_run(workdir, model_config, tokenizer.vocab_size)
+    workdir_lib.record_run(workdir, model_config, tokenizer.vocab_size, launch={
+        **(launch or {}), "config": config.to_dict(), "process_count": process_count,
+        **provenance.describe(jax.devices())})
 
   trainer = Trainer(model_config, config, mesh)
 
@@ -412,9 +414,13 @@ def setup_run(config, workdir: Path) -> Run:
              meter, state, start_step)
 
 
-def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
-  """Trains `config` in `workdir` (resuming if it holds checkpoints); returns last metrics."""
-  run = setup_run(config, Path(workdir))
+def train_and_evaluate(config, workdir: str, launch: dict | None = None) -> dict[str, Any]:
+  """Trains `config` in `workdir` (resuming if it holds checkpoints); returns last metrics.
+
+  launch: how this start was asked for (train.py: config file, overrides, argv), for
+  the workdir's run record.
+  """
+  run = setup_run(config, Path(workdir), launch)
   state, step, last = run.state, run.start_step, {}
   batch = next(run.train_iter)  # Already on the devices (`data.pipeline.prefetched`).
   run.trainer.compile_train_step(state, batch)

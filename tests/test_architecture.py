@@ -8,7 +8,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "flax_transformer"
 
 # Each part's layer: a module may import modules of its own part and of lower layers.
 LAYERS = {
-    "errors": 0, "compilation": 0, "host": 0,  # Used by every part; they import nothing of ours.
+    "errors": 0, "compilation": 0, "host": 0, "provenance": 0,  # Used by every part (bottom).
+    # They import nothing of ours but each other (provenance reads host).
     "network": 1,  # config, attention, layers, model.
     "data": 2,  # tokenizer, sources, pipeline.
     "training": 3,  # sharding, steps, checkpoints, metrics, workdir, host_allocator.

@@ -116,9 +116,17 @@ def test_tiny_trains_on_multi30k_and_logs(trained_tiny):
 def test_resume_continues_metrics_and_steps(trained_tiny, multi30k_dir):
   _, workdir = trained_tiny
   config = tiny_config(multi30k_dir, num_train_steps=120, bleu_every_steps=0)
-  train_and_evaluate(config, str(workdir))
+  train_and_evaluate(config, str(workdir), launch={"overrides": {"num_train_steps": 120}})
   steps = [r["step"] for r in read_metrics(workdir)]
   assert steps == list(range(10, 101, 10)) + [110, 120]
+  # Each start is recorded: what was asked, the whole config, the code and software.
+  launches = json.loads((workdir / "run.json").read_text())["launches"]
+  assert len(launches) == 2 and launches[1]["overrides"] == {"num_train_steps": 120}
+  assert launches[0]["config"]["num_train_steps"] == 100
+  assert launches[1]["config"]["num_train_steps"] == 120
+  assert {"jax", "flax", "optax"} <= set(launches[1]["packages"])
+  assert launches[1]["machine"]["devices"] == jax.device_count()
+  assert len(launches[1].get("git_commit", "0" * 40)) == 40
 
 
 def test_workdir_refuses_a_different_model(trained_tiny, multi30k_dir):

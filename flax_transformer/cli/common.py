@@ -128,9 +128,9 @@ def run_main(argv: list[str], work) -> None:
     work()
 
 
-def run_training(config, workdir: str, *, coordinator_address=None, num_processes=None,
-                 process_id=None) -> None:
+def run_training(config, workdir: str, *, launch: dict | None = None, coordinator_address=None,
+                 num_processes=None, process_id=None) -> None:
   maybe_initialize_distributed(coordinator_address, num_processes, process_id)
   from flax_transformer.loop import train_and_evaluate  # decode.py never loads training.
 
-  train_and_evaluate(config, workdir)
+  train_and_evaluate(config, workdir, launch)

@@ -42,14 +42,20 @@ MUTABLE_MODEL_FIELDS = {"dropout_rate", "attention_dropout_rate", "deterministic
                         "share_beam_cache", "dtype", "attention_implementation"}
 
 
-def record_run(workdir: Path, model_config: TransformerConfig, vocab_size: int) -> None:
-  """Writes run.json, or refuses a workdir whose run.json holds a different model."""
-  record = {"model": model_config.to_dict(), "vocab_size": vocab_size}
+def record_run(workdir: Path, model_config: TransformerConfig, vocab_size: int,
+               launch: dict | None = None) -> None:
+  """Writes run.json, or refuses a workdir whose run.json holds a different model.
+
+  `launch` (the config file, overrides, full config, commit, packages, machine of
+  this start) is appended to the record's `launches`: one entry per start or resume.
+  """
+  record = {"model": model_config.to_dict(), "vocab_size": vocab_size, "launches": []}
   path = Path(workdir) / RUN_FILE
-  if not path.exists():
-    path.write_text(json.dumps(record, indent=1))
+  previous = json.loads(path.read_text()) if path.exists() else None
+  if previous is None:
+    record["launches"] = [launch] if launch else []
+    path.write_text(json.dumps(record, indent=1, default=str))
     return
-  previous = json.loads(path.read_text())
   differences = [f"model.{k}: workdir has {v!r}, config has {record['model'].get(k)!r}"
                  for k, v in previous["model"].items()
                  if k not in MUTABLE_MODEL_FIELDS and record["model"].get(k) != v]
@@ -59,6 +65,9 @@ def record_run(workdir: Path, model_config: TransformerConfig, vocab_size: int) 
   if differences:
     raise ConfigError(f"{workdir} holds a run with a different model: " + "; ".join(differences)
                       + ". Use a new --workdir, or the workdir's values.")
+  if launch:
+    previous.setdefault("launches", []).append(launch)
+    path.write_text(json.dumps(previous, indent=1, default=str))
 
 
 def check_present(workdir: Path, step: int) -> None:
