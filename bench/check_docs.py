@@ -1,0 +1,165 @@
+"""Checks the figures README.md, RESULTS.md and BENCHMARKS.md quote against the JSON
+files they come from, so the docs cannot drift from the evidence.
+
+python bench/check_docs.py [--root DIR]
+
+Each claim names a doc, the table row (by the start of its first cell) or sentence
+the figure sits in, the JSON file and how each figure is formatted from it. Exit 0
+when every claim holds; 1 with one line per mismatch (doc, row, expected, found);
+2 when a named JSON file or row is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+H100 = "results/accelerator_runs/2026-11-26_h100_run{}/{}.json"
+
+
+def test_scores(minute_digits: int = 0):
+  """A results/multi30k_*.json row: steps, train minutes, BLEU, lowercased, chrF."""
+  return [("steps", "{:d}"), ("train_wall_s", lambda s: f"{s / 60:.{minute_digits}f} min"),
+          ("bleu", "{:.1f}"), ("bleu_lowercase", "{:.1f}"), ("chrf", "{:.1f}")]
+
+
+def step_row(section: str):
+  """An accelerator variant's row: ours, peer, ratio, both compiles."""
+  return [(f"{section}.ours_ms", "{:.2f}"), (f"{section}.peer_ms", "{:.2f}"),
+          (f"{section}.speedup_vs_peer", "{:.2f}x"), (f"{section}.ours_compile_s", "{:.1f} s"),
+          (f"{section}.peer_compile_s", "{:.1f} s")]
+
+
+# (doc, first cell of the row, JSON, [(key path, format)]): the row's cells after the
+# first must hold the formatted values in this order (other cells may sit between).
+ROWS = [
+    ("README.md", "EN->DE | `configs/multi30k.py`", "results/multi30k_en-de_reproduced.json",
+     test_scores()),
+    ("README.md", "EN->DE | `configs/multi30k_best.py:en-de`",
+     "results/multi30k_en-de_bpd0.02_9000steps.json", test_scores()),
+    ("README.md", "EN->DE | three runs voting", "results/multi30k_en-de_ensemble3.json",
+     test_scores()),
+    ("README.md", "EN->FR | `configs/multi30k_en_fr.py`", "results/multi30k_en-fr.json",
+     test_scores()),
+    ("README.md", "EN->FR | `configs/multi30k_best.py:en-fr`",
+     "results/multi30k_en-fr_bpd0.02_7000steps.json", test_scores()),
+    ("RESULTS.md", "EN->DE | 2001", "results/multi30k_en-de.json", test_scores(1)),
+    ("RESULTS.md", "EN->FR | 2000", "results/multi30k_en-fr.json", test_scores(1)),
+    ("RESULTS.md", "EN->DE, the same README command re-run from a fresh checkout",
+     "results/multi30k_en-de_reproduced.json", test_scores(1)),
+    ("RESULTS.md", "EN->DE, dropout 0.2 and BPE-dropout 0.02, 7000 steps",
+     "results/multi30k_en-de_bpd0.02_7000steps.json", test_scores(1)),
+    ("RESULTS.md", "EN->DE, the same run continued to 9000 steps",
+     "results/multi30k_en-de_bpd0.02_9000steps.json", test_scores(1)),
+    ("RESULTS.md", "EN->FR, the same run continued to 7000 steps",
+     "results/multi30k_en-fr_bpd0.02_7000steps.json", test_scores(1)),
+    ("BENCHMARKS.md", "XLA defaults | base bf16", H100.format(3, "default"),
+     step_row("base_bf16") + [("base_bf16.ours_mfu_of_bf16_peak", "{:.1%}")]),
+    ("BENCHMARKS.md", "`--xla_gpu_enable_triton_gemm=false` | base bf16",
+     H100.format(4, "no_triton_gemm"),
+     step_row("base_bf16") + [("base_bf16.ours_mfu_of_bf16_peak", "{:.1%}")]),
+    ("BENCHMARKS.md", "XLA defaults | small f32", H100.format(4, "default"),
+     step_row("small_f32")),
+    ("BENCHMARKS.md", "`--xla_gpu_enable_command_buffer=", H100.format(3, "command_buffers"),
+     step_row("small_f32")),
+    ("BENCHMARKS.md", "`--xla_gpu_enable_triton_gemm=false` | small f32",
+     H100.format(3, "no_triton_gemm"), step_row("small_f32")),
+]
+
+# (doc, sentence start, JSON, [(key path, format)]): the figures in the sentence's
+# first 400 characters, in order.
+SENTENCES = [
+    ("README.md", "The paper's base model in bf16 (192 x 128 tokens a side) then ran at",
+     H100.format(4, "no_triton_gemm"),
+     [("base_bf16.ours_ms", "{:.1f} ms/step"), ("base_bf16.ours_mfu_of_bf16_peak", "{:.0%} MFU"),
+      ("base_bf16.speedup_vs_peer", "{:.2f}x")]),
+]
+
+
+def value(record, path: str):
+  for key in path.split("."):
+    record = record[key]
+  return record
+
+
+def render(fmt, x) -> str:
+  return fmt(x) if callable(fmt) else fmt.format(x)
+
+
+def find_row(text: str, first_cell: str) -> list[str] | None:
+  for line in text.splitlines():
+    cells = [c.strip().replace("**", "") for c in line.strip().strip("|").split("|")]
+    if line.lstrip().startswith("|") and " | ".join(cells).startswith(first_cell):
+      return cells
+  return None
+
+
+def check(root: Path) -> tuple[list[str], list[str]]:
+  """(mismatches, missing): one line each."""
+  mismatches, missing, docs = [], [], {}
+
+  def doc(name):
+    if name not in docs:
+      docs[name] = (root / name).read_text()
+    return docs[name]
+
+  def load(path):
+    try:
+      return json.loads((root / path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+      missing.append(f"{path}: {e}")
+      return None
+
+  for name, first, path, figures in ROWS:
+    record, cells = load(path), find_row(doc(name), first)
+    if record is None:
+      continue
+    if cells is None:
+      missing.append(f"{name}: no table row starting {first!r}")
+      continue
+    rest = cells[1:]
+    for key, fmt in figures:
+      expected = render(fmt, value(record, key))
+      hit = next((i for i, c in enumerate(rest) if c == expected), None)
+      if hit is None:
+        mismatches.append(f"{name}: row {first!r}: {key} from {path} is {expected!r}; "
+                          f"row has {' | '.join(rest)}")
+      else:
+        rest = rest[hit + 1:]
+  for name, start, path, figures in SENTENCES:
+    record, text = load(path), " ".join(doc(name).split())
+    if record is None:
+      continue
+    at = text.find(start)
+    if at < 0:
+      missing.append(f"{name}: no sentence starting {start!r}")
+      continue
+    window = text[at:at + 400]
+    for key, fmt in figures:
+      expected = render(fmt, value(record, key))
+      if expected not in window:
+        mismatches.append(f"{name}: {start!r}...: {key} from {path} is {expected!r}, not "
+                          "in the sentence")
+  return mismatches, missing
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--root", default=str(ROOT), help="the repository to check")
+  args = parser.parse_args()
+  mismatches, missing = check(Path(args.root))
+  for line in missing + mismatches:
+    print(line)
+  checked = sum(len(f) for *_, f in ROWS) + sum(len(f) for *_, f in SENTENCES)
+  print(f"{checked} figures in {len(ROWS)} rows and {len(SENTENCES)} sentences: "
+        f"{len(mismatches)} mismatched, {len(missing)} missing")
+  return 2 if missing else 1 if mismatches else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
