@@ -37,7 +37,7 @@ def step_row(section: str):
 # (doc, first cell of the row, JSON, [(key path, format)]): the row's cells after the
 # first must hold the formatted values in this order (other cells may sit between).
 ROWS = [
-    ("README.md", "EN->DE | `configs/multi30k.py`", "results/multi30k_en-de_reproduced.json",
+    ("README.md", "EN->DE | `configs/multi30k.py`", "results/multi30k_en-de_paper_exact.json",
      test_scores()),
     ("README.md", "EN->DE | `configs/multi30k_best.py:en-de`",
      "results/multi30k_en-de_bpd0.02_9000steps.json", test_scores()),
@@ -49,6 +49,10 @@ ROWS = [
      "results/multi30k_en-fr_bpd0.02_7000steps.json", test_scores()),
     ("RESULTS.md", "EN->DE | 2001", "results/multi30k_en-de.json", test_scores(1)),
     ("RESULTS.md", "EN->FR | 2000", "results/multi30k_en-fr.json", test_scores(1)),
+    ("RESULTS.md", "EN->DE, the README command, paper-exact projections",
+     "results/multi30k_en-de_paper_exact.json", test_scores(1)),
+    ("RESULTS.md", "EN->DE, the README command, projections with biases",
+     "results/multi30k_en-de_biased_2026-11-26.json", test_scores(1)),
     ("RESULTS.md", "EN->DE, the same README command re-run from a fresh checkout",
      "results/multi30k_en-de_reproduced.json", test_scores(1)),
     ("RESULTS.md", "EN->DE, dropout 0.2 and BPE-dropout 0.02, 7000 steps",
@@ -72,7 +76,10 @@ ROWS = [
 
 # (doc, sentence start, JSON, [(key path, format)]): the figures in the sentence's
 # first 400 characters, in order.
+SCORES = [("bleu", "{:.1f}"), ("bleu_lowercase", "{:.1f}"), ("chrf", "{:.1f}")]
 SENTENCES = [
+    ("README.md", "The same command with the biases the projections had before",
+     "results/multi30k_en-de_biased_2026-11-26.json", SCORES),
     ("README.md", "The paper's base model in bf16 (192 x 128 tokens a side) then ran at",
      H100.format(4, "no_triton_gemm"),
      [("base_bf16.ours_ms", "{:.1f} ms/step"), ("base_bf16.ours_mfu_of_bf16_peak", "{:.0%} MFU"),
