@@ -9,6 +9,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import signal
 import sys
 import time
@@ -357,9 +358,9 @@ def setup_run(config, workdir: Path, launch: dict | None = None) -> Run:
                       f"config.grad_accum_steps={config.grad_accum_steps} micro-batches over "
                       f"{dp_size} data-parallel devices")
 
-  logging.info("Devices: %d (%s), mesh %s, %d process(es); host memory: %s", jax.device_count(),
-               jax.devices()[0].platform, dict(mesh.shape), process_count,
-               host_allocator.describe())
+  logging.info("Devices: %d (%s), mesh %s, %d process(es); host memory: %s; XLA_FLAGS: %s",
+               jax.device_count(), jax.devices()[0].platform, dict(mesh.shape), process_count,
+               host_allocator.describe(), os.environ.get("XLA_FLAGS", "") or "(none)")
   train_pairs = load_pairs(config, config.train_split)
   logging.info("Training pairs: %d (%s)", len(train_pairs), config.dataset_name)
   tokenizer = data_lib.build_tokenizer(config, str(workdir), train_pairs, process_index)

@@ -120,10 +120,8 @@ def run_main(argv: list[str], work) -> None:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
   host_allocator.reexec_with_reusable_malloc()
   setup_logging()
-  added = compilation.set_default_xla_flags()
-  if added:
-    logging.info("Added to XLA_FLAGS: %s (name the flag in XLA_FLAGS to choose otherwise)",
-                 " ".join(added))
+  # Silent here (an error must stay the only line); training's "Devices" line shows them.
+  compilation.set_default_xla_flags()
   with exit_on_errors():
     work()
 
