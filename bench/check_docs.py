@@ -87,6 +87,14 @@ SENTENCES = [
 ]
 
 
+# (doc, sentence start, log file, regex with one group, format): a count or time the
+# sentence quotes from a log (the test suite's count from CI's log).
+LOGS = [
+    ("README.md", "The suite (", "results/ci/2026-11-26_fresh_clone_152.log",
+     r"(\d+) passed", "{} tests"),
+]
+
+
 def value(record, path: str):
   for key in path.split("."):
     record = record[key]
@@ -151,6 +159,21 @@ def check(root: Path) -> tuple[list[str], list[str]]:
       if expected not in window:
         mismatches.append(f"{name}: {start!r}...: {key} from {path} is {expected!r}, not "
                           "in the sentence")
+  for name, start, path, pattern, fmt in LOGS:
+    text = " ".join(doc(name).split())
+    at = text.find(start)
+    try:
+      match = re.search(pattern, (root / path).read_text())
+    except OSError as e:
+      missing.append(f"{path}: {e}")
+      continue
+    if at < 0 or match is None:
+      missing.append(f"{name}: no sentence starting {start!r}" if at < 0
+                     else f"{path}: no match for {pattern!r}")
+      continue
+    expected = fmt.format(match.group(1))
+    if expected not in text[at:at + 400]:
+      mismatches.append(f"{name}: {start!r}...: {path} says {expected!r}, not in the sentence")
   return mismatches, missing
 
 
@@ -162,8 +185,8 @@ def main() -> int:
   mismatches, missing = check(Path(args.root))
   for line in missing + mismatches:
     print(line)
-  checked = sum(len(f) for *_, f in ROWS) + sum(len(f) for *_, f in SENTENCES)
-  print(f"{checked} figures in {len(ROWS)} rows and {len(SENTENCES)} sentences: "
+  checked = sum(len(f) for *_, f in ROWS) + sum(len(f) for *_, f in SENTENCES) + len(LOGS)
+  print(f"{checked} figures in {len(ROWS)} rows and {len(SENTENCES) + len(LOGS)} sentences: "
         f"{len(mismatches)} mismatched, {len(missing)} missing")
   return 2 if missing else 1 if mismatches else 0
 
