@@ -74,6 +74,15 @@ ROWS = [
      H100.format(3, "no_triton_gemm"), step_row("small_f32")),
 ]
 
+CPU_ABLATIONS = "results/accelerator_runs/2026-11-26_cpu_ablations/accelerator.json"
+ROWS += [("BENCHMARKS.md", "ours (hand-written pieces)", CPU_ABLATIONS,
+          [("small_f32_with_ablations.ours_ms", "{:.1f}")])] + [
+    ("BENCHMARKS.md", name, CPU_ABLATIONS,
+     [(f"small_f32_ablations.{name}.ms", "{:.1f}"),
+      (f"small_f32_ablations.{name}.over_ours", "{:.2f}")])
+    for name in ("plain_tied_projection", "autodiff_cross_entropy", "bernoulli_dropout",
+                 "all_plain")]
+
 # (doc, sentence start, JSON, [(key path, format)]): the figures in the sentence's
 # first 400 characters, in order.
 SCORES = [("bleu", "{:.1f}"), ("bleu_lowercase", "{:.1f}"), ("chrf", "{:.1f}")]
