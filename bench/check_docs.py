@@ -74,6 +74,23 @@ ROWS = [
      H100.format(3, "no_triton_gemm"), step_row("small_f32")),
 ]
 
+ROWS += [("RESULTS.md", first, f"results/{name}.json", test_scores(1)) for first, name in [
+    ("EN->DE, tuned on validation: dropout 0.2, 3000 steps", "multi30k_en-de_dropout0.2"),
+    ("EN->DE, control: dropout 0.1, 3000 steps", "multi30k_en-de_3000steps"),
+    ("EN->DE, tuned further on validation: dropout 0.2, 4000 steps", "multi30k_en-de_4000steps"),
+    ("the same 4000-step run re-trained", "multi30k_en-de_4000steps_b4_a1.4"),
+    ("EN->DE, dropout 0.2 and label smoothing 0.2", "multi30k_en-de_ls0.2_4000steps"),
+    ("EN->DE, dropout 0.2, 6000 steps", "multi30k_en-de_6000steps"),
+    ("EN->DE, dropout 0.3, 6000 steps", "multi30k_en-de_d03_6000steps"),
+    ("EN->DE, dropout 0.2 and BPE-dropout 0.05", "multi30k_en-de_bpd0.05_10000steps"),
+    ("EN->FR, tuned on validation: dropout 0.2, 3000 steps", "multi30k_en-fr_dropout0.2"),
+    ("EN->FR, tuned further on validation: dropout 0.2, 4000 steps", "multi30k_en-fr_4000steps"),
+    ("EN->FR, dropout 0.2 and BPE-dropout 0.02, 4000 steps", "multi30k_en-fr_bpd0.02_4000steps"),
+    ("EN->FR, the same run continued to 6000 steps", "multi30k_en-fr_bpd0.02_6000steps"),
+]] + [("RESULTS.md", "EN->DE, ensemble of three", "results/multi30k_en-de_ensemble3.json",
+       [("train_wall_s", lambda s: f"{s / 60:.1f} min (sum)"), ("bleu", "{:.1f}"),
+        ("bleu_lowercase", "{:.1f}"), ("chrf", "{:.1f}")])]
+
 CPU_ABLATIONS = "results/accelerator_runs/2026-11-26_cpu_ablations/accelerator.json"
 ROWS += [("BENCHMARKS.md", "ours (hand-written pieces)", CPU_ABLATIONS,
           [("small_f32_with_ablations.ours_ms", "{:.1f}")])] + [
