@@ -594,7 +594,9 @@ class Bench:
     device = jax.devices()[0]
     self.record.update(device=device.device_kind, platform=device.platform,
                        jax_version=jax.__version__, device_count=jax.device_count(),
-                       host_cores=os.cpu_count(), xla_flags=os.environ.get("XLA_FLAGS", ""))
+                       host_cores=os.cpu_count(), xla_flags=os.environ.get("XLA_FLAGS", ""),
+                       jax_environment={k: v for k, v in os.environ.items()
+                                        if k.startswith("JAX_")})
     try:
       import flax
       import optax
