@@ -91,6 +91,17 @@ ROWS += [("RESULTS.md", first, f"results/{name}.json", test_scores(1)) for first
        [("train_wall_s", lambda s: f"{s / 60:.1f} min (sum)"), ("bleu", "{:.1f}"),
         ("bleu_lowercase", "{:.1f}"), ("chrf", "{:.1f}")])]
 
+TORCH = "results/train_step_runs/2026-11-26_torch_compiled/{}.json"
+ROWS += [
+    ("BENCHMARKS.md", f"{run} | {name}", TORCH.format(run),
+     [(f"results.{index}.ms_per_step", "{:.0f}")]
+     + ([] if run.startswith("eager") else
+        [(f"results.{index}.fraction_of_matmul_peak", "{:.1%}")])
+     + [(f"results.{index}.torch_ms_per_step", "{:.0f}"),
+        (f"results.{index}.speedup_vs_torch", "{:.2f}x")])
+    for index, name in enumerate(("small", "base"))
+    for run in ("run1", "run2", "run3", "eager_run1", "eager_run2")]
+
 CPU_ABLATIONS = "results/accelerator_runs/2026-11-26_cpu_ablations/accelerator.json"
 ROWS += [("BENCHMARKS.md", "ours (hand-written pieces)", CPU_ABLATIONS,
           [("small_f32_with_ablations.ours_ms", "{:.1f}")])] + [
@@ -131,7 +142,7 @@ LOGS = [
 
 def value(record, path: str):
   for key in path.split("."):
-    record = record[key]
+    record = record[int(key)] if isinstance(record, list) else record[key]
   return record
 
 

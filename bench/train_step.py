@@ -1,4 +1,5 @@
-"""Training step speed: this project vs torch nn.Transformer, against the matmul limit.
+"""Training step speed: this project vs torch nn.Transformer (the same arithmetic, under
+torch.compile unless --torch_eager), against the matmul limit.
 
 python bench/train_step.py [--config small|base|all] [--json PATH] [--repeats 7]
 small: vocab 8000, d_model 256, 3+3 layers, 4 heads, d_ff 1024, batch 32 x 64.
@@ -56,16 +57,21 @@ def jax_step(shape: dict, repeats: int) -> dict:
           "flops_per_step": flops, "gflops_per_s": flops / seconds / 1e9}
 
 
-def torch_step(shape: dict, repeats: int) -> float:
-  """ms/step of torch.nn.Transformer with tied embeddings, the same loss and optimiser.
-
-  Lighter than our step, so a speed-up over it understates ours: eager (no
-  `torch.compile`), no position encodings, no dropout on the embedding sums. The
-  inputs have no padding, so the padding masks it lacks change no value.
+def torch_step(shape: dict, repeats: int, compiled: bool = True) -> float:
+  """ms/step of torch.nn.Transformer on our model's arithmetic: tied embeddings scaled
+  by sqrt(d_model), the paper's sinusoids, dropout 0.1 on the embedding sums and in
+  every sub-layer, post-LN, label smoothing 0.1, Adam; `compiled`: the loss under
+  `torch.compile`, else eager (on the 2026-11-26 2-core host eager was the faster of
+  the two: BENCHMARKS.md). The inputs have no padding, so
+  padding masks would change no value; the causal mask is applied. nn.Transformer adds
+  a final LayerNorm to its encoder and decoder (two more than ours).
   """
   import math
 
+  import numpy as np
   import torch
+
+  from flax_transformer.network.layers import sinusoidal_position_encoding
 
   torch.manual_seed(0)
   torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -75,6 +81,7 @@ def torch_step(shape: dict, repeats: int) -> float:
                                  num_encoder_layers=shape["layers"],
                                  num_decoder_layers=shape["layers"],
                                  dim_feedforward=shape["d_ff"], dropout=0.1, batch_first=True)
+  dropout = torch.nn.Dropout(0.1)
   params = list(embedding.parameters()) + list(network.parameters())
   optimizer = torch.optim.Adam(params, lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
   loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
@@ -82,17 +89,25 @@ def torch_step(shape: dict, repeats: int) -> float:
   src = torch.randint(2, v, (rows, length))
   tgt = torch.randint(2, v, (rows, length))
   causal = network.generate_square_subsequent_mask(length)
+  positions = torch.from_numpy(np.asarray(sinusoidal_position_encoding(length, d),
+                                          np.float32))
   scale = math.sqrt(d)
+
+  def loss_of(src, tgt):
+    source = dropout(embedding(src) * scale + positions)
+    target = dropout(embedding(tgt) * scale + positions)
+    out = network(source, target, tgt_mask=causal, tgt_is_causal=True)
+    logits = out @ embedding.weight.T
+    return loss_fn(logits.reshape(-1, v), tgt.reshape(-1))
+
+  forward = torch.compile(loss_of) if compiled else loss_of
 
   def step():
     optimizer.zero_grad()
-    out = network(embedding(src) * scale, embedding(tgt) * scale, tgt_mask=causal)
-    logits = out @ embedding.weight.T
-    loss = loss_fn(logits.reshape(-1, v), tgt.reshape(-1))
-    loss.backward()
+    forward(src, tgt).backward()
     optimizer.step()
 
-  return 1000 * median(timings(step, repeats, warmup=2))
+  return 1000 * median(timings(step, repeats, warmup=3))
 
 
 def main():
@@ -101,6 +116,8 @@ def main():
   parser.add_argument("--json", help="write the results here")
   parser.add_argument("--repeats", type=int, default=7, help="timed steps (median reported)")
   parser.add_argument("--no_torch", action="store_true", help="skip the torch comparison")
+  parser.add_argument("--torch_eager", action="store_true",
+                      help="torch without torch.compile (the default compiles its step)")
   args = parser.parse_args()
   run_like_entry_points()
 
@@ -114,7 +131,9 @@ def main():
     # Before torch runs in this process: the peak is ours alone.
     result["peak_rss_mb"] = peak_rss_mb()
     if not args.no_torch:
-      result["torch_ms_per_step"] = torch_step(SHAPES[name], args.repeats)
+      result["torch_ms_per_step"] = torch_step(SHAPES[name], args.repeats,
+                                               compiled=not args.torch_eager)
+      result["torch_compiled"] = not args.torch_eager
       result["speedup_vs_torch"] = result["torch_ms_per_step"] / result["ms_per_step"]
     rows.append(result)
   print_table(rows, ["config", "ms_per_step", "tokens_per_s", "gflops_per_s",
