@@ -184,3 +184,27 @@ def test_checkpoints_by_time_as_the_paper_saved_them(tmp_path, multi30k_dir):
   assert result.returncode == 0, result.stderr
   saved = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
   assert saved == [5, 10, 15, 20]
+
+
+def test_a_bad_config_argument_is_one_line_without_a_traceback(tmp_path):
+  result = subprocess.run([sys.executable, str(ROOT / "train.py"),
+                           "--config=" + str(ROOT / "configs/multi30k_best.py") + ":en-xx",
+                           f"--workdir={tmp_path}"], env=TRAIN_ENV, capture_output=True,
+                          text=True, timeout=120)
+  assert result.returncode == 2
+  assert "Traceback" not in result.stderr
+  assert "unknown pair 'en-xx': choose one of en-de, en-fr" in result.stderr.splitlines()[0]
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "does not exist"), ("def get_config(:\n", "line 1: invalid syntax")])
+def test_a_missing_or_broken_config_file_is_named(tmp_path, content, message):
+  config = tmp_path / "my_config.py"
+  if content is not None:
+    config.write_text(content)
+  result = subprocess.run([sys.executable, str(ROOT / "train.py"), f"--config={config}",
+                           f"--workdir={tmp_path / 'w'}"], env=TRAIN_ENV, capture_output=True,
+                          text=True, timeout=120)
+  assert result.returncode == 2, result.stderr
+  assert "Traceback" not in result.stderr
+  assert str(config) in result.stderr and message in result.stderr

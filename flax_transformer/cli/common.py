@@ -10,6 +10,7 @@ import sys
 import jax
 from absl import app, flags
 from absl import logging as absl_logging
+from ml_collections import config_flags
 
 from flax_transformer import compilation, errors, host
 from flax_transformer.errors import EXIT_BAD_INPUT, EXIT_FAILED
@@ -40,9 +41,21 @@ def _report(error: BaseException) -> None:
 def parse_flags_or_exit(argv: list[str]) -> list[str]:
   """absl flag parsing where a bad flag or config override exits 2 with one clear line."""
   try:
-    return flags.FLAGS(argv)
+    remaining = flags.FLAGS(argv)
+    _check_config_file()
+    return remaining
+  except SyntaxError as e:  # Raised by the config file itself, not wrapped.
+    print(f"error: config file {e.filename}, line {e.lineno}: {e.msg}", file=sys.stderr)
+  except _MissingConfig as e:
+    print(f"error: {e}", file=sys.stderr)
   except flags.Error as e:
-    print(f"error: {e}\nRun with --helpfull to list the flags.", file=sys.stderr)
+    message = str(e)
+    if "Traceback (most recent call last)" in message:
+      # ml_collections embeds the config file's traceback: keep its heading and the
+      # exception's own line (e.g. "ValueError: unknown pair 'en-xx': ...").
+      lines = [line for line in message.splitlines() if line.strip()]
+      message = f"{lines[0].rstrip(':')}: {lines[-1].strip()}"
+    print(f"error: {message}\nRun with --helpfull to list the flags.", file=sys.stderr)
   except AttributeError as e:
     # ml_collections: an override such as --config.foo=1 names a key the config lacks.
     detail = e.args[0] if e.args else e
@@ -53,6 +66,21 @@ def parse_flags_or_exit(argv: list[str]) -> list[str]:
   except (KeyError, TypeError, ValueError) as e:
     print(f"error: bad --config or override: {e}", file=sys.stderr)
   sys.exit(EXIT_BAD_INPUT)
+
+
+class _MissingConfig(Exception):
+  pass
+
+
+def _check_config_file() -> None:
+  """ml_collections defers a missing config file's error to the first read of the
+  config, deep inside training: name the file now instead."""
+  if "config" not in flags.FLAGS or not flags.FLAGS["config"].present:
+    return
+  path = config_flags.get_config_filename(flags.FLAGS["config"])
+  if not os.path.isfile(path):
+    raise _MissingConfig(f"config file {path} does not exist (--config=FILE[:ARG]; the "
+                         "configs are in configs/)")
 
 
 def setup_logging() -> None:
