@@ -111,6 +111,16 @@ ROWS += [("BENCHMARKS.md", f"{run} | {plain1:.3f}", DECODE.format(run), [
     (lambda r: r["rows"][5]["sentences_per_s"] / r["rows"][4]["sentences_per_s"], "{:.2f}")])
     for run, plain1 in ((1, 0.699), (2, 0.831), (3, 0.817), (4, 0.813), (5, 0.826))]
 
+ROWS += [("BENCHMARKS.md", f"{rows} | {length} | {rows * length * 2}", "results/scaling.json",
+          [(f"{part}.{i}.ms_per_step", "{:.0f}"), (f"{part}.{i}.temp_mb", "{:.0f}")])
+         for part, shapes in (("by_length", ((128, 32), (64, 64), (32, 128), (16, 256),
+                                             (8, 512))),
+                              ("by_batch", ((8, 64), (16, 64), (32, 64))))
+         for i, (rows, length) in enumerate(shapes)]
+ROWS += [("BENCHMARKS.md", "220,276", "results/input_pipeline.json",
+          [("nonpad_fraction", "{:.3f}"), ("batch_tokens", "{:d}"),
+           ("train_tokens_per_s", "{:,.0f} tokens/s"), ("ratio_to_training", "{:.0f}x")])]
+
 CPU_ABLATIONS = "results/accelerator_runs/2026-11-26_cpu_ablations/accelerator.json"
 ROWS += [("BENCHMARKS.md", "ours (hand-written pieces)", CPU_ABLATIONS,
           [("small_f32_with_ablations.ours_ms", "{:.1f}")])] + [
@@ -124,6 +134,9 @@ ROWS += [("BENCHMARKS.md", "ours (hand-written pieces)", CPU_ABLATIONS,
 # first 400 characters, in order.
 SCORES = [("bleu", "{:.1f}"), ("bleu_lowercase", "{:.1f}"), ("chrf", "{:.1f}")]
 SENTENCES = [
+    ("BENCHMARKS.md", "Fits (log-log slope): step time vs batch", "results/scaling.json",
+     [("batch_exponent", "**{:.2f}**"), ("length_exponent_fixed_tokens", "**{:.2f}**"),
+      ("memory_length_exponent_fixed_tokens", "memory **{:.2f}**")]),
     ("README.md", "The same command with the biases the projections had before",
      "results/multi30k_en-de_biased_2026-11-26.json", SCORES),
     ("README.md", "its aims are): the 2000 steps ran at", H100.format(2, "accelerator"),
