@@ -121,6 +121,11 @@ ROWS += [("BENCHMARKS.md", "220,276", "results/input_pipeline.json",
           [("nonpad_fraction", "{:.3f}"), ("batch_tokens", "{:d}"),
            ("train_tokens_per_s", "{:,.0f} tokens/s"), ("ratio_to_training", "{:.0f}x")])]
 
+ROWS += [("RESULTS.md", f"{step} | ", "results/multi30k_en-de.json",
+          [(f"validation_bleu_curve.{i}.1", lambda s: f"{s / 60:.1f} min"),
+           (f"validation_bleu_curve.{i}.2", "{:.2f}")])
+         for i, step in enumerate((400, 800, 1200, 1600, 2000))]
+
 CPU_ABLATIONS = "results/accelerator_runs/2026-11-26_cpu_ablations/accelerator.json"
 ROWS += [("BENCHMARKS.md", "ours (hand-written pieces)", CPU_ABLATIONS,
           [("small_f32_with_ablations.ours_ms", "{:.1f}")])] + [
