@@ -10,6 +10,7 @@ random ids (no padding), Adam, label smoothing 0.1, dropout 0.1.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import time
 
 from common import machine, matmul_peak_gflops, median, peak_rss_mb, print_table, \
@@ -134,6 +135,7 @@ def main():
       result["torch_ms_per_step"] = torch_step(SHAPES[name], args.repeats,
                                                compiled=not args.torch_eager)
       result["torch_compiled"] = not args.torch_eager
+      result["torch_version"] = importlib.metadata.version("torch")
       result["speedup_vs_torch"] = result["torch_ms_per_step"] / result["ms_per_step"]
     rows.append(result)
   print_table(rows, ["config", "ms_per_step", "tokens_per_s", "gflops_per_s",

@@ -1,5 +1,5 @@
 """Multi30k EN->FR: `configs/multi30k.py` (its model, batches and schedule) with French
-targets. `python train.py --config=configs/multi30k_en-fr.py --workdir=DIR`."""
+targets. `python train.py --config=configs/multi30k_en_fr.py --workdir=DIR`."""
 
 from configs import multi30k
 
