@@ -208,3 +208,16 @@ def test_a_missing_or_broken_config_file_is_named(tmp_path, content, message):
   assert result.returncode == 2, result.stderr
   assert "Traceback" not in result.stderr
   assert str(config) in result.stderr and message in result.stderr
+
+
+def test_a_config_argument_reaches_get_config(tmp_path):
+  # "FILE:ARG" names FILE (the README's best-recipe commands): the run gets as far
+  # as reading data, here a missing directory, instead of stopping at the flag.
+  result = subprocess.run([sys.executable, str(ROOT / "train.py"),
+                           "--config=" + str(ROOT / "configs/multi30k_best.py") + ":en-fr",
+                           f"--workdir={tmp_path / 'w'}",
+                           f"--config.manual_dir={tmp_path / 'absent'}"],
+                          env=TRAIN_ENV, capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2, result.stderr
+  assert "does not exist" not in result.stderr
+  assert f"{tmp_path / 'absent'}/train.en.gz: no such file" in result.stderr

@@ -77,7 +77,9 @@ def _check_config_file() -> None:
   config, deep inside training: name the file now instead."""
   if "config" not in flags.FLAGS or not flags.FLAGS["config"].present:
     return
-  path = config_flags.get_config_filename(flags.FLAGS["config"])
+  # The flag keeps "FILE:ARG" whole; ml_collections passes what follows the first
+  # colon to get_config, so only the part before it names the file.
+  path = config_flags.get_config_filename(flags.FLAGS["config"]).split(":", 1)[0]
   if not os.path.isfile(path):
     raise _MissingConfig(f"config file {path} does not exist (--config=FILE[:ARG]; the "
                          "configs are in configs/)")
