@@ -161,52 +161,70 @@ CURVES = [
     (LONGER + "validation BLEU", "en-de_4000steps", EVERY_400(4000), "bleu"),
     ("### Longer still: dropout 0.2, 6000 steps >> validation BLEU (one checkpoint)",
      "en-de_6000steps", (4000, 4400, 4800, 5200, 5600, 6000), "bleu"),
-    ("### Dropout 0.3, 4000 steps >> dropout 0.2: validation BLEU", "en-de_4000steps",
-     (800, 1600, 2400, 3200, 4000), "bleu"),
-    ("### Dropout 0.3, 6000 steps, re-run >> wall time (min)", "en-de_d03_6000steps",
+    ("### Dropout 0.3 (EN->DE) >> wall time (min)", "en-de_d03_6000steps",
      range(1000, 6001, 1000), "wall"),
-    ("### Dropout 0.3, 6000 steps, re-run >> validation BLEU (one checkpoint)",
-     "en-de_d03_6000steps", range(1000, 6001, 1000), "bleu"),
-    ("### Vocabulary size >> 8k vocabulary (first run", "en-de", EVERY_400(2000), "bleu"),
-    ("### Vocabulary size >> 8k vocabulary (control run", "en-de_3000steps", EVERY_400(2000),
-     "bleu"),
-    ("### Vocabulary 16k with dropout 0.2 >> 8k, dropout 0.2: validation BLEU",
-     "en-de_4000steps", (800, 1600, 2400, 3200, 4000), "bleu"),
+    ("### Dropout 0.3 (EN->DE) >> validation BLEU (one checkpoint)", "en-de_d03_6000steps",
+     range(1000, 6001, 1000), "bleu"),
     ("### Label smoothing 0.2 >> label smoothing 0.1", "en-de_4000steps", EVERY_400(4000),
      "bleu"),
     ("### Label smoothing 0.2 >> label smoothing 0.2", "en-de_ls0.2_4000steps",
      EVERY_400(4000), "bleu"),
-    ("### Subword regularisation (BPE-dropout) >> dropout 0.2 (3000-step run)",
-     "en-de_dropout0.2", (800, 2000, 3000), "bleu"),
-    ("### Subword regularisation (BPE-dropout) >> step | 7000 | 8000 | 9000 | 10000 >> "
-     "validation BLEU (one checkpoint)", "en-de_bpd0.05_10000steps",
-     (7000, 8000, 9000, 10000), "bleu"),
-    (BPD02 + "+ BPE-dropout 0.05: validation BLEU", "en-de_bpd0.05_10000steps",
-     range(1000, 5001, 1000), "bleu"),
-    (BPD02 + "+ BPE-dropout 0.02: validation BLEU", "en-de_bpd0.02_9000steps",
-     range(1000, 5001, 1000), "bleu"),
-    (BPD02 + "+ BPE-dropout 0.02: wall time (min)", "en-de_bpd0.02_9000steps",
-     range(1000, 5001, 1000), "wall"),
-    (BPD02 + "**Continued to 7000 steps.** >> validation BLEU (one checkpoint)",
-     "en-de_bpd0.02_7000steps", (5000, 6000, 7000), "bleu"),
-    (BPD02 + "**Continued to 7000 steps.** >> wall time (min)", "en-de_bpd0.02_7000steps",
-     (5000, 6000, 7000), "wall"),
-    (BPD02 + "**Continued to 9000 steps.** >> validation BLEU (one checkpoint)",
-     "en-de_bpd0.02_9000steps", (7000, 8000, 9000), "bleu"),
-    (BPD02 + "**Continued to 9000 steps.** >> wall time (min)", "en-de_bpd0.02_9000steps",
-     (7000, 8000, 9000), "wall"),
+    ("### Subword regularisation (BPE-dropout) >> BPE-dropout 0.05: validation BLEU",
+     "en-de_bpd0.05_10000steps", range(1000, 10001, 1000), "bleu"),
+    ("### Subword regularisation (BPE-dropout) >> BPE-dropout 0.05: wall time (min)",
+     "en-de_bpd0.05_10000steps", range(1000, 10001, 1000), "wall"),
+    (BPD02 + "BPE-dropout 0.02: validation BLEU", "en-de_bpd0.02_9000steps",
+     range(1000, 9001, 1000), "bleu"),
+    (BPD02 + "BPE-dropout 0.02: wall time (min)", "en-de_bpd0.02_9000steps",
+     range(1000, 9001, 1000), "wall"),
     (FR_TUNING + "dropout 0.1 (2000 steps)", "en-fr", EVERY_400(2000), "bleu"),
     (FR_TUNING + "dropout 0.2 (3000 steps)", "en-fr_dropout0.2", (*EVERY_400(2800), 3000),
      "bleu"),
     ("### Longer still: dropout 0.2, 4000 steps (EN->FR) >> validation BLEU",
      "en-fr_4000steps", EVERY_400(4000), "bleu"),
-    ("### Subword regularisation for EN->FR >> + BPE-dropout 0.02: validation BLEU",
-     "en-fr_bpd0.02_4000steps", range(1000, 4001, 1000), "bleu"),
-    ("### Subword regularisation for EN->FR >> step | 4000 | 4400 >> "
-     "validation BLEU (one checkpoint)", "en-fr_bpd0.02_6000steps", (4000, 5000, 6000), "bleu"),
+    ("### Subword regularisation for EN->FR >> BPE-dropout 0.02: validation BLEU",
+     "en-fr_bpd0.02_7000steps", range(1000, 7001, 1000), "bleu"),
+    ("### Subword regularisation for EN->FR >> BPE-dropout 0.02: wall time (min)",
+     "en-fr_bpd0.02_7000steps", range(1000, 7001, 1000), "wall"),
 ]
 ROWS += [("RESULTS.md", first, f"results/multi30k_{name}.json", curve(steps, what))
          for first, name, steps, what in CURVES]
+
+ROWS += [("RESULTS.md", first, f"results/multi30k_{name}.json",
+          [("bleu", "{:.1f}"), ("bleu_lowercase", "{:.1f}"), ("chrf", "{:.1f}")])
+         for first, name in [
+             ("EN->DE BPE-dropout 0.05, 10000 steps, beam 8", "en-de_bpd0.05_10000steps_b8_a1.4"),
+             ("EN->DE BPE-dropout 0.02, 7000 steps, beam 8", "en-de_bpd0.02_7000steps_b8_a1.4"),
+             ("EN->FR BPE-dropout 0.02, 7000 steps, beam 4", "en-fr_bpd0.02_7000steps_b4_a1.4")]]
+
+
+
+def logged(step: int, key: str):
+  """A metrics.jsonl figure: `key` of the record logged at `step`."""
+  def pick(text):
+    records = (json.loads(line) for line in text.splitlines() if line.strip())
+    return next(r[key] for r in records if r.get("step") == step and key in r)
+  return pick
+
+
+def sacrebleu_line(metric: str):
+  """The score of a decode log's sacreBLEU line ('BLEU = 38.78  (...)')."""
+  return lambda text: float(re.search(rf"^{metric} = ([\d.]+)", text, re.M).group(1))
+
+
+# Text files (not JSON) are passed to the key functions whole.
+BIASED = "results/behaviour_2026-11-26/readme_job_metrics.jsonl"
+EXACT = "results/readme_job_2026-11-26_paper_exact/"
+ROWS += [
+    ("RESULTS.md", "loss at step 2000", BIASED, [(logged(2000, "eval_loss"), "{:.4f}")]),
+    ("RESULTS.md", "loss at step 2000", EXACT + "metrics.jsonl",
+     [(logged(2000, "eval_loss"), "{:.4f}")]),
+    ("RESULTS.md", "BLEU at step 2000", BIASED, [(logged(2000, "bleu"), "{:.2f}")]),
+    ("RESULTS.md", "BLEU at step 2000", EXACT + "metrics.jsonl",
+     [(logged(2000, "bleu"), "{:.2f}")]),
+] + [("RESULTS.md", "BLEU / chrF, last 5 averaged", EXACT + f"decode_validation_{name}.log",
+      [(lambda t: (sacrebleu_line("BLEU")(t), sacrebleu_line("CHRF")(t)),
+        lambda x: f"{x[0]:.2f} / {x[1]:.2f}")]) for name in ("biased", "paper_exact")]
 
 CPU_ABLATIONS = "results/accelerator_runs/2026-11-26_cpu_ablations/accelerator.json"
 ROWS += [("BENCHMARKS.md", "ours (hand-written pieces)", CPU_ABLATIONS,
@@ -224,6 +242,25 @@ SENTENCES = [
     ("BENCHMARKS.md", "Fits (log-log slope): step time vs batch", "results/scaling.json",
      [("batch_exponent", "**{:.2f}**"), ("length_exponent_fixed_tokens", "**{:.2f}**"),
       ("memory_length_exponent_fixed_tokens", "memory **{:.2f}**")]),
+    ("RESULTS.md", "Its validation curve (", "results/multi30k_en-de_reproduced.json",
+     [(f"validation_bleu_curve.{i}.2", "{:.2f}") for i in range(5)]),
+    ("RESULTS.md", "BLEU; the first EN->DE row's run, on an older",
+     "results/multi30k_en-de_paper_exact.json",
+     [("train_wall_s", lambda s: f"{s / 60:.1f} minutes")]),
+    ("RESULTS.md", "The decode the project reports (last 5 averaged)", EXACT + "paired_bs_validation.txt",
+     [(lambda t: [float(p) for p in re.findall(r"p = ([\d.]+)", t)],
+       lambda ps: f"p = {ps[0]:.2f} (BLEU) and {ps[1]:.2f} (chrF)")]),
+    ("RESULTS.md", "The same file gives the resolution", EXACT + "paired_bs_validation.txt",
+     [(lambda t: re.findall(r"\([\d.]+ ± ([\d.]+)\)", t),  # BLEU, chrF per system
+       lambda ci: f"+-{ci[0]} and +-{ci[2]} BLEU")]),
+    ("README.md", "On validation (decode.py's default", EXACT + "decode_validation_biased.log",
+     [(sacrebleu_line("BLEU"), "{:.2f} BLEU"), (sacrebleu_line("CHRF"), "{:.2f} chrF")]),
+    ("README.md", "On validation (decode.py's default", EXACT + "decode_validation_paper_exact.log",
+     [(lambda t: (sacrebleu_line("BLEU")(t), sacrebleu_line("CHRF")(t)),
+       lambda x: f"{x[0]:.2f} / {x[1]:.2f}")]),
+    ("README.md", "On validation (decode.py's default", EXACT + "paired_bs_validation.txt",
+     [(lambda t: [float(p) for p in re.findall(r"p = ([\d.]+)", t)],
+       lambda ps: f"p = {ps[0]:.2f} and {ps[1]:.2f}")]),
     ("README.md", "The same command with the biases the projections had before",
      "results/multi30k_en-de_biased_2026-11-26.json", SCORES),
     ("README.md", "its aims are): the 2000 steps ran at", H100.format(2, "accelerator"),
@@ -289,7 +326,8 @@ def check(root: Path) -> tuple[list[str], list[str]]:
 
   def load(path):
     try:
-      return json.loads((root / path).read_text())
+      text = (root / path).read_text()
+      return json.loads(text) if path.endswith(".json") else text
     except (OSError, json.JSONDecodeError) as e:
       missing.append(f"{path}: {e}")
       return None
