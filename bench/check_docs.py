@@ -40,7 +40,9 @@ ROWS = [
     ("README.md", "EN->DE | `configs/multi30k.py`", "results/multi30k_en-de_paper_exact.json",
      test_scores()),
     ("README.md", "EN->DE | `configs/multi30k_best.py:en-de`",
-     "results/multi30k_en-de_bpd0.02_9000steps.json", test_scores()),
+     "results/multi30k_en-de_best_config.json", test_scores()),
+    ("RESULTS.md", "EN->DE, `configs/multi30k_best.py:en-de` as is",
+     "results/multi30k_en-de_best_config.json", test_scores(1)),
     ("README.md", "EN->DE | three runs voting", "results/multi30k_en-de_ensemble3.json",
      test_scores()),
     ("README.md", "EN->FR | `configs/multi30k_en_fr.py`",
@@ -182,6 +184,10 @@ CURVES = [
      "bleu"),
     ("### Longer still: dropout 0.2, 4000 steps (EN->FR) >> validation BLEU",
      "en-fr_4000steps", EVERY_400(4000), "bleu"),
+    ("### The EN->DE recipe as one command >> one command: validation BLEU", "en-de_best_config",
+     range(1000, 9001, 1000), "bleu"),
+    ("### The EN->DE recipe as one command >> one command: wall time (min)", "en-de_best_config",
+     range(1000, 9001, 1000), "wall"),
     ("### Subword regularisation for EN->FR >> BPE-dropout 0.02: validation BLEU",
      "en-fr_bpd0.02_7000steps", range(1000, 7001, 1000), "bleu"),
     ("### Subword regularisation for EN->FR >> BPE-dropout 0.02: wall time (min)",
@@ -329,6 +335,11 @@ SENTENCES = [
       [(lambda r: r["base_bf16"], lambda x: f"{x['ours_ms']:.1f} ms/step, "
         f"{x['ours_mfu_of_bf16_peak']:.1%} MFU, {x['speedup_vs_peer']:.2f}x the peer")])
      for run, name in ((3, "default"), (4, "no_triton_gemm"))] + [
+    ("RESULTS.md", "Validation, last 10 averaged (`decode_validation.log`)",
+     "results/best_en-de_2026-11-26/decode_validation.log",
+     [(sacrebleu_line("BLEU"), "{:.2f} BLEU"), (sacrebleu_line("CHRF"), "{:.2f} chrF")]),
+    ("README.md", "the run the recipe was chosen from",
+     "results/multi30k_en-de_bpd0.02_9000steps.json", SCORES),
     ("README.md", "The same command with the biases the projections had before",
      "results/multi30k_en-de_biased_2026-11-26.json", SCORES),
     ("README.md", "its aims are): the 2000 steps ran at", H100.format(2, "accelerator"),
