@@ -360,8 +360,10 @@ SENTENCES = [
 # (doc, sentence start, log file, regex with one group, format): a count or time the
 # sentence quotes from a log (the test suite's count from CI's log).
 LOGS = [
-    ("README.md", "The suite (", "results/ci/2026-11-26_fresh_clone_155.log",
+    ("README.md", "The suite (", "results/ci/2026-11-26_fresh_clone_156.log",
      r"(\d+) passed", "{} tests"),
+    ("README.md", "The suite (", "results/ci/2026-11-26_fresh_clone_156.log",
+     r"passed, \d+ warnings in ([\d.]+)s", lambda s: f"passed in {float(s) / 60:.1f} minutes"),
 ]
 
 
@@ -456,7 +458,7 @@ def check(root: Path) -> tuple[list[str], list[str]]:
       missing.append(f"{name}: no sentence starting {start!r}" if at < 0
                      else f"{path}: no match for {pattern!r}")
       continue
-    expected = fmt.format(match.group(1))
+    expected = render(fmt, match.group(1))
     if expected not in text[at:at + 400]:
       mismatches.append(f"{name}: {start!r}...: {path} says {expected!r}, not in the sentence")
   return mismatches, missing
