@@ -224,6 +224,21 @@ def sacrebleu_line(metric: str):
   return lambda text: float(re.search(rf"^{metric} = ([\d.]+)", text, re.M).group(1))
 
 
+def bleu_and_chrf(text):
+  """(BLEU, chrF) of a decode log."""
+  return sacrebleu_line("BLEU")(text), sacrebleu_line("CHRF")(text)
+
+
+def p_values(text):
+  """sacreBLEU paired bootstrap output's p-values, in order (BLEU, then chrF)."""
+  return [float(p) for p in re.findall(r"p = ([\d.]+)", text)]
+
+
+# A decode log's scores as a sentence quotes them ("41.76 BLEU / 64.12 chrF").
+LABELLED_SCORES = [(sacrebleu_line("BLEU"), "{:.2f} BLEU"), (sacrebleu_line("CHRF"), "{:.2f} chrF")]
+SLASHED_SCORES = (bleu_and_chrf, lambda x: f"{x[0]:.2f} / {x[1]:.2f}")
+
+
 # Text files (not JSON) are passed to the key functions whole.
 BIASED = "results/behaviour_2026-11-26/readme_job_metrics.jsonl"
 EXACT = "results/readme_job_2026-11-26_paper_exact/"
@@ -235,8 +250,7 @@ ROWS += [
     ("RESULTS.md", "BLEU at step 2000", EXACT + "metrics.jsonl",
      [(logged(2000, "bleu"), "{:.2f}")]),
 ] + [("RESULTS.md", "BLEU / chrF, last 5 averaged", EXACT + f"decode_validation_{name}.log",
-      [(lambda t: (sacrebleu_line("BLEU")(t), sacrebleu_line("CHRF")(t)),
-        lambda x: f"{x[0]:.2f} / {x[1]:.2f}")]) for name in ("biased", "paper_exact")]
+      [SLASHED_SCORES]) for name in ("biased", "paper_exact")]
 
 # The train-step tables of the 2026-11-23 and 2026-11-24 hosts: one row per run and
 # config, from the run's tuned-malloc JSON and the system-malloc run beside it.
@@ -282,18 +296,17 @@ SENTENCES = [
      "results/multi30k_en-de_paper_exact.json",
      [("train_wall_s", lambda s: f"{s / 60:.1f} minutes")]),
     ("RESULTS.md", "The decode the project reports (last 5 averaged)", EXACT + "paired_bs_validation.txt",
-     [(lambda t: [float(p) for p in re.findall(r"p = ([\d.]+)", t)],
+     [(p_values,
        lambda ps: f"p = {ps[0]:.2f} (BLEU) and {ps[1]:.2f} (chrF)")]),
     ("RESULTS.md", "The same file gives the resolution", EXACT + "paired_bs_validation.txt",
      [(lambda t: re.findall(r"\([\d.]+ ± ([\d.]+)\)", t),  # BLEU, chrF per system
        lambda ci: f"+-{ci[0]} and +-{ci[2]} BLEU")]),
     ("README.md", "On validation (decode.py's default", EXACT + "decode_validation_biased.log",
-     [(sacrebleu_line("BLEU"), "{:.2f} BLEU"), (sacrebleu_line("CHRF"), "{:.2f} chrF")]),
+     LABELLED_SCORES),
     ("README.md", "On validation (decode.py's default", EXACT + "decode_validation_paper_exact.log",
-     [(lambda t: (sacrebleu_line("BLEU")(t), sacrebleu_line("CHRF")(t)),
-       lambda x: f"{x[0]:.2f} / {x[1]:.2f}")]),
+     [SLASHED_SCORES]),
     ("README.md", "On validation (decode.py's default", EXACT + "paired_bs_validation.txt",
-     [(lambda t: [float(p) for p in re.findall(r"p = ([\d.]+)", t)],
+     [(p_values,
        lambda ps: f"p = {ps[0]:.2f} and {ps[1]:.2f}")]),
     ("BENCHMARKS.md", "README job end to end (2000 steps", H100.format(1, "accelerator"),
      [(lambda r: (r["readme_job_wall_s"], r["readme_job_train_wall_s"],
@@ -343,7 +356,7 @@ SENTENCES = [
      for run, name in ((3, "default"), (4, "no_triton_gemm"))] + [
     ("RESULTS.md", "Validation, last 10 averaged (`decode_validation.log`)",
      "results/best_en-de_2026-11-26/decode_validation.log",
-     [(sacrebleu_line("BLEU"), "{:.2f} BLEU"), (sacrebleu_line("CHRF"), "{:.2f} chrF")]),
+     LABELLED_SCORES),
 ] + [("RESULTS.md", "inside this run's own 95% bootstrap interval on test",
         f"results/best_{pair}_2026-11-26/test_bleu_confidence.txt",
         [(lambda t: json.loads(t)["confidence"].split("= ")[1].replace("±", "+-"), "{}")])
@@ -354,7 +367,7 @@ SENTENCES = [
      "results/multi30k_en-fr_bpd0.02_7000steps.json", SCORES),
     ("RESULTS.md", "Validation, last 5 averaged (`decode_validation.log`)",
      "results/best_en-fr_2026-11-26/decode_validation.log",
-     [(sacrebleu_line("BLEU"), "{:.2f} BLEU"), (sacrebleu_line("CHRF"), "{:.2f} chrF")]),
+     LABELLED_SCORES),
     ("README.md", "The same command with the biases the projections had before",
      "results/multi30k_en-de_biased_2026-11-26.json", SCORES),
     ("README.md", "its aims are): the 2000 steps ran at", H100.format(2, "accelerator"),
