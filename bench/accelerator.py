@@ -74,6 +74,17 @@ TINY_SHAPES = {
 }
 
 
+def compare_outputs(device: list[str], cpu: list[str]) -> dict:
+  """The device's translations against the CPU's, line by line (a missing line differs)."""
+  differ = [i for i in range(max(len(device), len(cpu)))
+            if i >= len(device) or i >= len(cpu) or device[i] != cpu[i]]
+  at = lambda lines, i: lines[i] if i < len(lines) else None  # noqa: E731
+  return {"decode_test2016_same_output_as_cpu": not differ,
+          "decode_test2016_lines_differing_from_cpu": len(differ),
+          "decode_test2016_first_differences": [
+              {"line": i + 1, "device": at(device, i), "cpu": at(cpu, i)} for i in differ[:5]]}
+
+
 class Bench:
   def __init__(self, args):
     self.args = args
@@ -220,12 +231,8 @@ class Bench:
     if code:
       raise RuntimeError(f"CPU decode exited {code}: "
                          f"{(self.root / 'cpu_decode.log').read_text()[-2000:]}")
-    ours, cpu = self.hyp.read_text().splitlines(), self.cpu_hyp.read_text().splitlines()
-    differ = [i for i, (a, b) in enumerate(zip(ours, cpu)) if a != b]
-    self.record.update(decode_test2016_same_output_as_cpu=not differ and len(ours) == len(cpu),
-                       decode_test2016_lines_differing_from_cpu=len(differ),
-                       decode_test2016_first_differences=[
-                           {"line": i + 1, "device": ours[i], "cpu": cpu[i]} for i in differ[:5]],
+    self.record.update(compare_outputs(self.hyp.read_text().splitlines(),
+                                       self.cpu_hyp.read_text().splitlines()),
                        decode_test2016_cpu_wall_s=time.time() - self.cpu_started)
 
   # --- 3: the README step, fed and repeated -----------------------------------------

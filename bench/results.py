@@ -57,8 +57,11 @@ def main():
   all_records = [[json.loads(line) for line in (Path(w) / "metrics.jsonl").read_text().splitlines()
                   if line.strip()] for w in workdirs]
   records = all_records[0]
-  command = args.command[0] if args.command else ""
   launches = run.get("launches", [])
+  # The command as train.py recorded it at its first launch, unless one is given.
+  recorded = " ".join(shlex.quote(a) for a in ["python", *launches[0]["argv"]]) if (
+      launches and launches[0].get("argv")) else ""
+  command = args.command[0] if args.command else recorded
   training = _training_record(launches, command, args.train_commit)
   src, tgt = _languages(training)
   read = lambda lang: [line.rstrip("\n") for line in gzip.open(  # noqa: E731

@@ -369,9 +369,14 @@ def setup_run(config, workdir: Path, launch: dict | None = None) -> Run:
                  tokenizer.vocab_size)
     model_config = model_config.replace(vocab_size=tokenizer.vocab_size)
   if process_index == 0:
+    code = provenance.describe(jax.devices())
+    if code.get("git_dirty"):
+      logging.warning("The checkout has uncommitted changes to %s: this launch records their "
+                      "diff in %s (launches[-1].git_diff) beside commit %s. Commit before a "
+                      "run you will report.", ", ".join(code["git_dirty_files"]),
+                      Path(workdir) / workdir_lib.RUN_FILE, code["git_commit"][:7])
     workdir_lib.record_run(workdir, model_config, tokenizer.vocab_size, launch={
-        **(launch or {}), "config": config.to_dict(), "process_count": process_count,
-        **provenance.describe(jax.devices())})
+        **(launch or {}), "config": config.to_dict(), "process_count": process_count, **code})
 
   trainer = Trainer(model_config, config, mesh)
 

@@ -19,13 +19,23 @@ REPOSITORY = Path(__file__).resolve().parents[1]
 
 
 def git_commit(directory: Path = REPOSITORY) -> dict:
-  """{'git_commit': hash, 'git_dirty': bool}, or {} outside a git checkout."""
+  """{'git_commit': hash, 'git_dirty': bool}, or {} outside a git checkout.
+
+  A dirty tree (tracked files changed since the commit) also records which files
+  and the whole `git diff HEAD`, so that the code that ran can be rebuilt from the
+  commit and the record: a run is never launched from code no one can recover.
+  """
   try:
     run = lambda *args: subprocess.run(  # noqa: E731
-        ["git", "-C", str(directory), *args], capture_output=True, text=True, timeout=10,
-        check=True).stdout.strip()
-    return {"git_commit": run("rev-parse", "HEAD"),
-            "git_dirty": bool(run("status", "--porcelain", "--untracked-files=no"))}
+        ["git", "-C", str(directory), *args], capture_output=True, text=True, timeout=30,
+        check=True).stdout
+    record = {"git_commit": run("rev-parse", "HEAD").strip()}
+    changed = [line[3:] for line in run("status", "--porcelain",
+                                        "--untracked-files=no").splitlines() if line.strip()]
+    record["git_dirty"] = bool(changed)
+    if changed:
+      record.update(git_dirty_files=changed, git_diff=run("diff", "HEAD", "--no-color"))
+    return record
   except (OSError, subprocess.SubprocessError):
     return {}
 

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
+# Beside the checkout, or where MULTI30K_DIR says (bench/mutants.py runs a copy elsewhere).
+MULTI30K = Path(os.environ.get("MULTI30K_DIR") or ROOT.parent / "shared" / "data" / "multi30k")
 
 
 @pytest.fixture(scope="session")

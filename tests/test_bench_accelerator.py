@@ -3,9 +3,12 @@ the CPU, and the compilation cache hit by a second process."""
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,9 +50,44 @@ def test_tiny_run_measures_every_section_and_a_second_launch_loads_from_the_cach
   assert 1 <= len(record["readme_job_eval_shapes"]) <= 4
   assert 1 <= len(record["readme_job_bleu_shapes"]) <= 4
 
+  # The figures against what they are computed from: sacreBLEU on the decoded file, the
+  # median of the steps the run logged, and the analytic count of the small shape.
+  import sacrebleu
+
+  scratch = tmp_path / "scratch"
+  hypotheses = (scratch / "readme_test.hyp").read_text().splitlines()
+  references = (scratch / "test.ref").read_text().splitlines()
+  assert len(hypotheses) == len(references) == 1000
+  assert record["readme_job_test_bleu"] == sacrebleu.corpus_bleu(hypotheses, [references]).score
+  logged = [json.loads(line) for line in (scratch / "readme" / "metrics.jsonl").read_text()
+            .splitlines()]
+  assert record["readme_job_steps"] == logged[-1]["step"] == 30
+  assert record["readme_job_ms_per_step"] == pytest.approx(
+      1000 * statistics.median(r["step_time_s"] for r in logged if "step_time_s" in r))
+  # Here both decodes run on the CPU (one device, and the rest of the cores), so they
+  # agree; the comparison itself is checked below on outputs that do not.
   assert record["decode_test2016_same_output_as_cpu"] is True
+  assert record["decode_test2016_lines_differing_from_cpu"] == 0
   assert record["readme_step_fed_over_repeated"] > 0
   assert record["small_f32"]["analytic_flops_per_step"] > 0
+
+
+def test_device_and_cpu_outputs_are_compared_line_by_line():
+  sys.path.insert(0, str(ROOT / "bench"))
+  try:
+    import accelerator
+  finally:
+    sys.path.remove(str(ROOT / "bench"))
+  same = accelerator.compare_outputs(["ein Hund", "zwei Männer"], ["ein Hund", "zwei Männer"])
+  assert same["decode_test2016_same_output_as_cpu"] is True
+  one = accelerator.compare_outputs(["ein Hund", "zwei Männer"], ["ein Hund", "zwei Frauen"])
+  assert one["decode_test2016_same_output_as_cpu"] is False
+  assert one["decode_test2016_lines_differing_from_cpu"] == 1
+  assert one["decode_test2016_first_differences"] == [
+      {"line": 2, "device": "zwei Männer", "cpu": "zwei Frauen"}]
+  short = accelerator.compare_outputs(["ein Hund"], ["ein Hund", "zwei Frauen"])
+  assert short["decode_test2016_same_output_as_cpu"] is False
+  assert short["decode_test2016_lines_differing_from_cpu"] == 1
 
 
 def test_ablations_replace_existing_pieces_with_the_same_math():

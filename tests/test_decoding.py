@@ -383,6 +383,7 @@ def test_average_checkpoints_cli_writes_a_decodable_workdir(workdir, tmp_path):
   config, _ = read_run(output)
   averaged, steps = load_params(output, config)
   assert steps == [20]
+  assert load_params(workdir, config, average_last=1)[1] == [20]  # The newest, not the first.
   a, _ = load_params(workdir, config, checkpoint_step=10)
   b, _ = load_params(workdir, config, checkpoint_step=20)
   for x, y, m in zip(*(jax.tree_util.tree_leaves(t) for t in (a, b, averaged))):

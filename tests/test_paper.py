@@ -187,12 +187,17 @@ def test_beam_search_stops_early_only_when_no_live_beam_can_win(alpha, seed):
     naive, _ = reference_beam_search(table, beam, max_len, alpha, eos, stop="naive")
     assert [s for _, s in naive] != [s for _, s in full], "the scenario must tell them apart"
 
+  calls = []  # One model call per search step, counted on the host.
+
   def tokens_to_logits(ids, cache):
+    jax.debug.callback(lambda: calls.append(1))
     return jnp.asarray(logits, jnp.float32)[ids[:, 0]], cache
 
   result = jax.jit(lambda: search.beam_search(
       tokens_to_logits, jnp.zeros((beam,)), batch_size=1, beam_size=beam,
       max_decode_len=max_len, alpha=alpha, eos_id=eos))()
+  jax.effects_barrier()
+  assert len(calls) == steps, "the search must stop at the step the paper's bound allows"
   ours = [tuple(int(t) for t in row[:list(row).index(eos) + 1])
           for row in np.asarray(result.sequences[0])]
   assert ours == [seq[1:] for _, seq in full]

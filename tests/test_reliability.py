@@ -18,7 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def state_at(step):
-  return {"params": {"w": jnp.full((4, 3), float(step)), "b": jnp.arange(3.0) + step},
+  # Weights grow as step^2, so their mean (steps 10, 20, 30: 466.67) differs from the
+  # median (400), the last (900) and the mean of the first and last (500).
+  return {"params": {"w": jnp.full((4, 3), float(step) ** 2), "b": jnp.arange(3.0) + step},
           "step": jnp.array(step, jnp.int32)}
 
 
@@ -56,7 +58,7 @@ def test_damaged_newest_checkpoint_falls_back_with_a_warning(three_checkpoints, 
   with caplog.at_level(logging.WARNING):
     step, state = Checkpointer(three_checkpoints).restore_latest(abstract())
   assert step == 20
-  np.testing.assert_array_equal(state["params"]["w"], np.full((4, 3), 20.0))
+  np.testing.assert_array_equal(state["params"]["w"], np.full((4, 3), 400.0))
   assert any("checkpoints/30 cannot be loaded" in r.getMessage() for r in caplog.records)
   # Set aside (not deleted), so training can write step 30 again.
   assert list((three_checkpoints / "checkpoints").glob("30.unusable-*"))
@@ -78,8 +80,11 @@ def test_no_loadable_checkpoint_is_an_error_not_a_fresh_start(three_checkpoints)
 def test_average_is_the_elementwise_mean(three_checkpoints):
   target = abstract()["params"]
   mean = average_params(Checkpointer(three_checkpoints, read_only=True), [10, 20, 30], target)
-  np.testing.assert_allclose(mean["w"], np.full((4, 3), 20.0))
-  np.testing.assert_allclose(mean["b"], np.arange(3.0) + 20.0)
+  np.testing.assert_allclose(mean["w"], np.full((4, 3), (100 + 400 + 900) / 3), rtol=1e-6)
+  np.testing.assert_allclose(mean["b"], np.arange(3.0) + 20.0, rtol=1e-6)
+  # The newest two only, in either order.
+  mean = average_params(Checkpointer(three_checkpoints, read_only=True), [30, 20], target)
+  np.testing.assert_allclose(mean["w"], np.full((4, 3), 650.0), rtol=1e-6)
 
 
 TRAIN_ENV = dict(os.environ, XLA_FLAGS="")

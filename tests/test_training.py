@@ -105,9 +105,26 @@ def test_tiny_trains_on_multi30k_and_logs(trained_tiny):
   evals = [r for r in records if "eval_loss" in r]
   assert [r["step"] for r in evals] == [50, 100]
   assert {"eval_perplexity", "eval_accuracy", "bleu", "chrf"} <= set(evals[-1])
-  # Test-split BLEU only where asked (time-to-quality reports), here the last step.
+  # Test-split BLEU only where asked (time-to-quality reports), here the last step: the
+  # first num_bleu_sentences of the test split, decoded by the step-100 parameters as
+  # Translator decodes them, and scored by sacreBLEU.
   assert [r["step"] for r in records if "test_bleu" in r] == [100]
-  assert 0.0 <= records[-1]["test_bleu"] <= 100.0 and "test_chrf" in records[-1]
+  import sacrebleu
+
+  from flax_transformer.data import sources
+  from flax_transformer.translation.translator import SearchConfig, Translator
+
+  n = config.num_bleu_sentences
+  test = sources.multi30k(config.test_split, "en", "de", manual_dir=config.manual_dir)
+  translator = Translator.from_workdir(
+      workdir, search=SearchConfig(beam_size=config.beam_size, alpha=config.alpha,
+                                   max_extra=config.max_extra), checkpoint_step=100)
+  hypotheses = translator.translate(list(test.sources[:n]))
+  references = [list(test.targets[:n])]
+  assert records[-1]["test_bleu"] == pytest.approx(
+      sacrebleu.corpus_bleu(hypotheses, references).score, abs=1e-6)
+  assert records[-1]["test_chrf"] == pytest.approx(
+      sacrebleu.corpus_chrf(hypotheses, references).score, abs=1e-6)
   assert evals[-1]["eval_loss"] < evals[0]["eval_loss"]
   assert Checkpointer(workdir, read_only=True).steps() == [50, 100]
   assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
@@ -126,7 +143,38 @@ def test_resume_continues_metrics_and_steps(trained_tiny, multi30k_dir):
   assert launches[1]["config"]["num_train_steps"] == 120
   assert {"jax", "flax", "optax"} <= set(launches[1]["packages"])
   assert launches[1]["machine"]["devices"] == jax.device_count()
-  assert len(launches[1].get("git_commit", "0" * 40)) == 40
+  # The code: this checkout's commit and whether it was changed (a copy outside git
+  # records none, rather than a wrong one).
+  git = lambda *a: subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True,  # noqa: E731
+                                  text=True).stdout.strip()
+  if (ROOT / ".git").exists():
+    assert launches[1]["git_commit"] == git("rev-parse", "HEAD")
+    assert launches[1]["git_dirty"] == bool(git("status", "--porcelain", "--untracked-files=no"))
+  else:
+    assert "git_commit" not in launches[1]
+
+
+def test_a_dirty_checkout_records_its_diff(tmp_path):
+  from flax_transformer import provenance
+
+  git = lambda *a: subprocess.run(["git", "-C", str(tmp_path), *a], check=True,  # noqa: E731
+                                  capture_output=True, text=True).stdout.strip()
+  git("init", "-q")
+  (tmp_path / "model.py").write_text("scale = 1.0\n")
+  git("add", "model.py")
+  git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+  clean = provenance.git_commit(tmp_path)
+  assert clean == {"git_commit": git("rev-parse", "HEAD"), "git_dirty": False}
+  (tmp_path / "model.py").write_text("scale = 2.0\n")
+  (tmp_path / "untracked.txt").write_text("not code that ran")
+  dirty = provenance.git_commit(tmp_path)
+  assert dirty["git_dirty"] and dirty["git_dirty_files"] == ["model.py"]
+  assert "-scale = 1.0\n+scale = 2.0" in dirty["git_diff"]
+  # The diff rebuilds the code that ran from the commit.
+  git("stash", "-q")
+  subprocess.run(["git", "-C", str(tmp_path), "apply"], input=dirty["git_diff"], text=True,
+                 check=True)
+  assert (tmp_path / "model.py").read_text() == "scale = 2.0\n"
 
 
 def test_workdir_refuses_a_different_model(trained_tiny, multi30k_dir):

@@ -1,0 +1,177 @@
+"""Renders the docs' result tables from results/*.json, between markers, so that a
+table cannot say what its files do not.
+
+python bench/render_docs.py            # rewrite every rendered table in place
+python bench/render_docs.py --check    # exit 1 naming each table that differs
+
+A table sits between `<!-- render: NAME -->` and `<!-- end: NAME -->`; TABLES maps
+NAME to the function that writes it. Edit the JSON (or the table's row list here),
+never the table itself: tests/test_docs.py fails when the committed docs differ from
+what this renders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ("README.md", "RESULTS.md", "BENCHMARKS.md")
+BLOCK = re.compile(r"(<!-- render: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end: (?P=name) -->)",
+                   re.S)
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
+
+
+def scores(record: dict) -> list[str]:
+  """Test BLEU, lowercased BLEU and chrF, as sacreBLEU gives them, to one decimal."""
+  return [f"{record[k]:.1f}" for k in ("bleu", "bleu_lowercase", "chrf")]
+
+
+def averaged(record: dict) -> int:
+  steps = record.get("averaged_checkpoints") or []
+  return len(steps[0]) if steps and isinstance(steps[0], list) else len(steps)
+
+
+# README: one row per config name (pair, config cell, results JSON).
+README_ROWS = [
+    ("EN->DE", "`configs/multi30k.py` (the command above)", "multi30k_en-de_paper_exact"),
+    ("EN->DE", "`configs/multi30k_best.py:en-de`", "multi30k_en-de_best_config"),
+    ("EN->DE", "three runs voting (`decode.py --ensemble`)", "multi30k_en-de_ensemble3"),
+    ("EN->FR", "`configs/multi30k_en_fr.py`", "multi30k_en-fr_paper_exact"),
+    ("EN->FR", "`configs/multi30k_best.py:en-fr`", "multi30k_en-fr_best_config"),
+]
+
+
+def readme_results(root: Path) -> str:
+  rows = []
+  for pair, config, name in README_ROWS:
+    record = json.loads((root / "results" / f"{name}.json").read_text())
+    last = averaged(record)
+    label = config + (f", last {last} averaged" if last != 5 else "")
+    rows.append([pair, label, f"{record['steps']:d}", f"{record['train_wall_s'] / 60:.0f} min",
+                 *scores(record), f"`{name}.json`"])
+  return table(["pair", "config", "steps", "train wall time", "BLEU", "lowercased", "chrF",
+                "JSON"], rows)
+
+
+# RESULTS: every run decoded on test, in the order they were made (label, results JSON).
+RESULTS_ROWS = [
+    ("EN->DE", "multi30k_en-de"),
+    ("EN->FR", "multi30k_en-fr"),
+    ("EN->DE, the README command, paper-exact projections (no biases on W^Q, W^K, W^V, W^O; "
+     "the default from 2026-11-26; 2026-11-26 host)", "multi30k_en-de_paper_exact"),
+    ("EN->FR, `configs/multi30k_en_fr.py` as is, paper-exact projections (2026-11-26 host, "
+     "commit 06c5788)", "multi30k_en-fr_paper_exact"),
+    ("EN->DE, the README command, projections with biases (the code before; 2026-11-26 host)",
+     "multi30k_en-de_biased_2026-11-26"),
+    ("EN->DE, the same README command re-run from a fresh checkout (2026-11-25 host, current "
+     "code)", "multi30k_en-de_reproduced"),
+    ("EN->DE, tuned on validation: dropout 0.2, 3000 steps", "multi30k_en-de_dropout0.2"),
+    ("EN->DE, control: dropout 0.1, 3000 steps (2026-11-23 host)", "multi30k_en-de_3000steps"),
+    ("EN->DE, tuned further on validation: dropout 0.2, 4000 steps (2026-11-23 host)",
+     "multi30k_en-de_4000steps"),
+    ("the same 4000-step run re-trained (2026-11-25 host), beam 4 and alpha 1.4 chosen on "
+     "validation", "multi30k_en-de_4000steps_b4_a1.4"),
+    ("EN->DE, dropout 0.2 and label smoothing 0.2, 4000 steps (led on validation; 2026-11-25 "
+     "host)", "multi30k_en-de_ls0.2_4000steps"),
+    ("EN->DE, ensemble of three of the runs above (`decode.py --ensemble`, chosen on "
+     "validation; 2026-11-25 host)", "multi30k_en-de_ensemble3"),
+    ("EN->DE, dropout 0.2, 6000 steps (chosen on validation; 2026-11-23 host)",
+     "multi30k_en-de_6000steps"),
+    ("EN->DE, dropout 0.3, 6000 steps (led on validation BLEU; 2026-11-24 host)",
+     "multi30k_en-de_d03_6000steps"),
+    ("EN->DE, dropout 0.2 and BPE-dropout 0.05, 10000 steps (led on validation; 2026-11-25 "
+     "host)", "multi30k_en-de_bpd0.05_10000steps"),
+    ("EN->DE, dropout 0.2 and BPE-dropout 0.02, 7000 steps (led on validation; 2026-11-26 "
+     "host)", "multi30k_en-de_bpd0.02_7000steps"),
+    ("EN->DE, the same run continued to 9000 steps (led on validation; 2026-11-26 host)",
+     "multi30k_en-de_bpd0.02_9000steps"),
+    ("EN->DE, `configs/multi30k_best.py:en-de` as is: that recipe in one command (2026-11-26 "
+     "host)", "multi30k_en-de_best_config"),
+    ("EN->FR, tuned on validation: dropout 0.2, 3000 steps", "multi30k_en-fr_dropout0.2"),
+    ("EN->FR, tuned further on validation: dropout 0.2, 4000 steps (2026-11-23 host)",
+     "multi30k_en-fr_4000steps"),
+    ("EN->FR, dropout 0.2 and BPE-dropout 0.02, 4000 steps (led on validation; 2026-11-25 "
+     "host)", "multi30k_en-fr_bpd0.02_4000steps"),
+    ("EN->FR, the same run continued to 6000 steps (led on validation; 2026-11-26 host)",
+     "multi30k_en-fr_bpd0.02_6000steps"),
+    ("EN->FR, the same run continued to 7000 steps (led on validation; 2026-11-26 host)",
+     "multi30k_en-fr_bpd0.02_7000steps"),
+    ("EN->FR, `configs/multi30k_best.py:en-fr` as is: that recipe in one command (2026-11-26 "
+     "host)", "multi30k_en-fr_best_config"),
+]
+
+
+def results_runs(root: Path) -> str:
+  rows = []
+  for label, name in RESULTS_ROWS:
+    record = json.loads((root / "results" / f"{name}.json").read_text())
+    members = record.get("members")
+    steps = f"{len(members)} runs, {record['steps']:d}" if members else f"{record['steps']:d}"
+    wall = f"{record['train_wall_s'] / 60:.1f} min" + (" (sum)" if members else "")
+    rows.append([label, steps, wall, f"{averaged(record)}", *scores(record), f"`{name}.json`"])
+  return table(["run", "steps", "train wall time", "checkpoints averaged",
+                "test BLEU (sacreBLEU, cased, detok.)", "lowercased BLEU", "chrF", "JSON"], rows)
+
+
+TABLES = {"readme-results": ("README.md", readme_results),
+          "results-runs": ("RESULTS.md", results_runs)}
+
+
+def rendered(root: Path) -> dict[str, str]:
+  """Each doc's text with every block rendered afresh."""
+  out = {}
+  for name in DOCS:
+    text = (root / name).read_text()
+
+    def fill(match, name=name):
+      doc, render = TABLES.get(match["name"], (None, None))
+      if render is None or doc != name:
+        raise SystemExit(f"{name}: no table named {match['name']!r} for this doc in "
+                         f"bench/render_docs.py TABLES")
+      return match.group(1) + render(root) + match.group(4)
+    out[name] = BLOCK.sub(fill, text)
+  return out
+
+
+def spans(text: str) -> list[tuple[int, int]]:
+  """Where the rendered blocks of a doc's text are (for bench/check_docs.py)."""
+  return [m.span("body") for m in BLOCK.finditer(text)]
+
+
+def main() -> int:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--check", action="store_true", help="only compare, write nothing")
+  parser.add_argument("--root", default=str(ROOT), help="the repository")
+  args = parser.parse_args()
+  root = Path(args.root)
+  found = {m["name"] for name in DOCS for m in BLOCK.finditer((root / name).read_text())}
+  missing = sorted(set(TABLES) - found)
+  if missing:
+    print(f"no markers for the tables {missing} in the docs")
+    return 2
+  stale = []
+  for name, text in rendered(root).items():
+    if text != (root / name).read_text():
+      stale.append(name)
+      if not args.check:
+        (root / name).write_text(text)
+  if args.check and stale:
+    print(f"{', '.join(stale)}: rendered tables differ from their data; run "
+          "python bench/render_docs.py (and edit the JSON or the row lists, not the tables)")
+    return 1
+  print(f"{len(found)} tables {'checked' if args.check else 'rendered'}"
+        + (f"; rewrote {', '.join(stale)}" if stale and not args.check else ""))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
