@@ -68,12 +68,6 @@ ROWS += [("BENCHMARKS.md", f"{run} | {plain1:.3f}", DECODE.format(run), [
     (lambda r: r["rows"][5]["sentences_per_s"] / r["rows"][4]["sentences_per_s"], "{:.2f}")])
     for run, plain1 in ((1, 0.699), (2, 0.831), (3, 0.817), (4, 0.813), (5, 0.826))]
 
-ROWS += [("BENCHMARKS.md", f"{rows} | {length} | {rows * length * 2}", "results/scaling.json",
-          [(f"{part}.{i}.ms_per_step", "{:.0f}"), (f"{part}.{i}.temp_mb", "{:.0f}")])
-         for part, shapes in (("by_length", ((128, 32), (64, 64), (32, 128), (16, 256),
-                                             (8, 512))),
-                              ("by_batch", ((8, 64), (16, 64), (32, 64))))
-         for i, (rows, length) in enumerate(shapes)]
 ROWS += [("BENCHMARKS.md", "220,276", "results/input_pipeline.json",
           [("nonpad_fraction", "{:.3f}"), ("batch_tokens", "{:d}"),
            ("train_tokens_per_s", "{:,.0f} tokens/s"), ("ratio_to_training", "{:.0f}x")])]
@@ -376,6 +370,12 @@ SENTENCES += [
       (lambda c: (c["model"]["num_layers"], c["model"]["num_decoder_layers"] or
                   c["model"]["num_layers"]), lambda n: f"{n[0]}+{n[1]} layers"),
       ("vocab_size", lambda v: f"{v // 1000}k vocabulary"), ("warmup_steps", "warmup {}")]),
+    ("README.md", "runs the tests named for each on a copy", "results/mutants.json",
+     [(lambda r: (r["caught"], r["total"]), lambda c: f"{c[0]} of {c[1]} mutants caught"),
+      (lambda r: r["unmutated"]["seconds"] + sum(m["seconds"] for m in r["mutants"]),
+       lambda s: f"about {s / 60:.0f} minutes")]),
+    ("RESULTS.md", "It was not re-run:", "results/multi30k_en-de_best_config.json",
+     [("train_wall_s", lambda s: f"{s / 60:.0f} minutes of both cores")]),
     ("README.md", "It simulates", "tests/conftest.py",
      [(lambda t: re.search(r"device_count=(\d+)", t).group(1), "simulates {} devices")]),
 ]
@@ -445,6 +445,8 @@ PHRASES = [
     ("README.md", "On hosts under 8 cores", "a setting's threshold"),
     ("README.md", "slower on 2 cores in development", "the machine, no figure"),
     ("README.md", "Apache License 2.0", "the licence's name"),
+    ("README.md", "the 1/sqrt(d_k) scaling", "the paper's formula"),
+    ("README.md", "(39.0 is not found in 39.02)", "an example"),
     ("README.md", "on 2 CPU cores", "the machine"),
     ("README.md", "the last 5 checkpoints averaged", "decode.py's default, a setting"),
     ("README.md", "averages the last 5 checkpoints, as the paper did", "a setting"),
@@ -650,6 +652,7 @@ NON_FIGURES = [
     (r"\b\d{4}-\d{2}-\d{2}(?:[T ][\d:.]+)?\b", "a date"),
     (r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b", "a git commit"),
     (r"\b\d+\.\d+\.\d+\w*\b", "a version"),
+    (r"\b\d{2}:\d{2}(?::\d{2})?\s+UTC\b", "a time of day"),
     (r"\b(?:Table|section|sections|eq\.|issue|issues|run|runs) \d+(?:\.\d+)?\b",
      "a reference to the paper, an issue or a run"),
 ]
@@ -690,9 +693,10 @@ def untraced_changes(root: Path, found: list[tuple[str, int, str]]) -> list[str]
   lines = [f"{name}:{line}: {entry.split(chr(9))[0]} is not checked, rendered or a non-figure, "
            f"and not in {UNTRACED} (...{entry.split(chr(9))[1]}...)"
            for name, line, entry in found if (now - listed)[f"{name}\t{entry}"] > 0]
-  lines += [f"{UNTRACED}: {entry.split(chr(9))[0]} {entry.split(chr(9))[1]!r} is no longer in "
-            f"{entry.split(chr(9))[0]}: remove the line (a changed figure, or one now traced)"
-            for entry in (listed - now)]
+  for entry in (listed - now).elements():
+    name, number, context = entry.split("\t", 2)
+    lines.append(f"{UNTRACED}: {name}: {number} (...{context}...) is no longer there: remove "
+                 "its line (a changed figure, or one now traced)")
   return lines
 
 

@@ -121,8 +121,27 @@ def results_runs(root: Path) -> str:
                 "test BLEU (sacreBLEU, cased, detok.)", "lowercased BLEU", "chrF", "JSON"], rows)
 
 
+def scaling(root: Path) -> str:
+  """bench/scaling.py's step time and XLA temporary memory, by length then by batch."""
+  record = json.loads((root / "results" / "scaling.json").read_text())
+  rows = [[f"{r['rows']}", f"{r['length']}", f"{r['tokens']}", f"{r['ms_per_step']:.0f}",
+           f"{r['temp_mb']:.0f}"] for r in record["by_length"] + record["by_batch"]]
+  return table(["rows", "length", "tokens (both sides)", "ms/step", "XLA temp MB"], rows)
+
+
+def faults(root: Path) -> str:
+  """bench/faults.py's scenarios: how often, what happened, whether the parameters equal
+  an uninterrupted run's bit for bit, and the most steps any restart lost."""
+  record = json.loads((root / "results" / "faults.json").read_text())
+  rows = [[r["fault"], f"{r['times']}", r["outcome"], "yes" if r["params_equal"] else "**no**",
+           f"{r['steps_lost_max']}"] for r in record["rows"]]
+  return table(["fault", "times", "outcome", "params equal", "steps lost (max)"], rows)
+
+
 TABLES = {"readme-results": ("README.md", readme_results),
-          "results-runs": ("RESULTS.md", results_runs)}
+          "results-runs": ("RESULTS.md", results_runs),
+          "scaling": ("BENCHMARKS.md", scaling),
+          "faults": ("BENCHMARKS.md", faults)}
 
 
 def rendered(root: Path) -> dict[str, str]:
