@@ -383,11 +383,11 @@ SENTENCES += [
 # (doc, sentence start, log file, regex with one group, format): a count or time the
 # sentence quotes from a log (the test suite's count from CI's log).
 LOGS = [
-    ("README.md", "The suite (", "results/ci/2026-11-26_fresh_clone_156.log",
+    ("README.md", "The suite (", "results/ci/2026-11-27_fresh_clone_174.log",
      r"(\d+) passed", "{} tests"),
-    ("README.md", "The suite (", "results/ci/2026-11-26_fresh_clone_156.log",
+    ("README.md", "The suite (", "results/ci/2026-11-27_fresh_clone_174.log",
      r"passed, \d+ warnings in ([\d.]+)s", lambda s: f"passed in {float(s) / 60:.1f} minutes"),
-    ("README.md", "The suite (", "results/ci/2026-11-26_fresh_clone_156.log",
+    ("README.md", "The suite (", "results/ci/2026-11-27_fresh_clone_174.log",
      r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\d+:[\d.]+)",
      lambda t: f"{int(t.split(':')[0]) + float(t.split(':')[1]) / 60:.1f} minutes with the venv"),
 ]
@@ -651,6 +651,7 @@ NON_FIGURES = [
     (r"\]\([^)\s]+\)", "a link target"),
     (r"\b\d{4}-\d{2}-\d{2}(?:[T ][\d:.]+)?\b", "a date"),
     (r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b", "a git commit"),
+    (r"(?<=commit )[0-9a-f]{7,40}\b", "a git commit (all digits)"),
     (r"\b\d+\.\d+\.\d+\w*\b", "a version"),
     (r"\b\d{2}:\d{2}(?::\d{2})?\s+UTC\b", "a time of day"),
     (r"\b(?:Table|section|sections|eq\.|issue|issues|run|runs) \d+(?:\.\d+)?\b",
