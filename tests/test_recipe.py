@@ -16,12 +16,13 @@ from configs import default
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.training import sharding
 from flax_transformer.training import steps as training
+from test_training import synthetic_batches  # tests/ is on pytest's path
 
 # The paper's values, written out rather than read from the code under test.
 PAPER_ADAM = dict(b1=0.9, b2=0.98, eps=1e-9)
 PAPER_LABEL_SMOOTHING = 0.1
 WARMUP = 3  # Small, so five steps see the warmup ramp and the decay after it.
-MODEL = TransformerConfig(vocab_size=48, d_model=32, d_ff=64, num_heads=4, num_layers=2,
+MODEL = TransformerConfig(vocab_size=64, d_model=32, d_ff=64, num_heads=4, num_layers=2,
                           max_len=16, dropout_rate=0.0)
 
 
@@ -37,17 +38,8 @@ def trainer_for(model_config=MODEL, config=None):
                           sharding.make_mesh({"data": 1}, jax.devices()[:1]))
 
 
-def batches(n, rows=6, length=10, seed=0):
-  rng = np.random.default_rng(seed)
-  out = []
-  for _ in range(n):
-    batch = {k: np.zeros((rows, length), np.int32) for k in ("inputs", "targets")}
-    for r in range(rows):
-      ls, lt = rng.integers(3, length + 1, size=2)
-      batch["inputs"][r, :ls] = rng.integers(2, MODEL.vocab_size, ls)
-      batch["targets"][r, :lt] = rng.integers(2, MODEL.vocab_size, lt)
-    out.append(batch)
-  return out
+def batches(n, rows=6, seed=0):
+  return list(synthetic_batches(n, rows=rows, length=10, vocab=MODEL.vocab_size, seed=seed))
 
 
 def paper_rate(step, d_model=MODEL.d_model, warmup=WARMUP):
