@@ -15,11 +15,16 @@ what it measured):
    pipeline (workers, device prefetch) and fed one device batch repeatedly.
 4. decode_trained: the trained model over test 2016 (1000 sentences) here, against
    the same decode run on the host CPU (same output?).
-5. small_f32 / base_bf16: our train step against the peer's (Flax examples/wmt
-   `models.py`, loaded from --peer_path) at the same shapes, timed alternately;
-   MFU from the analytic count (`training.train_step_flops`).
-6. decode_vs_peer: beam search (8 x 32, beam 4, alpha 0.6, random small model),
-   ours against the peer's `decode.beam_search`.
+5. prng_bits: the threefry GPU kernel's bits against XLA's lowering, and each
+   PRNG's bits on this device against the CPU's.
+6. small_f32 / base_bf16: our train step, as train.py runs it, against the peer's
+   (Flax examples/wmt `models.py`, loaded from --peer_path) at the same shapes,
+   timed alternately with variants of ours (threefry without its GPU kernel, rbg,
+   unsafe_rbg, the fused cross-entropy backward); MFU from the analytic count
+   (`training.train_step_flops`).
+7. decode_vs_peer: beam search (8 x 32, beam 4, alpha 0.6, random small model),
+   ours against the peer's `decode.beam_search`; decode_base: the same at the
+   paper's base shape (bf16) and length bound, batches 8, 32 and 128, with tokens/s.
 Writes results/accelerator_<device>.json (or --out).
 """
 
@@ -48,16 +53,20 @@ from common import MULTI30K, ROOT, print_table
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 PEAKS_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # Dense bf16 FLOP/s (datasheets).
-COMPILE_LINE = re.compile(r"(Train step|Eval step|Beam search|Sampling) (?:for (.*?) )?"
+COMPILE_LINE = re.compile(r"(Parameter initialisation|Train step|Eval step|Beam search|Sampling) "
+                          r"(?:for (.*?) )?"
                           r"(compiled|loaded from the compilation cache) in ([\d.]+) s")
 
 # The JSON's headline keys: present in every record, null where unmeasured.
 HEADLINE = ["device", "jax_version", "date", "readme_job_wall_s", "readme_job_test_bleu",
             "readme_job_ms_per_step", "readme_step_ms_fed",
-            "readme_job_ms_per_step_repeated_batch", "train_step_compile_s_cold",
-            "train_step_compile_s_warm", "base_bf16_mfu", "base_bf16_speedup_vs_peer",
-            "small_f32_speedup_vs_peer", "decode_compile_s", "decode_speedup_vs_peer",
-            "decode_test2016_sentences_per_s", "decode_test2016_same_output_as_cpu"]
+            "readme_job_ms_per_step_repeated_batch", "init_compile_s_cold",
+            "train_step_compile_s_cold", "train_step_compile_s_warm", "profile_trace_files",
+            "base_bf16_mfu", "base_bf16_speedup_vs_peer", "small_f32_speedup_vs_peer",
+            "decode_compile_s", "decode_speedup_vs_peer", "decode_base_speedup_vs_peer_batch8",
+            "decode_base_speedup_vs_peer_batch128", "decode_base_tokens_per_s_batch32",
+            "threefry_kernel_same_bits", "decode_test2016_sentences_per_s",
+            "decode_test2016_same_output_as_cpu"]
 
 SHAPES = {  # name -> model and batch (rows x length a side).
     "small_f32": dict(vocab=8000, d_model=256, layers=3, heads=4, d_ff=1024, rows=32, length=64,
@@ -188,6 +197,8 @@ class Bench:
         readme_job_log_step_times_ms=[1000 * t for t in step_times],
         readme_job_final=metrics[-1] if metrics else None,
         train_step_compile_s_cold=train_compile[0]["seconds"] if train_compile else None,
+        init_compile_s_cold=next((c["seconds"] for c in compiles
+                                  if c["what"] == "Parameter initialisation"), None),
         readme_job_compiles=compiles,
         readme_job_decode_compiles=parse_compiles(decode_log.read_text()),
         readme_job_eval_shapes=sorted({c["shape"] for c in compiles if c["what"] == "Eval step"}),
@@ -197,16 +208,21 @@ class Bench:
     self.readme_workdir, self.cache, self.hyp = workdir, cache, hyp
 
   def warm_compile(self) -> None:
+    """The job relaunched on the filled cache for a few steps, two of them profiled."""
     workdir = self.root / "readme_warm"
     shutil.rmtree(workdir, ignore_errors=True)
     log = self.root / "warm_train.log"
-    wall = self.subprocess(self.train_argv(workdir, self.cache, "--config.num_train_steps=1"),
-                           log)
+    wall = self.subprocess(self.train_argv(
+        workdir, self.cache, "--config.num_train_steps=8", "--config.profile_first_step=4",
+        "--config.profile_steps=2"), log)
     compiles = parse_compiles(log.read_text())
     train = [c for c in compiles if c["what"] == "Train step"]
+    traces = sorted(p for p in (workdir / "profile").rglob("*") if p.is_file())
     self.record.update(train_step_compile_s_warm=train[0]["seconds"] if train else None,
                        warm_compile_cache_hit=bool(train and train[0]["cached"]),
-                       warm_launch_wall_s=wall, warm_launch_compiles=compiles)
+                       warm_launch_wall_s=wall, warm_launch_compiles=compiles,
+                       profile_trace_files={str(p.relative_to(workdir)): p.stat().st_size
+                                            for p in traces})
 
   def start_cpu_decode(self) -> None:
     """The same decode on the host's CPU, in the background (its cores apart from ours)."""
@@ -352,12 +368,15 @@ class Bench:
       modules[name] = module
     return modules["models"], modules["decode"]
 
-  def train_steps(self, name: str, attention: str = "auto", ablations: bool = False) -> None:
+  def train_steps(self, name: str, attention: str = "auto", ablations: bool = False,
+                  variants: dict | None = None) -> None:
     """Our Trainer's step against the peer's at SHAPES[name], timed alternately.
 
-    With `ablations`, also ours with each of its hand-written pieces replaced by
-    the plain JAX a reader would write (`ablation_patches`): which of them costs
-    time on this device.
+    Ours runs as train.py runs it (the entry points' jax defaults, config defaults).
+    `variants` (name -> {"config": overrides, "jax": options, "patches": ...}) are
+    ours with one choice changed, timed in the same rounds (`prng_variants`). With
+    `ablations`, also ours with each of its hand-written pieces replaced by the
+    plain JAX a reader would write (`ablation_patches`).
     """
     import jax
     import jax.numpy as jnp
@@ -387,15 +406,24 @@ class Bench:
     compile_s = {}
     initial = []
 
-    def build(key: str, patches: dict) -> None:
+    def build(key: str, patches: dict, overrides: dict | None = None,
+              options: dict | None = None) -> None:
       originals = {(module, attr): getattr(module, attr) for module, attr in patches}
       for (module, attr), replacement in patches.items():
         setattr(module, attr, replacement)
-      try:  # The patches hold while the step is traced and compiled.
-        trainer = training.Trainer(model_config, config, mesh)
+      saved_options = {option: getattr(jax.config, option) for option in options or {}}
+      for option, value in (options or {}).items():
+        jax.config.update(option, value)
+      variant_config = default.get_config()
+      for k, v in (overrides or {}).items():
+        variant_config[k] = v
+      try:  # The patches and options hold while the step is traced and compiled.
+        trainer = training.Trainer(model_config, variant_config, mesh)
         # One initialisation (its compile takes 12-35 s on an H100), a copy per variant.
         if not initial:
+          started = time.perf_counter()
           initial.append(trainer.init_state(0))
+          compile_s["init"] = time.perf_counter() - started
         state = jax.tree_util.tree_map(jnp.copy, initial[0])
         batch = jax.device_put(host_batch, trainer.batch_sharding)
         started = time.perf_counter()
@@ -404,6 +432,8 @@ class Bench:
       finally:
         for (module, attr), original in originals.items():
           setattr(module, attr, original)
+        for option, value in saved_options.items():
+          jax.config.update(option, value)
       holder = [state]
 
       def run():
@@ -418,6 +448,8 @@ class Bench:
     if ablations:
       for key, patches in ablation_patches().items():
         build(key, patches)
+    for key, variant in (variants or {}).items():
+      build(key, variant.get("patches", {}), variant.get("config"), variant.get("jax"))
     peer_compile = None
     try:
       models, _ = self.peer()
@@ -481,7 +513,8 @@ class Bench:
     peak = next((v for k, v in PEAKS_BF16.items() if k in device_kind), None)
     out = {"shape": shape, "ours_ms": 1000 * ours_s,
            "ours_runs_ms": [1000 * x for x in runs["ours"]],
-           "ours_compile_s": ours_compile, "analytic_flops_per_step": flops,
+           "ours_compile_s": ours_compile, "init_compile_s": compile_s.get("init"),
+           "analytic_flops_per_step": flops,
            "ours_tflops_per_s": flops / ours_s / 1e12,
            "tokens_per_s_a_side": rows * length / ours_s, "peak_bf16_flops": peak}
     if peak:
@@ -490,12 +523,20 @@ class Bench:
       peer_s = statistics.median(runs["peer"])
       out.update(peer_ms=1000 * peer_s, peer_runs_ms=[1000 * x for x in runs["peer"]],
                  peer_compile_s=peer_compile, speedup_vs_peer=peer_s / ours_s)
+    changed = {key: {"ms": 1000 * statistics.median(runs[key]),
+                     "runs_ms": [1000 * x for x in runs[key]], "compile_s": compile_s[key],
+                     "over_ours": statistics.median(runs[key]) / ours_s,
+                     **({"mfu_of_bf16_peak": flops / statistics.median(runs[key]) / peak}
+                        if peak else {}),
+                     **({"speedup_vs_peer": statistics.median(runs["peer"])
+                         / statistics.median(runs[key])} if "peer" in runs else {})}
+               for key in compile_s if key not in ("ours", "init")}
+    if variants:
+      out["variants"] = {key: {**changed[key], "changes": {
+          k: v for k, v in variants[key].items() if k != "patches"}} for key in variants}
     if ablations:
-      self.record[f"{name}_ablations"] = {
-          key: {"ms": 1000 * statistics.median(runs[key]),
-                "runs_ms": [1000 * x for x in runs[key]], "compile_s": compile_s[key],
-                "over_ours": statistics.median(runs[key]) / ours_s}
-          for key in compile_s if key != "ours"}
+      self.record[f"{name}_ablations"] = {k: v for k, v in changed.items()
+                                          if k not in (variants or {})}
       out["ablations"] = f"{name}_ablations"
       self.record[f"{name}_with_ablations"] = out
       return
@@ -509,45 +550,47 @@ class Bench:
     else:
       self.record["small_f32_speedup_vs_peer"] = out.get("speedup_vs_peer")
 
-  def decode_vs_peer(self) -> None:
+  def decode_vs_peer(self, shape_name: str = "small_f32", batches=(8,), extra: int = 31,
+                     key: str = "decode_vs_peer") -> None:
+    """Beam search (beam 4, alpha 0.6, source length 32), ours against the peer's
+    `decode.beam_search`, on a random model at SHAPES[shape_name], per batch size.
+
+    A random model rarely emits EOS, so both search to the length bound (source
+    length + `extra`): tokens/s counts the best hypotheses' tokens up to EOS.
+    """
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     from flax_transformer import Transformer, TransformerConfig
+    from flax_transformer.data.tokenizer import trim
     from flax_transformer.translation.translator import SearchConfig, make_search_fn
 
-    shape = (TINY_SHAPES if self.tiny else SHAPES)["small_f32"]
-    batch, source_len, beam, extra = 8, 32, 4, 31
+    shape = (TINY_SHAPES if self.tiny else SHAPES)[shape_name]
+    source_len, beam = 32, 4
     max_len = source_len + extra
-    inputs = np.random.default_rng(0).integers(2, shape["vocab"], (batch, source_len)
-                                               ).astype(np.int32)
     config = TransformerConfig(vocab_size=shape["vocab"], d_model=shape["d_model"],
                                d_ff=shape["d_ff"], num_heads=shape["heads"],
-                               num_layers=shape["layers"], max_len=max_len, deterministic=True)
-    params = Transformer(config).init(jax.random.PRNGKey(0), inputs[:1], inputs[:1])["params"]
+                               num_layers=shape["layers"], max_len=max_len, deterministic=True,
+                               dtype=shape["dtype"])
+    sample = np.ones((1, source_len), np.int32)
+    params = Transformer(config).init(jax.random.PRNGKey(0), sample, sample)["params"]
     search = jax.jit(make_search_fn(config, SearchConfig(beam_size=beam, alpha=0.6,
                                                          max_extra=extra)))
-    key = jax.random.PRNGKey(0)
-    started = time.perf_counter()
-    ours_compiled = search.lower(params, inputs, key).compile()
-    ours_compile = time.perf_counter() - started
-    timed = {"ours": lambda: jax.block_until_ready(ours_compiled(params, inputs, key))}
-    peer_compile = None
     try:
       models, peer_decode = self.peer()
     except RuntimeError as e:
-      self.record["errors"]["decode_peer"] = str(e)
+      self.record["errors"][f"{key}_peer"] = str(e)
       models = None
     if models is not None:
       peer_config = models.TransformerConfig(
           vocab_size=shape["vocab"], output_vocab_size=shape["vocab"], share_embeddings=True,
           logits_via_embedding=True, emb_dim=shape["d_model"], num_heads=shape["heads"],
           num_layers=shape["layers"], qkv_dim=shape["d_model"], mlp_dim=shape["d_ff"],
-          max_len=max_len, deterministic=True)
+          max_len=max_len, deterministic=True, dtype=jnp.dtype(shape["dtype"]))
       decode_config = peer_config.replace(decode=True)
       peer_params = models.Transformer(peer_config).init(
-          jax.random.PRNGKey(0), inputs[:1], inputs[:1])["params"]
+          jax.random.PRNGKey(0), sample, sample)["params"]
 
       def peer_search(params, inputs):
         # The peer's train.py initialize_cache + predict_step, beam 4, alpha 0.6.
@@ -568,30 +611,73 @@ class Bench:
                                           alpha=0.6, eos_id=1, max_decode_len=max_len)
         return seqs[:, -1, 1:]
 
+    rng = jax.random.PRNGKey(0)
+    results = {}
+    for batch in batches:
+      inputs = np.random.default_rng(batch).integers(2, shape["vocab"], (batch, source_len)
+                                                     ).astype(np.int32)
       started = time.perf_counter()
-      peer_compiled = jax.jit(peer_search).lower(peer_params, inputs).compile()
-      peer_compile = time.perf_counter() - started
-      timed["peer"] = lambda: jax.block_until_ready(peer_compiled(peer_params, inputs))
-    runs = {k: [] for k in timed}
-    for fn in timed.values():
-      fn()
-    for _ in range(3 if self.tiny else 10):
-      for k, fn in timed.items():
+      ours_compiled = search.lower(params, inputs, rng).compile()
+      out = {"ours_compile_s": time.perf_counter() - started}
+      timed = {"ours": lambda: ours_compiled(params, inputs, rng).sequences[:, 0]}
+      if models is not None:
         started = time.perf_counter()
-        fn()
-        runs[k].append(time.perf_counter() - started)
-    ours_s = statistics.median(runs["ours"])
-    out = {"batch": batch, "source_len": source_len, "beam_size": beam, "max_decode_len": max_len,
-           "ours_s_per_batch": ours_s, "ours_sentences_per_s": batch / ours_s,
-           "ours_runs_s": runs["ours"], "ours_compile_s": ours_compile}
-    if "peer" in runs:
-      peer_s = statistics.median(runs["peer"])
-      out.update(peer_s_per_batch=peer_s, peer_sentences_per_s=batch / peer_s,
-                 peer_runs_s=runs["peer"], peer_compile_s=peer_compile,
-                 speedup_vs_peer=peer_s / ours_s)
-    self.record["decode_vs_peer"] = out
-    self.record["decode_compile_s"] = ours_compile
-    self.record["decode_speedup_vs_peer"] = out.get("speedup_vs_peer")
+        peer_compiled = jax.jit(peer_search).lower(peer_params, inputs).compile()
+        out["peer_compile_s"] = time.perf_counter() - started
+        timed["peer"] = lambda: peer_compiled(peer_params, inputs)
+      tokens = {k: sum(len(trim(row)) for row in np.asarray(jax.block_until_ready(fn())))
+                for k, fn in timed.items()}  # Also the warm-up.
+      runs = {k: [] for k in timed}
+      for _ in range(3 if self.tiny else (10 if batch <= 32 else 5)):
+        for k, fn in timed.items():
+          started = time.perf_counter()
+          jax.block_until_ready(fn())
+          runs[k].append(time.perf_counter() - started)
+      for k in timed:
+        seconds = statistics.median(runs[k])
+        out.update({f"{k}_s_per_batch": seconds, f"{k}_sentences_per_s": batch / seconds,
+                    f"{k}_tokens_per_s": tokens[k] / seconds, f"{k}_tokens": tokens[k],
+                    f"{k}_runs_s": runs[k]})
+      if "peer" in timed:
+        out["speedup_vs_peer"] = statistics.median(runs["peer"]) / statistics.median(runs["ours"])
+      results[str(batch)] = out
+    self.record[key] = {"shape": shape, "source_len": source_len, "beam_size": beam,
+                        "alpha": 0.6, "max_decode_len": max_len, "batches": results}
+    if key == "decode_vs_peer":
+      first = results[str(batches[0])]
+      self.record["decode_compile_s"] = first["ours_compile_s"]
+      self.record["decode_speedup_vs_peer"] = first.get("speedup_vs_peer")
+    else:
+      for batch, out in results.items():
+        self.record[f"decode_base_speedup_vs_peer_batch{batch}"] = out.get("speedup_vs_peer")
+        self.record[f"decode_base_tokens_per_s_batch{batch}"] = out["ours_tokens_per_s"]
+
+  def prng_bits(self) -> None:
+    """Are the threefry kernel's bits XLA's? Do this device's bits equal the CPU's, per PRNG?"""
+    import jax
+    import numpy as np
+
+    shape = (64, 1024)
+    out = {}
+    for impl in ("threefry2x32", "rbg", "unsafe_rbg"):
+      bits = {}
+      for name, device in (("device", jax.devices()[0]), ("cpu", jax.devices("cpu")[0])):
+        for lowering in (True, False):
+          with jax.default_device(device):
+            jax.config.update("jax_threefry_gpu_kernel_lowering", lowering)
+            try:
+              key = jax.random.fold_in(jax.random.key(0, impl=impl), 7)
+              bits[(name, lowering)] = np.asarray(jax.jit(
+                  lambda k: jax.random.bits(k, shape, np.uint32))(key))
+            finally:
+              jax.config.update("jax_threefry_gpu_kernel_lowering", True)
+      out[impl] = {
+          "kernel_equals_xla_lowering": bool(np.array_equal(bits[("device", True)],
+                                                            bits[("device", False)])),
+          "device_equals_cpu": bool(np.array_equal(bits[("device", True)],
+                                                   bits[("cpu", True)]))}
+    self.record["prng_bits"] = out
+    self.record["threefry_kernel_same_bits"] = out["threefry2x32"]["kernel_equals_xla_lowering"]
 
   # --- the whole run --------------------------------------------------------------
 
@@ -602,6 +688,7 @@ class Bench:
     self.record.update(device=device.device_kind, platform=device.platform,
                        jax_version=jax.__version__, device_count=jax.device_count(),
                        host_cores=os.cpu_count(), xla_flags=os.environ.get("XLA_FLAGS", ""),
+                       threefry_gpu_kernel_lowering=jax.config.jax_threefry_gpu_kernel_lowering,
                        jax_environment={k: v for k, v in os.environ.items()
                                         if k.startswith("JAX_")})
     try:
@@ -624,16 +711,24 @@ class Bench:
       self.run_section("decode_trained", self.decode_trained, min_left_s=20)
     else:
       self.record["errors"]["readme_sections"] = "not run: the README job did not run"
-    self.run_section("base_bf16", lambda: self.train_steps("base_bf16"), min_left_s=40)
+    self.run_section("prng_bits", self.prng_bits)
+    self.run_section("base_bf16", lambda: self.train_steps("base_bf16",
+                                                           variants=prng_variants()),
+                     min_left_s=40)
     # The XLA attention path at the same shape, beside the headline's (the log says which).
     self.run_section("base_bf16_xla_attention",
                      lambda: self.train_steps("base_bf16", attention="xla"), min_left_s=60)
-    self.run_section("small_f32", lambda: self.train_steps("small_f32"), min_left_s=40)
+    self.run_section("small_f32", lambda: self.train_steps("small_f32",
+                                                           variants=prng_variants()),
+                     min_left_s=40)
     # Not in a default run: which hand-written piece of our step costs time here.
     if self.args.sections and "small_f32_ablations" in self.args.sections:
       self.run_section("small_f32_ablations",
                        lambda: self.train_steps("small_f32", ablations=True), min_left_s=60)
     self.run_section("decode_vs_peer", self.decode_vs_peer, min_left_s=30)
+    # The paper's base shape and length bound (source + 50), at three batch sizes.
+    self.run_section("decode_base", lambda: self.decode_vs_peer(
+        "base_bf16", batches=(8, 32, 128), extra=50, key="decode_base"), min_left_s=40)
     if hasattr(self, "cpu_proc"):
       self.run_section("cpu_decode", self.finish_cpu_decode)
     from flax_transformer.network import attention
@@ -645,6 +740,16 @@ class Bench:
     print(f"wrote {self.out}")
 
 
+def prng_variants() -> dict[str, dict]:
+  """Ours with one random-number or loss choice changed (train.py's defaults otherwise)."""
+  return {
+      "threefry_xla_lowering": {"jax": {"jax_threefry_gpu_kernel_lowering": False}},
+      "rbg": {"config": {"prng_impl": "rbg"}},
+      "unsafe_rbg": {"config": {"prng_impl": "unsafe_rbg"}},
+      "fused_cross_entropy": {"config": {"cross_entropy_backward": "fused"}},
+  }
+
+
 def ablation_patches() -> dict[str, dict]:
   """name -> {(module, attribute): replacement}: each of our hand-written step
   pieces (tuned on CPUs) swapped for plain JAX, one at a time and all together."""
@@ -652,20 +757,15 @@ def ablation_patches() -> dict[str, dict]:
   import jax.numpy as jnp
 
   from flax_transformer.network import layers
-  from flax_transformer.training import steps
 
   def plain_projection(x, embedding):
     return jnp.einsum("...d,vd->...v", x, embedding)
-
-  def plain_cross_entropy(logits, targets, label_smoothing):
-    return steps._smoothed_cross_entropy_fwd(logits, targets, label_smoothing)[0]
 
   def bernoulli_keep(rng, shape, rate):
     return jax.random.bernoulli(rng, 1.0 - rate, shape)
 
   one_at_a_time = {
       "plain_tied_projection": {(layers, "tied_projection"): plain_projection},
-      "autodiff_cross_entropy": {(steps, "smoothed_cross_entropy"): plain_cross_entropy},
       "bernoulli_dropout": {(layers, "dropout_keep_mask"): bernoulli_keep},
   }
   everything = {k: v for patches in one_at_a_time.values() for k, v in patches.items()}
@@ -743,6 +843,7 @@ def main():
   from flax_transformer import compilation
 
   compilation.set_default_xla_flags()
+  compilation.set_default_jax_config()
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
   for name in ("jax", "absl", "orbax", "grain", "tensorflow_datasets"):
     logging.getLogger(name).setLevel(logging.WARNING)

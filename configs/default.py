@@ -88,6 +88,15 @@ def get_config() -> ml_collections.ConfigDict:
   config.label_smoothing = 0.1  # eps_ls.
   config.grad_clip_norm = 0.0  # 0 = no clipping (paper).
   config.grad_accum_steps = 1
+  # Backward pass of the smoothed cross entropy: 'fused' (hand-written, one pass over
+  # the vocabulary), 'autodiff', or 'auto' (fused on CPUs, autodiff on GPUs and TPUs,
+  # where each was measured faster; the values are the same).
+  config.cross_entropy_backward = "auto"
+  # jax PRNG for dropout and initialisation: 'threefry2x32' (jax's default: the same
+  # bits on every device, mesh and backend), 'rbg' or 'unsafe_rbg' (cheaper on GPUs
+  # and TPUs, bits differ between backends; unsafe_rbg's derived keys carry no
+  # guarantee of independence). BENCHMARKS.md measures each.
+  config.prng_impl = "threefry2x32"
 
   # --- Loop, checkpoints, evaluation -------------------------------------
   config.seed = 0
@@ -105,6 +114,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.checkpoint_every_minutes = 0.0
   config.keep_checkpoints = 20  # Paper: average of the last 5 (base) / 20 (big).
   config.nan_policy = "stop"  # 'stop' | 'skip' on a non-finite loss.
+  # > 0: a jax.profiler trace of this many steps, from step profile_first_step + 1
+  # (after the compiles), written to WORKDIR/profile by process 0; TensorBoard's
+  # profile plugin and Perfetto (ui.perfetto.dev) open it.
+  config.profile_steps = 0
+  config.profile_first_step = 10
 
   # --- Decoding (paper section 6.1), for BLEU during training ------------
   # Defaults: SearchConfig's (beam 4, length penalty ((5 + |Y|) / 6)^0.6, outputs
@@ -128,6 +142,9 @@ def get_config() -> ml_collections.ConfigDict:
       ("length", None),
   )
   config.peak_flops_per_device = 0.0  # For MFU in logs; 0 = not reported.
+  # Compile evaluation and BLEU search for every batch shape on background threads
+  # while the first train steps run, instead of at the first evaluation.
+  config.compile_ahead = True
   # jax's persistent compilation cache (executables and XLA's GPU autotuning results):
   # a second launch of the same job loads its steps instead of compiling. '' = off.
   config.compilation_cache_dir = compilation.default_cache_dir()

@@ -8,6 +8,8 @@ second launch of the same job loads instead of compiling.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import logging
 import os
 import threading
@@ -41,6 +43,25 @@ def set_default_xla_flags(environ=os.environ) -> list[str]:
   if added:
     environ["XLA_FLAGS"] = " ".join([current, *added]).strip()
   return added
+
+
+# jax options train.py and decode.py set unless the option's environment variable
+# (its name in capitals) is set: option -> value. The threefry kernel lowering
+# computes the same bits as XLA's unrolled threefry (so runs stay reproducible,
+# and equal across devices), in one GPU kernel: dropout's random bits stop
+# dominating a GPU train step, and its compile shrinks (BENCHMARKS.md). Ignored
+# on CPUs and TPUs.
+DEFAULT_JAX_CONFIG = {"jax_threefry_gpu_kernel_lowering": True}
+
+
+def set_default_jax_config(environ=os.environ) -> list[str]:
+  """Sets DEFAULT_JAX_CONFIG's options the environment leaves unset; returns those set."""
+  applied = []
+  for option, value in DEFAULT_JAX_CONFIG.items():
+    if option.upper() not in environ:
+      jax.config.update(option, value)
+      applied.append(f"{option}={value}")
+  return applied
 
 
 def default_cache_dir() -> str:
@@ -124,37 +145,85 @@ def shape_key(tree) -> tuple:
                          for x in leaves))
 
 
+_executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def background_executor() -> concurrent.futures.ThreadPoolExecutor:
+  """Threads for compiles started ahead of their first use (XLA compiles outside the GIL)."""
+  global _executor
+  if _executor is None:
+    _executor = concurrent.futures.ThreadPoolExecutor(
+        max_workers=max(1, min(8, (os.cpu_count() or 2) // 2)),
+        thread_name_prefix="compile_ahead")
+  return _executor
+
+
 class PerShape:
   """A jitted function compiled once per input shape, each compile logged.
 
   `key(*args)` picks the arguments whose shapes tell programs apart (default: all),
   and `describe(*args)` names a shape in the log. `max_shapes` caps the number
   of programs: one more is an error naming the cap (the batching that feeds
-  this function should never produce it).
+  this function should never produce it). `context()` is entered around every
+  compile (a mesh, axis rules: they are per thread, and compiles may run on
+  another thread, `compile_ahead`).
   """
 
   def __init__(self, jitted, name: str, *, max_shapes: int | None = None,
                key: Callable[..., Any] | None = None,
-               describe: Callable[..., str] | None = None):
-    self.jitted, self.name, self.max_shapes = jitted, name, max_shapes
+               describe: Callable[..., str] | None = None,
+               context: Callable[[], Any] = contextlib.nullcontext):
+    self.jitted, self.name, self.max_shapes, self._context = jitted, name, max_shapes, context
     self._key = key or (lambda *args: args)
     self._describe = describe or (lambda *args: "")
     self._compiled: dict[tuple, Any] = {}
+    self._pending: dict[tuple, concurrent.futures.Future] = {}
+    self._lock = threading.Lock()
     self.compile_seconds: dict[str, float] = {}
+
+  def _compile(self, args) -> Any:
+    detail = self._describe(*args)
+    with self._context():
+      compiled, seconds = compile_logged(self.jitted, *args, name=self.name,
+                                         detail=f"for {detail}" if detail else "")
+    self.compile_seconds[detail or str(len(self.compile_seconds) + 1)] = seconds
+    return compiled
+
+  def _reserve(self, key, args) -> bool:
+    """True if `key` is new (and now counted); an error beyond `max_shapes`."""
+    if key in self._compiled or key in self._pending:
+      return False
+    if self.max_shapes is not None and len(self._compiled) + len(self._pending) >= self.max_shapes:
+      raise RuntimeError(f"{self.name}: a shape beyond the cap of {self.max_shapes} "
+                         f"({self._describe(*args)}); compiled so far: "
+                         f"{list(self.compile_seconds)}")
+    return True
+
+  def compile_ahead(self, *args) -> None:
+    """Starts compiling for these arguments' shapes on a background thread.
+
+    `args` may be arrays or `jax.ShapeDtypeStruct`s (with the shardings the real
+    arguments will have). A later call with these shapes waits for that compile
+    instead of starting its own, so several shapes compile at once, and while
+    the caller does other work (the first train steps).
+    """
+    key = shape_key(self._key(*args))
+    with self._lock:
+      if self._reserve(key, args):
+        self._pending[key] = background_executor().submit(self._compile, args)
 
   def __call__(self, *args):
     key = shape_key(self._key(*args))
-    compiled = self._compiled.get(key)
+    with self._lock:
+      compiled = self._compiled.get(key)
+      future = self._pending.get(key)
+      if compiled is None and future is None:
+        self._reserve(key, args)
     if compiled is None:
-      if self.max_shapes is not None and len(self._compiled) >= self.max_shapes:
-        raise RuntimeError(f"{self.name}: a shape beyond the cap of {self.max_shapes} "
-                           f"({self._describe(*args)}); compiled so far: "
-                           f"{list(self.compile_seconds)}")
-      detail = self._describe(*args)
-      compiled, seconds = compile_logged(self.jitted, *args, name=self.name,
-                                         detail=f"for {detail}" if detail else "")
-      self._compiled[key] = compiled
-      self.compile_seconds[detail or str(len(self._compiled))] = seconds
+      compiled = future.result() if future is not None else self._compile(args)
+      with self._lock:
+        self._compiled[key] = compiled
+        self._pending.pop(key, None)
     return compiled(*args)
 
   @property

@@ -31,16 +31,20 @@ from flax_transformer.training import sharding as sharding_lib
 from flax_transformer.training import workdir as workdir_lib
 from flax_transformer.training.checkpoints import Checkpointer
 from flax_transformer.training.metrics import METRICS_FILE, create_writer
-from flax_transformer.training.steps import Trainer, evaluate, train_step_flops
+from flax_transformer.training.steps import (Trainer, evaluate, fused_cross_entropy_backward,
+                                             train_step_flops)
 from flax_transformer.translation import batching
 from flax_transformer.translation.translator import (SearchConfig, make_search_fn, per_shape,
-                                                     translate_ids)
+                                                     search_batches, translate_ids)
 
 def model_config_from(config) -> TransformerConfig:
   try:
     return TransformerConfig.from_dict(config.model.to_dict())
   except ValueError as e:
     raise ConfigError(f"config.model: {e}") from None
+
+
+PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 
 
 def check_config(config) -> None:
@@ -67,6 +71,16 @@ def check_config(config) -> None:
                       f"{config.subword_sampling_alpha}")
   if config.nan_policy not in ("stop", "skip"):
     raise ConfigError(f"config.nan_policy must be 'stop' or 'skip', got {config.nan_policy!r}")
+  try:
+    fused_cross_entropy_backward(config.cross_entropy_backward, "cpu")
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  if config.prng_impl not in PRNG_IMPLS:
+    raise ConfigError(f"config.prng_impl must be one of {', '.join(PRNG_IMPLS)}, got "
+                      f"{config.prng_impl!r}")
+  if config.profile_steps < 0 or config.profile_first_step < 0:
+    raise ConfigError("config.profile_steps and config.profile_first_step must be >= 0, got "
+                      f"{config.profile_steps} and {config.profile_first_step}")
   model = model_config_from(config)
   longest = max(config.max_source_length, config.max_target_length)
   if longest > model.max_len:
@@ -217,7 +231,30 @@ class Evaluation:
     self.search_fn = per_shape(
         jax.jit(make_search_fn(model_config, search),
                 out_shardings=sharding_lib.replicated(self.mesh)),
-        search, max_shapes=config.eval_max_shapes * len(self.sets))  # Each set's widths.
+        search, max_shapes=config.eval_max_shapes * len(self.sets),  # Each set's widths.
+        context=lambda: jax.set_mesh(self.mesh))
+
+  def _bleu_sources(self, prefix: str) -> list:
+    pairs, n = self.sets[prefix], self.config.num_bleu_sentences
+    return [s for s, _ in pairs.ids[:len(pairs.ids) if n < 0 else n]]
+
+  def compile_ahead(self) -> None:
+    """Starts compiling every eval and BLEU shape this run will use, in the background."""
+    config, trainer = self.config, self.trainer
+    abstract = lambda shape: jax.ShapeDtypeStruct(  # noqa: E731
+        shape, np.int32, sharding=trainer.batch_sharding)
+    for shape in dict.fromkeys(b["inputs"].shape for b in self.host_batches):
+      trainer.compile_eval_ahead({k: abstract(shape) for k in self.host_batches[0]})
+    key = jax.ShapeDtypeStruct((2,), np.uint32)  # translate_ids' jax.random.PRNGKey split.
+    for prefix, every in (("", config.bleu_every_steps), ("test_", config.test_bleu_every_steps)):
+      if every > 0 and prefix in self.sets:
+        batches = search_batches(self._bleu_sources(prefix), **self._search_batching())
+        for shape in dict.fromkeys(b["inputs"].shape for b in batches):
+          self.search_fn.compile_ahead(trainer.abstract_state.params, abstract(shape), key)
+
+  def _search_batching(self) -> dict:
+    return dict(batch_tokens=self.config.eval_batch_tokens, max_length=self.max_len,
+                row_multiple=self.dp_size, max_widths=self.config.eval_max_shapes)
 
   def __call__(self, params, due: Due) -> dict[str, float]:
     out = {}
@@ -230,16 +267,13 @@ class Evaluation:
     return out
 
   def bleu(self, params, prefix: str) -> dict[str, float]:
-    pairs, config = self.sets[prefix], self.config
-    n = len(pairs.ids) if config.num_bleu_sentences < 0 else config.num_bleu_sentences
+    sources = self._bleu_sources(prefix)
     with jax.set_mesh(self.mesh):
-      hyps = translate_ids(self.search_fn, params, [s for s, _ in pairs.ids[:n]],
-                           batch_tokens=config.eval_batch_tokens, max_length=self.max_len,
-                           row_multiple=self.dp_size,
+      hyps = translate_ids(self.search_fn, params, sources,
                            place=lambda x: self.place({"inputs": x})["inputs"],
-                           max_widths=config.eval_max_shapes)
+                           **self._search_batching())
     hypotheses = [self.tokenizer.detokenize(h[0][0]) for h in hyps]
-    references = pairs.references[:n]
+    references = self.sets[prefix].references[:len(sources)]
     return {prefix + "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
             prefix + "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score}
 
@@ -358,9 +392,12 @@ def setup_run(config, workdir: Path, launch: dict | None = None) -> Run:
                       f"config.grad_accum_steps={config.grad_accum_steps} micro-batches over "
                       f"{dp_size} data-parallel devices")
 
-  logging.info("Devices: %d (%s), mesh %s, %d process(es); host memory: %s; XLA_FLAGS: %s",
+  logging.info("Devices: %d (%s), mesh %s, %d process(es); host memory: %s; XLA_FLAGS: %s; "
+               "PRNG %s (threefry GPU kernel %s); cross entropy backward: %s",
                jax.device_count(), jax.devices()[0].platform, dict(mesh.shape), process_count,
-               host_allocator.describe(), os.environ.get("XLA_FLAGS", "") or "(none)")
+               host_allocator.describe(), os.environ.get("XLA_FLAGS", "") or "(none)",
+               config.prng_impl, "on" if jax.config.jax_threefry_gpu_kernel_lowering else "off",
+               config.cross_entropy_backward)
   train_pairs = load_pairs(config, config.train_split)
   logging.info("Training pairs: %d (%s)", len(train_pairs), config.dataset_name)
   tokenizer = data_lib.build_tokenizer(config, str(workdir), train_pairs, process_index)
@@ -400,6 +437,8 @@ def setup_run(config, workdir: Path, launch: dict | None = None) -> Run:
   logging.info("Input pipeline: %d worker process(es), %d batch(es) prefetched to the devices",
                workers, config.prefetch_batches)
   evaluation = Evaluation(config, model_config, trainer, tokenizer, place, dp_size)
+  if config.compile_ahead:  # While the parameters initialise and the train step compiles.
+    evaluation.compile_ahead()
   checkpointer = Checkpointer(workdir, max_to_keep=config.keep_checkpoints)
   start_step, state = checkpointer.restore_latest(trainer.abstract_state, train_iter)
   if state is None:
@@ -431,9 +470,12 @@ def train_and_evaluate(config, workdir: str, launch: dict | None = None) -> dict
   batch = next(run.train_iter)  # Already on the devices (`data.pipeline.prefetched`).
   run.trainer.compile_train_step(state, batch)
   run.meter.restart(step)
+  profile = Profile(config, run.workdir, step)
   while step < config.num_train_steps:
+    profile.before(step)
     state, metrics = run.trainer.train_step(state, batch)
     step += 1
+    profile.after(step, state)
     run.meter.add(step, metrics)
     due = due_after(config, step, stopping=run.stop.signal_name is not None,
                     seconds_since_save=time.monotonic() - run.saved_at)
@@ -458,5 +500,32 @@ def train_and_evaluate(config, workdir: str, launch: dict | None = None) -> dict
       # Only now: a checkpoint must hold the iterator before this batch is drawn.
       batch = next(run.train_iter)
     run.meter.restart(step)
+  profile.after(step, state, stopping=True)
   run.close()
   return last
+
+
+class Profile:
+  """A jax.profiler trace of config.profile_steps steps of this launch (process 0).
+
+  The trace starts after config.profile_first_step steps (past the compiles) and
+  goes to WORKDIR/profile, where TensorBoard's profile plugin and Perfetto find it.
+  """
+
+  def __init__(self, config, workdir: Path, start_step: int):
+    self.first = start_step + config.profile_first_step
+    self.last = self.first + config.profile_steps
+    self.wanted = config.profile_steps > 0 and jax.process_index() == 0
+    self.directory, self.tracing = Path(workdir) / "profile", False
+
+  def before(self, step: int) -> None:
+    if self.wanted and step == self.first:
+      jax.profiler.start_trace(str(self.directory))
+      self.tracing = True
+
+  def after(self, step: int, state, stopping: bool = False) -> None:
+    if self.tracing and (step >= self.last or stopping):
+      jax.block_until_ready(state)  # The traced steps' device work, whole.
+      jax.profiler.stop_trace()
+      self.tracing, self.wanted = False, False
+      logging.info("Profile of steps %d-%d written to %s", self.first + 1, step, self.directory)

@@ -39,3 +39,24 @@ def pytest_configure(config):
   if "xla_force_host_platform_device_count" not in flags:
     os.environ["XLA_FLAGS"] = (flags + " --xla_force_host_platform_device_count=8").strip()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  config.addinivalue_line("markers", "devices(n): needs n devices (the CPU's 8 simulated ones)")
+  if os.environ["JAX_PLATFORMS"] != "cpu":
+    # On a GPU (JAX_PLATFORMS=cuda), float32 matmuls default to TF32 (10-bit
+    # mantissas), about 1e-3 relative error: the tests' float32 tolerances hold
+    # only at full float32 precision, so the suite runs with it. bfloat16 tests
+    # have their own tolerances.
+    import jax
+
+    jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def pytest_collection_modifyitems(config, items):
+  import jax
+
+  count = jax.device_count()
+  for item in items:
+    marker = item.get_closest_marker("devices")
+    if marker and count < marker.args[0]:
+      item.add_marker(pytest.mark.skip(
+          reason=f"needs {marker.args[0]} devices, {count} {jax.devices()[0].platform} "
+          "device(s) here: runs on the CPU's 8 simulated devices (the default)"))

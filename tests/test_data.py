@@ -233,6 +233,7 @@ def example_ids(batch) -> list[int]:
   return ids.tolist()
 
 
+@pytest.mark.devices(8)
 def test_two_hosts_eight_devices_see_every_example_once():
   import jax
   from jax.sharding import Mesh, NamedSharding, PartitionSpec

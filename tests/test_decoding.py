@@ -395,6 +395,7 @@ def test_average_checkpoints_cli_writes_a_decodable_workdir(workdir, tmp_path):
   assert again.returncode == 2 and "not empty" in again.stderr
 
 
+@pytest.mark.devices(8)
 def test_search_under_an_eight_device_data_mesh_equals_one_device():
   from jax.sharding import NamedSharding, PartitionSpec
 

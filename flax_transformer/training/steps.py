@@ -6,6 +6,7 @@ eval steps and the state's shardings. The loop that feeds it lives in `loop`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Mapping
 
@@ -57,16 +58,20 @@ def make_optimizer(config, schedule: optax.Schedule) -> optax.GradientTransforma
 
 
 def cross_entropy_sums(logits: jax.Array, targets: jax.Array, label_smoothing: float,
-                       with_accuracy: bool = True) -> dict[str, jax.Array]:
+                       with_accuracy: bool = True,
+                       fused_backward: bool = True) -> dict[str, jax.Array]:
   """Sums over non-pad target tokens of the smoothed loss, NLL and correct predictions.
 
   logits float32 [B, T, V], targets int [B, T]. Label smoothing puts eps_ls / V
   on every class and 1 - eps_ls on the true one (Szegedy et al., paper 5.4):
   loss = (1 - eps_ls) * NLL + eps_ls * mean_v(-log p_v). Accuracy (an argmax
   over the vocabulary) is optional: it is a visible cost in a CPU train step.
+  `fused_backward`: the hand-written backward pass (`smoothed_cross_entropy`),
+  else autodiff's (the same values; which is faster depends on the device).
   """
   weights = (targets != 0).astype(jnp.float32)
-  loss, nll = smoothed_cross_entropy(logits, targets, label_smoothing)
+  loss, nll = (smoothed_cross_entropy if fused_backward else autodiff_cross_entropy)(
+      logits, targets, label_smoothing)
   sums = {"loss": jnp.sum(loss * weights), "nll": jnp.sum(nll * weights),
           "tokens": jnp.sum(weights)}
   if with_accuracy:
@@ -104,6 +109,24 @@ def _smoothed_cross_entropy_bwd(label_smoothing, residuals, cotangents):
 
 
 smoothed_cross_entropy.defvjp(_smoothed_cross_entropy_fwd, _smoothed_cross_entropy_bwd)
+
+
+def autodiff_cross_entropy(logits: jax.Array, targets: jax.Array,
+                           label_smoothing: float) -> tuple[jax.Array, jax.Array]:
+  """`smoothed_cross_entropy` with autodiff's backward pass (faster on GPUs: BENCHMARKS.md)."""
+  return _smoothed_cross_entropy_fwd(logits, targets, label_smoothing)[0]
+
+
+def fused_cross_entropy_backward(setting: str, platform: str) -> bool:
+  """config.cross_entropy_backward ('auto' | 'fused' | 'autodiff') on this platform.
+
+  'auto': the fused backward on CPUs, where it was measured faster; autodiff's on
+  GPUs and TPUs.
+  """
+  if setting not in ("auto", "fused", "autodiff"):
+    raise ValueError(f"config.cross_entropy_backward must be 'auto', 'fused' or 'autodiff', "
+                     f"got {setting!r}")
+  return setting == "fused" or (setting == "auto" and platform == "cpu")
 
 
 def train_step_flops(config: TransformerConfig, rows: int, source_len: int,
@@ -145,10 +168,12 @@ class Trainer:
     self.schedule = learning_rate_schedule(model_config.d_model, config.warmup_steps,
                                            config.learning_rate)
     self.optimizer = make_optimizer(config, self.schedule)
+    platform = mesh.devices.flat[0].platform
     # How a non-finite step is skipped (see _train_step_fn); tests set both ways.
-    self.skip_with_branch = mesh.devices.flat[0].platform == "cpu"
+    self.skip_with_branch = platform == "cpu"
+    self.fused_backward = fused_cross_entropy_backward(config.cross_entropy_backward, platform)
 
-    boxed = jax.eval_shape(self._boxed_init, jax.random.PRNGKey(0))
+    boxed = jax.eval_shape(self._boxed_init, self.key(0))
     self.state_shardings = sharding_lib.logical_shardings(boxed, mesh, self.rules)
     self.abstract_state = jax.tree_util.tree_map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
@@ -167,7 +192,18 @@ class Trainer:
                                                   self.batch_sharding),
                 out_shardings=replicated),
         "Eval step", key=lambda params, batch: batch,
-        describe=lambda params, batch: f"batch {list(batch['inputs'].shape)}")
+        describe=lambda params, batch: f"batch {list(batch['inputs'].shape)}",
+        context=self._context)
+
+  def key(self, seed) -> jax.Array:
+    """A typed PRNG key of config.prng_impl (jax's name: threefry2x32, rbg, unsafe_rbg)."""
+    return jax.random.key(seed, impl=self.config.prng_impl)
+
+  def _context(self):
+    stack = contextlib.ExitStack()
+    stack.enter_context(jax.set_mesh(self.mesh))
+    stack.enter_context(nn.logical_axis_rules(self.rules))
+    return stack
 
   def _boxed_init(self, rng) -> TrainState:
     dummy = jnp.ones((1, 8), jnp.int32)
@@ -176,7 +212,7 @@ class Trainer:
                       opt_state=self.optimizer.init(params))
 
   def init_state(self, seed: int) -> TrainState:
-    rng = jax.random.PRNGKey(seed)
+    rng = self.key(seed)
     with jax.set_mesh(self.mesh):
       init, _ = compilation.compile_logged(self._init, rng, name="Parameter initialisation")
       return init(rng)
@@ -187,13 +223,13 @@ class Trainer:
     logits = self.train_model.apply({"params": params}, **model_inputs(batch),
                                     rngs={"dropout": rng})
     sums = cross_entropy_sums(logits, batch["targets"], self.config.label_smoothing,
-                              with_accuracy=False)
+                              with_accuracy=False, fused_backward=self.fused_backward)
     return sums["loss"], sums
 
   def _train_step_fn(self, state: TrainState, batch):
     config = self.config
     # One key per step, independent of the mesh: the same run on any device layout.
-    rng = jax.random.fold_in(jax.random.PRNGKey(config.seed), state.step)
+    rng = jax.random.fold_in(self.key(config.seed), state.step)
     grad_fn = jax.grad(self._loss_sums, has_aux=True)
     accum = config.grad_accum_steps
     if accum == 1:
@@ -245,9 +281,14 @@ class Trainer:
     logits = self.eval_model.apply({"params": params}, **model_inputs(batch))
     return cross_entropy_sums(logits, batch["targets"], self.config.label_smoothing)
 
+  def compile_eval_ahead(self, batch) -> None:
+    """Starts compiling the eval step for `batch`'s shape (a placed batch, or
+    ShapeDtypeStructs with `batch_sharding`) in the background."""
+    self._eval_step.compile_ahead(self.abstract_state.params, batch)
+
   def compile_train_step(self, state: TrainState, batch) -> float:
     """Compiles the train step for this batch shape (logged); returns XLA's FLOP count."""
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+    with self._context():
       self._compiled_train_step, self.train_step_compile_s = compilation.compile_logged(
           self._train_step, state, batch, name="Train step",
           detail=f"for batch {list(batch['inputs'].shape)}")
@@ -260,11 +301,11 @@ class Trainer:
     """One optimiser update; `state` is donated (do not reuse it)."""
     if self._compiled_train_step is not None:
       return self._compiled_train_step(state, batch)
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+    with self._context():
       return self._train_step(state, batch)
 
   def eval_step(self, params, batch) -> dict[str, jax.Array]:
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
+    with self._context():
       return self._eval_step(params, batch)
 
 

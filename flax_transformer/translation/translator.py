@@ -7,6 +7,7 @@ loading, for notebooks and servers (decode.py is a thin shell over it).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from pathlib import Path
@@ -123,14 +124,23 @@ def make_search_fn(model_config: Members, search: SearchConfig
   return search_fn
 
 
-def per_shape(jitted_search, search: SearchConfig, *, max_shapes: int | None = None
-              ) -> compilation.PerShape:
+def per_shape(jitted_search, search: SearchConfig, *, max_shapes: int | None = None,
+              context=contextlib.nullcontext) -> compilation.PerShape:
   """A jitted search compiled once per input shape, each compile logged by name."""
   sampling = search.temperature > 0 or search.beam_size == 1
   return compilation.PerShape(
       jitted_search, "Sampling" if sampling else "Beam search", max_shapes=max_shapes,
       key=lambda params, inputs, rng: inputs,
-      describe=lambda params, inputs, rng: f"inputs {list(inputs.shape)}")
+      describe=lambda params, inputs, rng: f"inputs {list(inputs.shape)}", context=context)
+
+
+def search_batches(sources: Sequence[np.ndarray], *, batch_tokens: int, max_length: int,
+                   row_multiple: int = 1, max_widths: int | None = None
+                   ) -> list[dict[str, np.ndarray]]:
+  """The host batches `translate_ids` searches: `inputs` [rows, width], `index` [rows]."""
+  pairs = [(s, np.zeros((0,), np.int32)) for s in sources]
+  return list(batching.eval_batches(pairs, batch_tokens=batch_tokens, max_length=max_length,
+                                    row_multiple=row_multiple, max_widths=max_widths))
 
 
 def shard_search_fn(search_fn: Callable[[Any, jax.Array, jax.Array], search_lib.SearchResult],
@@ -199,11 +209,19 @@ def translate_ids(search_fn, params, sources: Sequence[np.ndarray], *, batch_tok
   `progress.update(n)` (a tqdm bar, say) hears of every n sentences done.
   """
   results: list[Any] = [None] * len(sources)
-  pairs = [(s, np.zeros((0,), np.int32)) for s in sources]
-  rng = jax.random.PRNGKey(seed)
-  for batch in batching.eval_batches(pairs, batch_tokens=batch_tokens, max_length=max_length,
-                            row_multiple=row_multiple, max_widths=max_widths):
+  batches = search_batches(sources, batch_tokens=batch_tokens, max_length=max_length,
+                           row_multiple=row_multiple, max_widths=max_widths)
+  rng, keys = jax.random.PRNGKey(seed), []
+  for _ in batches:
     rng, key = jax.random.split(rng)
+    keys.append(key)
+  if hasattr(search_fn, "compile_ahead"):  # Every shape at once, not one per first use.
+    firsts: dict[tuple, tuple] = {}
+    for batch, key in zip(batches, keys):
+      firsts.setdefault(batch["inputs"].shape, (batch, key))
+    for batch, key in firsts.values():
+      search_fn.compile_ahead(params, place(batch["inputs"]), key)
+  for batch, key in zip(batches, keys):
     out = search_fn(params, place(batch["inputs"]), key)
     sequences, scores = jax.device_get((out.sequences, out.scores))
     for row, index in enumerate(batch["index"]):
