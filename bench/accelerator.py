@@ -19,8 +19,8 @@ what it measured):
    PRNG's bits on this device against the CPU's.
 6. small_f32 / base_bf16: our train step, as train.py runs it, against the peer's
    (Flax examples/wmt `models.py`, loaded from --peer_path) at the same shapes,
-   timed alternately with variants of ours (threefry without its GPU kernel, rbg,
-   unsafe_rbg, the fused cross-entropy backward); MFU from the analytic count
+   timed alternately with variants of ours (threefry's GPU kernel lowering, rbg,
+   unsafe_rbg, autodiff's cross-entropy backward); MFU from the analytic count
    (`training.train_step_flops`).
 7. decode_vs_peer: beam search (8 x 32, beam 4, alpha 0.6, random small model),
    ours against the peer's `decode.beam_search`; decode_base: the same at the
@@ -743,10 +743,10 @@ class Bench:
 def prng_variants() -> dict[str, dict]:
   """Ours with one random-number or loss choice changed (train.py's defaults otherwise)."""
   return {
-      "threefry_xla_lowering": {"jax": {"jax_threefry_gpu_kernel_lowering": False}},
+      "threefry_gpu_kernel": {"jax": {"jax_threefry_gpu_kernel_lowering": True}},
       "rbg": {"config": {"prng_impl": "rbg"}},
       "unsafe_rbg": {"config": {"prng_impl": "unsafe_rbg"}},
-      "fused_cross_entropy": {"config": {"cross_entropy_backward": "fused"}},
+      "autodiff_cross_entropy": {"config": {"cross_entropy_backward": "autodiff"}},
   }
 
 
@@ -843,7 +843,6 @@ def main():
   from flax_transformer import compilation
 
   compilation.set_default_xla_flags()
-  compilation.set_default_jax_config()
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
   for name in ("jax", "absl", "orbax", "grain", "tensorflow_datasets"):
     logging.getLogger(name).setLevel(logging.WARNING)

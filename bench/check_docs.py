@@ -21,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = "results/accelerator_runs/2026-11-26_h100_run{}/{}.json"
+H100_ROUND2 = "results/device_runs/2026-11-27_h100_5ecb8c5/accelerator.json"
 
 
 def step_row(section: str):
@@ -315,18 +316,20 @@ SENTENCES = [
      LABELLED_SCORES),
     ("README.md", "The same command with the biases the projections had before",
      "results/multi30k_en-de_biased_2026-11-26.json", SCORES),
-    ("README.md", "its aims are): the 2000 steps ran at", H100.format(2, "accelerator"),
-     [("readme_job_ms_per_step", "{:.1f} ms/step"),
-      ("readme_job_ms_per_step_repeated_batch", "({:.1f} ms"),
-      ("train_step_compile_s_cold", "compiled in {:.0f} s"),
-      ("train_step_compile_s_warm", "loaded in {:.1f} s"),
-      ("readme_job_test_bleu", "{:.1f}")]),
-    ("README.md", "its aims are): the 2000 steps ran at", H100.format(1, "accelerator"),
-     [("readme_job_test_bleu", "scored {:.1f}")]),
-    ("README.md", "The paper's base model in bf16 (192 x 128 tokens a side) then ran at",
-     H100.format(4, "no_triton_gemm"),
-     [("base_bf16.ours_ms", "{:.1f} ms/step"), ("base_bf16.ours_mfu_of_bf16_peak", "{:.0%} MFU"),
-      ("base_bf16.speedup_vs_peer", "{:.2f}x")]),
+    ("README.md", "Measured on one H100 80GB (jax 0.11.2, 2026-11-27", H100_ROUND2,
+     [("readme_job_wall_s", "took {:.0f} s end to end"),
+      ("readme_job_train_wall_s", "({:.0f} s train.py"),
+      ("readme_job_decode_wall_s", "+ {:.0f} s decode.py"),
+      ("readme_job_ms_per_step", "{:.1f} ms/step")]),
+    ("README.md", "Parameter initialisation compiled in", H100_ROUND2,
+     [("init_compile_s_cold", "compiled in {:.1f} s"),
+      ("train_step_compile_s_cold", "train step in {:.1f} s"),
+      ("train_step_compile_s_warm", "loaded in {:.1f} s")]),
+    ("BENCHMARKS.md", "**The README job, second by second**", H100_ROUND2,
+     [("init_compile_s_cold", "compiled in {:.1f} s")]),
+    ("README.md", "Test 2016 scored", H100_ROUND2,
+     [("readme_job_test_bleu", "scored {:.1f} BLEU"),
+      ("readme_job_test_bleu_lowercased", "({:.1f} lowercased)")]),
 ]
 
 
@@ -344,12 +347,8 @@ SENTENCES += [
      [(lambda t: json.loads(t)["confidence"].split("± ")[1], "+-{}")]),
     ("README.md", "the EN->FR one scored", "results/best_en-fr_2026-11-26/test_bleu_confidence.txt",
      [(lambda t: json.loads(t)["confidence"].split("± ")[1], "inside +-{}")]),
-    ("README.md", "its aims are): the 2000 steps ran at", H100.format(1, "accelerator"),
-     [("readme_job_test_bleu_lowercased", "({:.1f} and")]),
-    ("README.md", "its aims are): the 2000 steps ran at", H100.format(2, "accelerator"),
-     [("readme_job_test_bleu_lowercased", "and {:.1f} lowercased")]),
-    ("README.md", "its aims are): the 2000 steps ran at", M30K,
-     [("num_train_steps", "the {} steps")]),
+    ("README.md", "Measured on one H100 80GB (jax 0.11.2, 2026-11-27", M30K,
+     [("num_train_steps", "its {} steps")]),
     ("README.md", "the cache held it; evaluation and BLEU", DEFAULT,
      [("eval_max_shapes", "widths ({})"), ("eval_max_shapes", "at most {} compiled")]),
     ("README.md", "`prefetch_batches` (", DEFAULT, [("prefetch_batches", "({}) steps ahead")]),
@@ -382,6 +381,8 @@ SENTENCES += [
 # (doc, sentence start, log file, regex with one group, format): a count or time the
 # sentence quotes from a log (the test suite's count from CI's log).
 LOGS = [
+    ("BENCHMARKS.md", "**Tests on the GPU**",
+     "results/device_runs/2026-11-27_h100_5ecb8c5/tests.log", r"(\d+) passed in", "({} passed;"),
     ("README.md", "The suite (", "results/ci/2026-11-27_fresh_clone_174.log",
      r"(\d+) passed", "{} tests"),
     ("README.md", "The suite (", "results/ci/2026-11-27_fresh_clone_174.log",
@@ -415,7 +416,6 @@ PHRASES = [
     ("README.md", "jax 0.7.1 to 0.11.x", "versions"),
     ("README.md", "(-1: one per 2 cores, at most 8, on hosts of 8+ cores)",
      "the data_workers setting's meaning"),
-    ("README.md", "(192 x 128 tokens a side)", "the benchmark's shape, a setting"),
     ("README.md", "`configs/table3.py:C8` passes a Table 3 row", "a config argument"),
     ("README.md", "exit 2", "an exit code"),
     ("README.md", "Exit codes: 0 done (or stopped by a signal, checkpoint saved); 2 bad config, "
@@ -450,6 +450,16 @@ PHRASES = [
     ("README.md", "the last 5 checkpoints averaged", "decode.py's default, a setting"),
     ("README.md", "averages the last 5 checkpoints, as the paper did", "a setting"),
     ("README.md", "on the H100 runs 3 and 4", "run numbers"),
+    ("README.md", "commit 5ecb8c5; run A in", "a commit and a run's name"),
+    ("README.md", "`--config.profile_steps=5`", "an example setting"),
+    ("README.md", "`profile_first_step`+1 onwards (default 10,", SETTING),
+    ("README.md", "`JAX_THREEFRY_GPU_KERNEL_LOWERING=1`", "an environment setting"),
+    ("README.md", "Tests that need 8 devices", "a device count"),
+    ("README.md", "the CPU's 8 simulated devices", "a device count"),
+    ("README.md", "`threefry2x32`", "a generator's name"),
+    ("README.md", "float32 matmuls", "a dtype"),
+    ("README.md", "float32 tolerances", "a dtype"),
+    ("README.md", "TF32", "a format's name"),
     ("README.md", "own 95% interval", "the interval's level"),
     ("README.md", "on 2 cores", "the machine"),
     ("README.md", "the 9000-step one", SETTING),

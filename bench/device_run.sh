@@ -32,12 +32,13 @@ TEST_LIMIT=${TEST_LIMIT:-130}
 timeout "$BENCH_LIMIT" $PY bench/accelerator.py ${TINY:+--tiny} --peer_path=.device/peer \
   --data="$ROOT/.device/multi30k" --scratch="$SCRATCH" --out="$OUT/accelerator.json" \
   --sections=$SECTIONS --budget_s=$((BENCH_LIMIT - 20)) 2>&1 | tee "$OUT/bench.log" | tail -40
-# The device-independent tests on this device (tests/conftest.py: full-precision float32
+# The device-independent tests on this device (cpu beside cuda: jax.debug.callback needs
+# it; tests/conftest.py: full-precision float32
 # matmuls, tests that need 8 devices skipped, saying so).
 GPU_TESTS="tests/test_attention.py tests/test_model.py tests/test_paper.py tests/test_recipe.py
   tests/test_compilation.py tests/test_decoding.py"
 # SIGINT at the limit: pytest then still prints the failures and the summary so far.
-JAX_PLATFORMS=${TEST_PLATFORM:-cuda} MULTI30K_DIR="$ROOT/.device/multi30k" \
+JAX_PLATFORMS=${TEST_PLATFORM:-cuda,cpu} MULTI30K_DIR="$ROOT/.device/multi30k" \
   timeout -s INT -k 20 "$TEST_LIMIT" $PY -m pytest -v --tb=short -rfEs -p no:cacheprovider \
   $GPU_TESTS > "$OUT/tests.log" 2>&1
 echo "tests exit $?" >> "$OUT/tests.log"

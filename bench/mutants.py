@@ -50,7 +50,7 @@ MUTANTS = [
     # --- Label smoothing (section 5.4) ---------------------------------------------
     Mutant("train step without label smoothing", STEPS,
            'cross_entropy_sums(logits, batch["targets"], self.config.label_smoothing,\n'
-           '                              with_accuracy=False)',
+           '                              with_accuracy=False, fused_backward=self.fused_backward)',
            'cross_entropy_sums(logits, batch["targets"], 0.0,\n'
            '                              with_accuracy=False)', (RECIPE,)),
     Mutant("smoothing mass not spread over the vocabulary (backward)", STEPS,

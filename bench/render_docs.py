@@ -138,10 +138,96 @@ def faults(root: Path) -> str:
   return table(["fault", "times", "outcome", "params equal", "steps lost (max)"], rows)
 
 
+# The GPU issue's second round: one H100 session, two runs of bench/accelerator.py.
+H100_RUNS = "results/device_runs/2026-11-27_h100_5ecb8c5"
+H100_FILES = {"A": "accelerator.json", "B": "accelerator_run2.json"}
+PRNG_LABELS = {"ours": "train.py's defaults at 5ecb8c5: threefry GPU kernel, autodiff backward",
+               "threefry_xla_lowering": "threefry, XLA's lowering (jax's default)",
+               "rbg": "rbg (threefry's GPU kernel on, for key derivation)",
+               "unsafe_rbg": "unsafe_rbg (likewise)",
+               "fused_cross_entropy": "fused cross-entropy backward, GPU kernel on"}
+
+
+def _h100(root: Path) -> dict[str, dict]:
+  return {run: json.loads((root / H100_RUNS / name).read_text())
+          for run, name in H100_FILES.items()}
+
+
+def met(ok: bool) -> str:
+  return "met" if ok else "not met"
+
+
+def h100_aims(root: Path) -> str:
+  """The GPU issue's aims against run A (README job, base bf16) and B (small f32, search)."""
+  a, b = _h100(root)["A"], _h100(root)["B"]
+  cpu = json.loads((root / "results" / "multi30k_en-de_paper_exact.json").read_text())
+  base, small = a["base_bf16"], b["small_f32"]
+  search = b["decode_base"]["batches"]
+  fastest = lambda section: min(section["variants"].items(), key=lambda kv: kv[1]["ms"])  # noqa: E731
+  fast_base, fast_small = fastest(base), fastest(small)
+  rows = [
+      ["README job end to end, cold cache, <= 60 s",
+       f"{a['readme_job_wall_s']:.1f} s ({a['readme_job_train_wall_s']:.1f} s train.py + "
+       f"{a['readme_job_decode_wall_s']:.1f} s decode.py)", "A", met(a["readme_job_wall_s"] <= 60)],
+      ["test BLEU of that job within 0.5 of the CPU run "
+       f"({cpu['bleu']:.2f}, `multi30k_en-de_paper_exact.json`)",
+       f"{a['readme_job_test_bleu']:.2f} ({a['readme_job_test_bleu_lowercased']:.2f} lowercased)",
+       "A", met(abs(a["readme_job_test_bleu"] - cpu["bleu"]) <= 0.5)],
+      ["its compiles (cold): parameter initialisation, train step; train step at the "
+       "second launch", f"{a['init_compile_s_cold']:.1f} s, {a['train_step_compile_s_cold']:.1f} s;"
+       f" {a['train_step_compile_s_warm']:.1f} s", "A", ""],
+      ["base bf16 (192 x 128) >= 40% MFU and >= 1.6x the peer",
+       f"{base['ours_ms']:.1f} ms/step, {100 * base['ours_mfu_of_bf16_peak']:.1f}% MFU, "
+       f"{base['speedup_vs_peer']:.2f}x (fastest variant, {fast_base[0]}: "
+       f"{100 * fast_base[1]['mfu_of_bf16_peak']:.1f}%, {fast_base[1]['speedup_vs_peer']:.2f}x)",
+       "A", met(base["ours_mfu_of_bf16_peak"] >= 0.4 and base["speedup_vs_peer"] >= 1.6)],
+      ["small f32 (32 x 64): >= 1.3x the peer",
+       f"{small['ours_ms']:.2f} ms vs {small['peer_ms']:.2f} ms: {small['speedup_vs_peer']:.2f}x "
+       f"(fastest variant, {fast_small[0]}: {fast_small[1]['speedup_vs_peer']:.2f}x)", "B",
+       met(small["speedup_vs_peer"] >= 1.3)],
+      ["beam search, base shape, batch 8: >= 1.5x the peer",
+       f"{search['8']['speedup_vs_peer']:.2f}x ({search['8']['ours_sentences_per_s']:.0f} vs "
+       f"{search['8']['peer_sentences_per_s']:.0f} sentences/s)", "B",
+       met(search["8"]["speedup_vs_peer"] >= 1.5)],
+      ["beam search, base shape, batch 128: >= 2x the peer",
+       f"{search['128']['speedup_vs_peer']:.2f}x ({search['128']['ours_sentences_per_s']:.0f} vs "
+       f"{search['128']['peer_sentences_per_s']:.0f} sentences/s)", "B",
+       met(search["128"]["speedup_vs_peer"] >= 2.0)],
+      ["tokens/s at batch 32, beside CTranslate2's published 10,991 (fp16, A10G)",
+       f"{search['32']['ours_tokens_per_s']:,.0f} (bf16, H100, random model, every output "
+       "at the length bound)", "B", "not comparable"],
+      ["a profiler trace (`config.profile_steps`)",
+       ", ".join(f"{Path(k).name} {v / 1e6:.1f} MB" for k, v in a["profile_trace_files"].items()),
+       "A", met(bool(a["profile_trace_files"]))],
+  ]
+  return table(["aim (issue)", "measured", "run", ""], rows)
+
+
+def h100_variants(root: Path) -> str:
+  """Our train step with one choice changed, timed alternately with the peer's."""
+  runs = _h100(root)
+  rows = []
+  for section, run in (("base_bf16", "A"), ("small_f32", "B")):
+    record = runs[run][section]
+    entries = [("ours", {"ms": record["ours_ms"], "compile_s": record["ours_compile_s"],
+                         "speedup_vs_peer": record["speedup_vs_peer"], "over_ours": 1.0})]
+    entries += list(record["variants"].items())
+    for key, v in entries:
+      rows.append([section.replace("_", " "), PRNG_LABELS[key], f"{v['ms']:.2f}",
+                   f"{v['over_ours']:.3f}", f"{v['speedup_vs_peer']:.2f}x",
+                   f"{v['compile_s']:.1f} s", run])
+    rows.append([section.replace("_", " "), "the peer (Flax examples/wmt)",
+                 f"{record['peer_ms']:.2f}", "", "1x", f"{record['peer_compile_s']:.1f} s", run])
+  return table(["shape", "train step", "ms/step", "time / ours", "speed vs peer",
+                "compile", "run"], rows)
+
+
 TABLES = {"readme-results": ("README.md", readme_results),
           "results-runs": ("RESULTS.md", results_runs),
           "scaling": ("BENCHMARKS.md", scaling),
-          "faults": ("BENCHMARKS.md", faults)}
+          "faults": ("BENCHMARKS.md", faults),
+          "h100-aims": ("BENCHMARKS.md", h100_aims),
+          "h100-variants": ("BENCHMARKS.md", h100_variants)}
 
 
 def rendered(root: Path) -> dict[str, str]:

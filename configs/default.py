@@ -89,13 +89,14 @@ def get_config() -> ml_collections.ConfigDict:
   config.grad_clip_norm = 0.0  # 0 = no clipping (paper).
   config.grad_accum_steps = 1
   # Backward pass of the smoothed cross entropy: 'fused' (hand-written, one pass over
-  # the vocabulary), 'autodiff', or 'auto' (fused on CPUs, autodiff on GPUs and TPUs,
-  # where each was measured faster; the values are the same).
-  config.cross_entropy_backward = "auto"
+  # the vocabulary; faster on CPUs and, measured, on an H100) or 'autodiff' (the
+  # same values).
+  config.cross_entropy_backward = "fused"
   # jax PRNG for dropout and initialisation: 'threefry2x32' (jax's default: the same
-  # bits on every device, mesh and backend), 'rbg' or 'unsafe_rbg' (cheaper on GPUs
-  # and TPUs, bits differ between backends; unsafe_rbg's derived keys carry no
-  # guarantee of independence). BENCHMARKS.md measures each.
+  # bits on every backend, device count and mesh), 'rbg' or 'unsafe_rbg' (jax
+  # promises neither across backends or jax versions; unsafe_rbg's derived keys
+  # carry no guarantee of independence). On an H100 neither was faster than
+  # threefry (BENCHMARKS.md).
   config.prng_impl = "threefry2x32"
 
   # --- Loop, checkpoints, evaluation -------------------------------------

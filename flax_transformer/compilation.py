@@ -45,25 +45,6 @@ def set_default_xla_flags(environ=os.environ) -> list[str]:
   return added
 
 
-# jax options train.py and decode.py set unless the option's environment variable
-# (its name in capitals) is set: option -> value. The threefry kernel lowering
-# computes the same bits as XLA's unrolled threefry (so runs stay reproducible,
-# and equal across devices), in one GPU kernel: dropout's random bits stop
-# dominating a GPU train step, and its compile shrinks (BENCHMARKS.md). Ignored
-# on CPUs and TPUs.
-DEFAULT_JAX_CONFIG = {"jax_threefry_gpu_kernel_lowering": True}
-
-
-def set_default_jax_config(environ=os.environ) -> list[str]:
-  """Sets DEFAULT_JAX_CONFIG's options the environment leaves unset; returns those set."""
-  applied = []
-  for option, value in DEFAULT_JAX_CONFIG.items():
-    if option.upper() not in environ:
-      jax.config.update(option, value)
-      applied.append(f"{option}={value}")
-  return applied
-
-
 def default_cache_dir() -> str:
   """$XDG_CACHE_HOME/flax_transformer/xla (~/.cache/... when unset)."""
   base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")

@@ -16,7 +16,9 @@ REQUIRED = ["device", "jax_version", "date", "readme_job_wall_s", "readme_job_te
             "readme_job_ms_per_step", "readme_job_ms_per_step_repeated_batch",
             "train_step_compile_s_cold", "train_step_compile_s_warm", "base_bf16_mfu",
             "base_bf16_speedup_vs_peer", "small_f32_speedup_vs_peer", "decode_compile_s",
-            "decode_speedup_vs_peer", "decode_test2016_sentences_per_s"]
+            "decode_speedup_vs_peer", "decode_test2016_sentences_per_s", "init_compile_s_cold",
+            "profile_trace_files", "threefry_kernel_same_bits", "decode_base_tokens_per_s_batch32",
+            "decode_base_speedup_vs_peer_batch8", "decode_base_speedup_vs_peer_batch128"]
 
 
 def test_tiny_run_measures_every_section_and_a_second_launch_loads_from_the_cache(
@@ -33,8 +35,18 @@ def test_tiny_run_measures_every_section_and_a_second_launch_loads_from_the_cach
   # Without --peer_path only the peer comparisons are missing, each saying why.
   peer_free = [k for k in REQUIRED if "peer" not in k and k != "base_bf16_mfu"]
   assert all(record[k] is not None for k in peer_free), {k: record[k] for k in peer_free}
-  assert set(record["errors"]) == {"small_f32_peer", "base_bf16_peer", "decode_peer"}
+  assert set(record["errors"]) == {"small_f32_peer", "base_bf16_peer", "decode_vs_peer_peer",
+                                   "decode_base_peer"}, record["errors"]
   assert all("--peer_path" in e for e in record["errors"].values())
+  # Beam search at the base shape: tokens/s is the counted tokens over the median time,
+  # and no best hypothesis is longer than the length bound.
+  search = record["decode_base"]
+  for batch, row in search["batches"].items():
+    assert row["ours_tokens_per_s"] == pytest.approx(row["ours_tokens"] / row["ours_s_per_batch"])
+    assert row["ours_s_per_batch"] == statistics.median(row["ours_runs_s"])
+    assert 0 < row["ours_tokens"] <= int(batch) * search["max_decode_len"]
+  # The relaunch wrote a profile trace (config.profile_steps) TensorBoard can open.
+  assert any(name.endswith(".xplane.pb") for name in record["profile_trace_files"])
 
   # The second launch (same cache directory) loaded its steps instead of compiling them.
   cache = tmp_path / "scratch" / "cache"

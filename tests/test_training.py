@@ -88,7 +88,8 @@ def test_label_smoothed_loss_gradients_match_optax():
 @pytest.fixture(scope="module")
 def trained_tiny(multi30k_dir, tmp_path_factory):
   workdir = tmp_path_factory.mktemp("tiny")
-  config = tiny_config(multi30k_dir, test_bleu_every_steps=100)
+  config = tiny_config(multi30k_dir, test_bleu_every_steps=100, profile_steps=2,
+                       profile_first_step=3)
   train_and_evaluate(config, str(workdir))
   return config, workdir
 
@@ -128,6 +129,8 @@ def test_tiny_trains_on_multi30k_and_logs(trained_tiny):
   assert evals[-1]["eval_loss"] < evals[0]["eval_loss"]
   assert Checkpointer(workdir, read_only=True).steps() == [50, 100]
   assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
+  # config.profile_steps: a jax.profiler trace where TensorBoard's profile plugin looks.
+  assert list((workdir / "profile" / "plugins" / "profile").glob("*/*.xplane.pb"))
 
 
 def test_resume_continues_metrics_and_steps(trained_tiny, multi30k_dir):
@@ -386,6 +389,19 @@ def test_bad_config_exits_2_with_a_message(tmp_path, multi30k_dir, override, mes
   assert result.returncode == 2, result.stderr
   assert message in result.stderr
   assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("prng_impl", "philox", "config.prng_impl must be one of threefry2x32, rbg, unsafe_rbg"),
+    ("cross_entropy_backward", "auto", "cross_entropy_backward must be 'fused' or 'autodiff'"),
+    ("profile_steps", -1, "profile_steps and config.profile_first_step must be >= 0"),
+])
+def test_bad_recipe_choices_are_config_errors(multi30k_dir, key, value, message):
+  from flax_transformer.errors import ConfigError
+  from flax_transformer.loop import check_config
+
+  with pytest.raises(ConfigError, match=message):
+    check_config(tiny_config(multi30k_dir, **{key: value}))
 
 
 def free_port():

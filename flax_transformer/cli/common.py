@@ -152,7 +152,6 @@ def run_main(argv: list[str], work) -> None:
   setup_logging()
   # Silent here (an error must stay the only line); training's "Devices" line shows them.
   compilation.set_default_xla_flags()
-  compilation.set_default_jax_config()
   with exit_on_errors():
     work()
 

@@ -113,20 +113,8 @@ smoothed_cross_entropy.defvjp(_smoothed_cross_entropy_fwd, _smoothed_cross_entro
 
 def autodiff_cross_entropy(logits: jax.Array, targets: jax.Array,
                            label_smoothing: float) -> tuple[jax.Array, jax.Array]:
-  """`smoothed_cross_entropy` with autodiff's backward pass (faster on GPUs: BENCHMARKS.md)."""
+  """`smoothed_cross_entropy` with autodiff's backward pass (BENCHMARKS.md compares them)."""
   return _smoothed_cross_entropy_fwd(logits, targets, label_smoothing)[0]
-
-
-def fused_cross_entropy_backward(setting: str, platform: str) -> bool:
-  """config.cross_entropy_backward ('auto' | 'fused' | 'autodiff') on this platform.
-
-  'auto': the fused backward on CPUs, where it was measured faster; autodiff's on
-  GPUs and TPUs.
-  """
-  if setting not in ("auto", "fused", "autodiff"):
-    raise ValueError(f"config.cross_entropy_backward must be 'auto', 'fused' or 'autodiff', "
-                     f"got {setting!r}")
-  return setting == "fused" or (setting == "auto" and platform == "cpu")
 
 
 def train_step_flops(config: TransformerConfig, rows: int, source_len: int,
@@ -171,7 +159,10 @@ class Trainer:
     platform = mesh.devices.flat[0].platform
     # How a non-finite step is skipped (see _train_step_fn); tests set both ways.
     self.skip_with_branch = platform == "cpu"
-    self.fused_backward = fused_cross_entropy_backward(config.cross_entropy_backward, platform)
+    if config.cross_entropy_backward not in ("fused", "autodiff"):
+      raise ValueError("config.cross_entropy_backward must be 'fused' or 'autodiff', got "
+                       f"{config.cross_entropy_backward!r}")
+    self.fused_backward = config.cross_entropy_backward == "fused"
 
     boxed = jax.eval_shape(self._boxed_init, self.key(0))
     self.state_shardings = sharding_lib.logical_shardings(boxed, mesh, self.rules)
