@@ -1,10 +1,14 @@
-"""Fault matrix: kill -9 at random moments, SIGTERM, damaged checkpoints; prints a table.
+"""Fault matrix: kill -9 at random moments, SIGTERM, damaged checkpoints, a process of a
+two-process run lost; prints a table.
 
-python bench/faults.py [--kills 5] [--steps 80] [--json PATH]
+python bench/faults.py [--kills 5] [--steps 80] [--json PATH] [--no-two_process]
 Trains configs/tiny.py on Multi30k (../shared/data/multi30k), float32 on one CPU
 device. An uninterrupted run is the reference; the interrupted run is killed
 --kills times at random moments (compiling, stepping, saving, evaluating) and
 restarted each time; the final parameters must equal the reference bit for bit.
+Two processes (jax.distributed on localhost, 4 simulated CPU devices each): process 1
+is killed halfway; the survivor's exit code, time to exit and error lines are
+recorded; both are relaunched and must end where an uninterrupted two-process run does.
 """
 
 from __future__ import annotations
@@ -65,6 +69,60 @@ def last_step_logged(workdir: Path) -> int:
   return json.loads(lines[-1])["step"] if lines else 0
 
 
+def free_port() -> int:
+  import socket
+
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def two_processes(workdir: Path, steps: int, log_dir: Path) -> list[subprocess.Popen]:
+  """Both processes of a jax.distributed run on localhost, 4 simulated CPU devices each."""
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  port = free_port()
+  return [subprocess.Popen(
+      command(workdir, steps) + [f"--coordinator_address=localhost:{port}", "--num_processes=2",
+                                 f"--process_id={i}"],
+      env=env, stdout=subprocess.DEVNULL, stderr=open(log_dir / f"process{i}.log", "w"))
+      for i in range(2)]
+
+
+def lost_process(tmp: Path, steps: int) -> dict:
+  reference, killed = tmp / "two_reference", tmp / "two_killed"
+  for path in (reference, killed):
+    path.mkdir()
+  for p in two_processes(reference, steps, reference):
+    assert p.wait(timeout=900) == 0, (reference / "process0.log").read_text()[-3000:]
+  _, expected = final_params(reference)
+
+  processes = two_processes(killed, steps, killed)
+  while last_step_logged(killed) < steps // 2 and processes[0].poll() is None:
+    time.sleep(0.1)
+  processes[1].send_signal(signal.SIGKILL)
+  killed_at = time.time()
+  try:
+    code = processes[0].wait(timeout=300)
+  except subprocess.TimeoutExpired:
+    processes[0].kill()
+    code = "still running after 300 s"
+  survivor_s = time.time() - killed_at
+  processes[1].wait()
+  log = (killed / "process0.log").read_text()
+  errors = [line for line in log.splitlines() if line.startswith("error:")]
+  saved = Checkpointer(killed, read_only=True).steps()
+  lost = max(0, last_step_logged(killed) - (saved[-1] if saved else 0))
+  for p in two_processes(killed, steps, killed):  # Relaunch both: resume.
+    assert p.wait(timeout=900) == 0, (killed / "process0.log").read_text()[-3000:]
+  step, params = final_params(killed)
+  return {"fault": "two processes, kill -9 of process 1", "times": 1,
+          "outcome": f"survivor exit {code} after {survivor_s:.1f} s, "
+                     f"{log.count('Traceback')} tracebacks; relaunched both to {step}",
+          "params_equal": identical(params, expected), "steps_lost_max": lost,
+          "survivor_exit_code": code, "survivor_exit_s": survivor_s,
+          "survivor_error_lines": errors}
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--kills", type=int, default=5,
@@ -72,6 +130,8 @@ def main():
   parser.add_argument("--steps", type=int, default=80, help="training steps of each run")
   parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
   parser.add_argument("--json", help="write the results here")
+  parser.add_argument("--two_process", action=argparse.BooleanOptionalAction, default=True,
+                      help="also the two-process scenario (a process lost)")
   args = parser.parse_args()
   rng = random.Random(args.seed)
   env = dict(os.environ, XLA_FLAGS="")
@@ -135,6 +195,11 @@ def main():
     rows.append({"fault": "newest checkpoint truncated", "times": 1,
                  "outcome": f"exit {finish.returncode}, warned={warned}, final step {step}",
                  "params_equal": identical(params, expected), "steps_lost_max": 10})
+
+    # 4. Two processes, one lost: kill -9 of process 1 mid-run; the survivor must exit
+    # fast with one line naming it; relaunching both resumes bit-exactly.
+    if args.two_process:
+      rows.append(lost_process(tmp, args.steps))
 
   print_table(rows, ["fault", "times", "outcome", "params_equal", "steps_lost_max"])
   write_json(args.json, {"rows": rows, "steps": args.steps, "seed": args.seed})

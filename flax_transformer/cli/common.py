@@ -6,6 +6,8 @@ import contextlib
 import logging
 import os
 import sys
+import threading
+import time
 
 import jax
 from absl import app, flags
@@ -92,6 +94,12 @@ def setup_logging() -> None:
     logging.getLogger(name).setLevel(logging.WARNING)
 
 
+# How long a silent process counts as alive (jax.distributed's heartbeat timeout; jax's
+# default is 100 s), and how often this process asks which peers are alive.
+HEARTBEAT_TIMEOUT_S = 30
+PEER_POLL_S = 2.0
+
+
 def maybe_initialize_distributed(coordinator_address: str | None, num_processes: int | None,
                                  process_id: int | None) -> None:
   """Joins a multi-process run (one process per host).
@@ -103,14 +111,18 @@ def maybe_initialize_distributed(coordinator_address: str | None, num_processes:
   """
   if jax.config.jax_platforms in (None, "", "cpu"):
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  # A lost process is then reported to the others (`_watch_peers`), not fatal to them.
+  if hasattr(jax.config, "jax_enable_recoverability"):  # jax 0.7.1 lacks it.
+    jax.config.update("jax_enable_recoverability", True)
+  options = dict(num_processes=num_processes, process_id=process_id,
+                 heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
   if coordinator_address:
-    jax.distributed.initialize(coordinator_address=coordinator_address,
-                               num_processes=num_processes, process_id=process_id)
+    jax.distributed.initialize(coordinator_address=coordinator_address, **options)
     return
   if jax.distributed.is_initialized():
     return
   try:
-    jax.distributed.initialize(num_processes=num_processes, process_id=process_id)
+    jax.distributed.initialize(**options)
   except ValueError as e:
     # jax's words when no cluster was detected and nothing was given.
     if "coordinator_address should be defined" not in str(e):
@@ -161,4 +173,32 @@ def run_training(config, workdir: str, *, launch: dict | None = None, coordinato
   maybe_initialize_distributed(coordinator_address, num_processes, process_id)
   from flax_transformer.loop import train_and_evaluate  # decode.py never loads training.
 
+  if jax.process_count() > 1:
+    threading.Thread(target=_watch_peers, name="peer_watch", daemon=True).start()
   train_and_evaluate(config, workdir, launch)
+
+
+def _watch_peers() -> None:
+  """Exits this process, with one line, as soon as a peer process is gone.
+
+  A collective whose peer died never completes, and jax.distributed would end the
+  survivors itself only after its heartbeat timeout, with a native stack dump (or,
+  had the collective failed, they would wait in its shutdown barrier as long). Here
+  the coordination service (recoverable mode: it reports a dead task instead of
+  aborting everyone) is asked every PEER_POLL_S which processes are alive.
+  """
+  everyone = list(range(jax.process_count()))
+  client = jax._src.distributed.global_state.client  # noqa: SLF001 (no public API)
+  while True:
+    time.sleep(PEER_POLL_S)
+    try:
+      lost = sorted(set(everyone) - set(client.get_live_nodes(everyone)))
+    except Exception as e:  # noqa: BLE001 -- the coordinator (process 0) is unreachable.
+      lost, detail = [0], str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+    else:
+      detail = "no heartbeat"
+    if lost:
+      _report(f"process {jax.process_index()} of {jax.process_count()}: lost process "
+              f"{', '.join(map(str, lost))} ({detail}); stopping. Relaunch every process: "
+              "training resumes from the last complete checkpoint.")
+      os._exit(EXIT_FAILED)  # Not sys.exit: the train step may hang in a collective.
