@@ -41,12 +41,17 @@ def run(cmd, env) -> subprocess.CompletedProcess:
 
 
 def final_params(workdir: Path):
+  """The newest checkpoint's parameters as numpy arrays (whatever devices saved them)."""
+  import jax
+  import numpy as np
   import orbax.checkpoint as ocp
 
   checkpointer = Checkpointer(workdir, read_only=True)
   step = checkpointer.steps()[-1]
+  as_numpy = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+                                    checkpointer.manager.item_metadata(step)["state"])
   state = checkpointer.manager.restore(step, args=ocp.args.Composite(
-      state=ocp.args.PyTreeRestore()))["state"]
+      state=ocp.args.PyTreeRestore(restore_args=as_numpy)))["state"]
   return step, state["params"]
 
 
@@ -92,8 +97,8 @@ def lost_process(tmp: Path, steps: int) -> dict:
   reference, killed = tmp / "two_reference", tmp / "two_killed"
   for path in (reference, killed):
     path.mkdir()
-  for p in two_processes(reference, steps, reference):
-    assert p.wait(timeout=900) == 0, (reference / "process0.log").read_text()[-3000:]
+  for i, p in enumerate(two_processes(reference, steps, reference)):
+    assert p.wait(timeout=900) == 0, (reference / f"process{i}.log").read_text()[-3000:]
   _, expected = final_params(reference)
 
   processes = two_processes(killed, steps, killed)
@@ -112,8 +117,8 @@ def lost_process(tmp: Path, steps: int) -> dict:
   errors = [line for line in log.splitlines() if line.startswith("error:")]
   saved = Checkpointer(killed, read_only=True).steps()
   lost = max(0, last_step_logged(killed) - (saved[-1] if saved else 0))
-  for p in two_processes(killed, steps, killed):  # Relaunch both: resume.
-    assert p.wait(timeout=900) == 0, (killed / "process0.log").read_text()[-3000:]
+  for i, p in enumerate(two_processes(killed, steps, killed)):  # Relaunch both: resume.
+    assert p.wait(timeout=900) == 0, (killed / f"process{i}.log").read_text()[-3000:]
   step, params = final_params(killed)
   return {"fault": "two processes, kill -9 of process 1", "times": 1,
           "outcome": f"survivor exit {code} after {survivor_s:.1f} s, "
@@ -138,7 +143,9 @@ def main():
   rows = []
   with tempfile.TemporaryDirectory() as tmp:
     tmp = Path(tmp)
+    started = time.time()
     reference = run(command(tmp / "reference", args.steps), env)
+    reference_s = time.time() - started
     assert reference.returncode == 0, reference.stderr
     _, expected = final_params(tmp / "reference")
 
@@ -150,7 +157,8 @@ def main():
       with open(log, "w") as stderr:
         process = subprocess.Popen(command(workdir, args.steps), env=env,
                                    stdout=subprocess.DEVNULL, stderr=stderr)
-        time.sleep(rng.uniform(6.0, 22.0))  # Start-up takes ~8 s; the run ~15 s more.
+        # Anywhere from start-up to the end of a run (as long as the reference took).
+        time.sleep(rng.uniform(0.2, 0.95) * reference_s)
         process.send_signal(signal.SIGKILL)
         process.wait()
       lines = [line for line in log.read_text().splitlines() if "loop.py" in line]

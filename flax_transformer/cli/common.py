@@ -173,12 +173,45 @@ def run_training(config, workdir: str, *, launch: dict | None = None, coordinato
   maybe_initialize_distributed(coordinator_address, num_processes, process_id)
   from flax_transformer.loop import train_and_evaluate  # decode.py never loads training.
 
-  if jax.process_count() > 1:
-    threading.Thread(target=_watch_peers, name="peer_watch", daemon=True).start()
-  train_and_evaluate(config, workdir, launch)
+  if jax.process_count() == 1:
+    train_and_evaluate(config, workdir, launch)
+    return
+  training = threading.Event()
+  training.set()
+  threading.Thread(target=_watch_peers, args=(training,), name="peer_watch", daemon=True).start()
+  try:
+    train_and_evaluate(config, workdir, launch)
+  except BaseException as e:
+    if isinstance(e, (jax.errors.JaxRuntimeError, errors.CheckpointSaveError)):
+      # A collective failed: most likely a peer died. Say so rather than the error.
+      _exit_if_a_peer_is_lost(wait_s=HEARTBEAT_TIMEOUT_S + 2 * PEER_POLL_S)
+    _leave(training, timeout_s=30.0)  # Errors raised everywhere (a bad config) leave too.
+    raise
+  _leave(training, barrier=True)
 
 
-def _watch_peers() -> None:
+def _leave(training: threading.Event, barrier: bool = False, timeout_s: float = 600.0) -> None:
+  """Leaves jax.distributed with process 0 (the coordination service's host) last.
+
+  In recoverable mode jax.distributed's own shutdown barrier does not wait, so a
+  process that left first would stop the service under the others' feet (a native
+  abort in theirs). `barrier`: first wait until every process is done.
+  """
+  client = jax._src.distributed.global_state.client  # noqa: SLF001
+  if barrier:
+    client.wait_at_barrier("flax_transformer_done", int(timeout_s * 1000))
+  training.clear()  # Peers leaving from here is no loss.
+  if jax.process_index() != 0:
+    jax.distributed.shutdown()
+    return
+  everyone = list(range(jax.process_count()))
+  deadline = time.monotonic() + timeout_s
+  while set(client.get_live_nodes(everyone)) - {0} and time.monotonic() < deadline:
+    time.sleep(0.2)
+  jax.distributed.shutdown()
+
+
+def _watch_peers(training: threading.Event) -> None:
   """Exits this process, with one line, as soon as a peer process is gone.
 
   A collective whose peer died never completes, and jax.distributed would end the
@@ -187,18 +220,35 @@ def _watch_peers() -> None:
   the coordination service (recoverable mode: it reports a dead task instead of
   aborting everyone) is asked every PEER_POLL_S which processes are alive.
   """
-  everyone = list(range(jax.process_count()))
-  client = jax._src.distributed.global_state.client  # noqa: SLF001 (no public API)
   while True:
     time.sleep(PEER_POLL_S)
-    try:
-      lost = sorted(set(everyone) - set(client.get_live_nodes(everyone)))
-    except Exception as e:  # noqa: BLE001 -- the coordinator (process 0) is unreachable.
-      lost, detail = [0], str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-    else:
-      detail = "no heartbeat"
+    lost, detail = _lost_peers()
+    if lost and training.is_set():
+      _exit_lost(lost, detail)
+
+
+def _exit_if_a_peer_is_lost(wait_s: float) -> None:
+  """Exits as `_watch_peers` does if a peer is found lost within `wait_s`; else returns."""
+  deadline = time.monotonic() + wait_s
+  while time.monotonic() < deadline:
+    lost, detail = _lost_peers()
     if lost:
-      _report(f"process {jax.process_index()} of {jax.process_count()}: lost process "
-              f"{', '.join(map(str, lost))} ({detail}); stopping. Relaunch every process: "
-              "training resumes from the last complete checkpoint.")
-      os._exit(EXIT_FAILED)  # Not sys.exit: the train step may hang in a collective.
+      _exit_lost(lost, detail)
+    time.sleep(PEER_POLL_S)
+
+
+def _lost_peers() -> tuple[list[int], str]:
+  """The processes the coordination service no longer counts as alive, and why."""
+  everyone = list(range(jax.process_count()))
+  client = jax._src.distributed.global_state.client  # noqa: SLF001 (no public API)
+  try:
+    return sorted(set(everyone) - set(client.get_live_nodes(everyone))), "no heartbeat"
+  except Exception as e:  # noqa: BLE001 -- the coordinator (process 0) is unreachable.
+    return [0], (str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
+
+
+def _exit_lost(lost: list[int], detail: str) -> None:
+  _report(f"process {jax.process_index()} of {jax.process_count()}: lost process "
+          f"{', '.join(map(str, lost))} ({detail}); stopping. Relaunch every process: "
+          "training resumes from the last complete checkpoint.")
+  os._exit(EXIT_FAILED)  # Not sys.exit: the train step may hang in a collective.
