@@ -4,8 +4,9 @@ two-process run lost; prints a table.
 python bench/faults.py [--kills 5] [--steps 80] [--json PATH] [--no-two_process]
 Trains configs/tiny.py on Multi30k (../shared/data/multi30k), float32 on one CPU
 device. An uninterrupted run is the reference; the interrupted run is killed
---kills times at random moments (compiling, stepping, saving, evaluating) and
-restarted each time; the final parameters must equal the reference bit for bit.
+--kills times at random moments (each after a later logged step than the last, then
+up to 2 s more: stepping, saving, evaluating) and restarted each time; the final
+parameters must equal the reference bit for bit.
 Two processes (jax.distributed on localhost, 4 simulated CPU devices each): process 1
 is killed halfway; the survivor's exit code, time to exit and error lines are
 recorded; both are relaunched and must end where an uninterrupted two-process run does.
@@ -143,22 +144,24 @@ def main():
   rows = []
   with tempfile.TemporaryDirectory() as tmp:
     tmp = Path(tmp)
-    started = time.time()
     reference = run(command(tmp / "reference", args.steps), env)
-    reference_s = time.time() - started
     assert reference.returncode == 0, reference.stderr
     _, expected = final_params(tmp / "reference")
 
     # 1. kill -9 at random moments, then run to the end.
     workdir = tmp / "killed"
     lost, moments = [], []
-    for _ in range(args.kills):
+    # Each kill once the run has logged a later step than the last kill's (so every
+    # kill lands before the end), then up to 2 s more: stepping, saving, evaluating.
+    targets = sorted(rng.sample(range(5, args.steps - 5, 5), args.kills))
+    for target in targets:
       log = tmp / "kill.log"
       with open(log, "w") as stderr:
         process = subprocess.Popen(command(workdir, args.steps), env=env,
                                    stdout=subprocess.DEVNULL, stderr=stderr)
-        # Anywhere from start-up to the end of a run (as long as the reference took).
-        time.sleep(rng.uniform(0.2, 0.95) * reference_s)
+        while last_step_logged(workdir) < target and process.poll() is None:
+          time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 2.0))
         process.send_signal(signal.SIGKILL)
         process.wait()
       lines = [line for line in log.read_text().splitlines() if "loop.py" in line]
