@@ -9,9 +9,18 @@ from flax_transformer.network.layers import (DecoderLayer, Embedding, EncoderLay
 from flax_transformer.network.model import (Decoder, Encoder, Transformer, count_params, init_cache,
                                     shift_right)
 from flax_transformer.translation.search import beam_search, sample_search
-from flax_transformer.translation.translator import SearchConfig, Translator
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+  # Translator reads workdirs (orbax, sentencepiece, grain): loaded on first use, so
+  # that importing the model alone stays light.
+  if name in ("SearchConfig", "Translator"):
+    from flax_transformer.translation import translator
+
+    return getattr(translator, name)
+  raise AttributeError(f"module 'flax_transformer' has no attribute {name!r}")
 
 __all__ = [
     "Decoder", "DecoderLayer", "Embedding", "Encoder", "EncoderLayer", "FeedForward",

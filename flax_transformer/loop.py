@@ -367,10 +367,18 @@ class Run:
       raise
     self.saved_at = time.monotonic()
 
-  def close(self) -> None:
-    self.checkpointer.wait()
-    self.checkpointer.close()
-    self.writer.close()
+  def close(self, after_error: bool = False) -> None:
+    """Waits for the last save and closes checkpoints and metrics. After an error,
+    on every exit path, a failure here is logged, not raised over the first one."""
+    try:
+      self.checkpointer.wait()
+      self.checkpointer.close()
+    except Exception as e:  # noqa: BLE001
+      if not after_error:
+        raise
+      logging.warning("Closing the checkpoints after an error failed too: %s", e)
+    finally:
+      self.writer.close()
 
 
 def setup_run(config, workdir: Path, launch: dict | None = None) -> Run:
@@ -464,41 +472,45 @@ def train_and_evaluate(config, workdir: str, launch: dict | None = None) -> dict
   the workdir's run record.
   """
   run = setup_run(config, Path(workdir), launch)
-  state, step, last = run.state, run.start_step, {}
-  batch = next(run.train_iter)  # Already on the devices (`data.pipeline.prefetched`).
-  run.trainer.compile_train_step(state, batch)
-  run.meter.restart(step)
-  profile = Profile(config, run.workdir, step)
-  while step < config.num_train_steps:
-    profile.before(step)
-    state, metrics = run.trainer.train_step(state, batch)
-    step += 1
-    profile.after(step, state)
-    run.meter.add(step, metrics)
-    due = due_after(config, step, stopping=run.stop.signal_name is not None,
-                    seconds_since_save=time.monotonic() - run.saved_at)
-    if not due.any():
-      batch = next(run.train_iter)  # Overlaps with the device computing this step.
-      continue
-
-    workdir_lib.check_present(run.workdir, step)
-    summary = run.meter.summary(step, run.checkpointer)
-    summary.update(run.evaluation(state.params, due))
-    summary["wall_s"] = run.meter.wall_s()
-    logging.info("%s", log_line(config, step, summary, due))
-    run.writer.write_scalars(step, summary)
-    run.writer.flush()
-    last = summary
-    if due.save or run.stop.signal_name:  # A signal may arrive while logging or evaluating.
-      run.save(step, state)
-    if run.stop.signal_name:
-      logging.warning("Stopped by %s at step %d; checkpoint saved", run.stop.signal_name, step)
-      break
-    if step < config.num_train_steps:
-      # Only now: a checkpoint must hold the iterator before this batch is drawn.
-      batch = next(run.train_iter)
+  try:
+    state, step, last = run.state, run.start_step, {}
+    batch = next(run.train_iter)  # Already on the devices (`data.pipeline.prefetched`).
+    run.trainer.compile_train_step(state, batch)
     run.meter.restart(step)
-  profile.after(step, state, stopping=True)
+    profile = Profile(config, run.workdir, step)
+    while step < config.num_train_steps:
+      profile.before(step)
+      state, metrics = run.trainer.train_step(state, batch)
+      step += 1
+      profile.after(step, state)
+      run.meter.add(step, metrics)
+      due = due_after(config, step, stopping=run.stop.signal_name is not None,
+                      seconds_since_save=time.monotonic() - run.saved_at)
+      if not due.any():
+        batch = next(run.train_iter)  # Overlaps with the device computing this step.
+        continue
+
+      workdir_lib.check_present(run.workdir, step)
+      summary = run.meter.summary(step, run.checkpointer)
+      summary.update(run.evaluation(state.params, due))
+      summary["wall_s"] = run.meter.wall_s()
+      logging.info("%s", log_line(config, step, summary, due))
+      run.writer.write_scalars(step, summary)
+      run.writer.flush()
+      last = summary
+      if due.save or run.stop.signal_name:  # A signal may arrive while logging or evaluating.
+        run.save(step, state)
+      if run.stop.signal_name:
+        logging.warning("Stopped by %s at step %d; checkpoint saved", run.stop.signal_name, step)
+        break
+      if step < config.num_train_steps:
+        # Only now: a checkpoint must hold the iterator before this batch is drawn.
+        batch = next(run.train_iter)
+      run.meter.restart(step)
+    profile.after(step, state, stopping=True)
+  except BaseException:
+    run.close(after_error=True)
+    raise
   run.close()
   return last
 

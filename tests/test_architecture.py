@@ -90,3 +90,20 @@ def test_house_rules():
   for module, deps in of("translation").items():  # No loop, no data internals.
     assert not deps & {"loop", "data.pipeline", "data.sources", "training.steps"}, module
   assert not edges["training.workdir"] & {"loop", "translation.translator", "data.pipeline"}
+
+
+def test_importing_the_model_loads_no_checkpoint_data_or_metric_libraries():
+  """`from flax_transformer import Transformer` is for reuse in other JAX projects:
+  orbax, grain, tfds, sacrebleu and sentencepiece come only with what needs them."""
+  import subprocess
+  import sys
+
+  heavy = ("orbax", "grain", "tensorflow_datasets", "sacrebleu", "sentencepiece")
+  code = ("import sys; from flax_transformer import Transformer, TransformerConfig; "
+          f"print([m for m in {heavy!r} if m in sys.modules])")
+  loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, cwd=PACKAGE.parent).stdout.strip()
+  assert loaded == "[]", loaded
+  code = "from flax_transformer import Translator, SearchConfig; print(Translator.__name__)"
+  assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                        check=True, cwd=PACKAGE.parent).stdout.strip() == "Translator"
