@@ -661,6 +661,7 @@ class Bench:
 
     shape = (64, 1024)
     out = {}
+    lowering_before = jax.config.jax_threefry_gpu_kernel_lowering
     for impl in ("threefry2x32", "rbg", "unsafe_rbg"):
       bits = {}
       for name, device in (("device", jax.devices()[0]), ("cpu", jax.devices("cpu")[0])):

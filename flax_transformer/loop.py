@@ -31,10 +31,11 @@ from flax_transformer.training import sharding as sharding_lib
 from flax_transformer.training import workdir as workdir_lib
 from flax_transformer.training.checkpoints import Checkpointer
 from flax_transformer.training.metrics import METRICS_FILE, create_writer
-from flax_transformer.training.steps import Trainer, evaluate, train_step_flops
+from flax_transformer.training.steps import (CROSS_ENTROPY_BACKWARDS, Trainer, evaluate,
+                                             train_step_flops)
 from flax_transformer.translation import batching
-from flax_transformer.translation.translator import (SearchConfig, make_search_fn, per_shape,
-                                                     search_batches, translate_ids)
+from flax_transformer.translation.translator import (SearchConfig, batch_keys, make_search_fn,
+                                                     per_shape, search_batches, translate_ids)
 
 def model_config_from(config) -> TransformerConfig:
   try:
@@ -70,9 +71,9 @@ def check_config(config) -> None:
                       f"{config.subword_sampling_alpha}")
   if config.nan_policy not in ("stop", "skip"):
     raise ConfigError(f"config.nan_policy must be 'stop' or 'skip', got {config.nan_policy!r}")
-  if config.cross_entropy_backward not in ("fused", "autodiff"):
-    raise ConfigError("config.cross_entropy_backward must be 'fused' or 'autodiff', got "
-                      f"{config.cross_entropy_backward!r}")
+  if config.cross_entropy_backward not in CROSS_ENTROPY_BACKWARDS:
+    raise ConfigError(f"config.cross_entropy_backward must be one of {CROSS_ENTROPY_BACKWARDS}, "
+                      f"got {config.cross_entropy_backward!r}")
   if config.prng_impl not in PRNG_IMPLS:
     raise ConfigError(f"config.prng_impl must be one of {', '.join(PRNG_IMPLS)}, got "
                       f"{config.prng_impl!r}")
@@ -243,7 +244,7 @@ class Evaluation:
         shape, np.int32, sharding=trainer.batch_sharding)
     for shape in dict.fromkeys(b["inputs"].shape for b in self.host_batches):
       trainer.compile_eval_ahead({k: abstract(shape) for k in self.host_batches[0]})
-    key = jax.ShapeDtypeStruct((2,), np.uint32)  # translate_ids' jax.random.PRNGKey split.
+    key = jax.eval_shape(lambda: batch_keys(0, 1)[0])  # As translate_ids makes them.
     for prefix, every in (("", config.bleu_every_steps), ("test_", config.test_bleu_every_steps)):
       if every > 0 and prefix in self.sets:
         batches = search_batches(self._bleu_sources(prefix), **self._search_batching())

@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 import time
+from typing import Callable
 
 import jax
 from absl import app, flags
@@ -111,7 +112,7 @@ def maybe_initialize_distributed(coordinator_address: str | None, num_processes:
   """
   if jax.config.jax_platforms in (None, "", "cpu"):
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  # A lost process is then reported to the others (`_watch_peers`), not fatal to them.
+  # A lost process is then reported to the others (`_exit_when_a_peer_is_lost`), not fatal to them.
   if hasattr(jax.config, "jax_enable_recoverability"):  # jax 0.7.1 lacks it.
     jax.config.update("jax_enable_recoverability", True)
   options = dict(num_processes=num_processes, process_id=process_id,
@@ -178,13 +179,15 @@ def run_training(config, workdir: str, *, launch: dict | None = None, coordinato
     return
   training = threading.Event()
   training.set()
-  threading.Thread(target=_watch_peers, args=(training,), name="peer_watch", daemon=True).start()
+  threading.Thread(target=_exit_when_a_peer_is_lost, args=(training.is_set,), name="peer_watch",
+                   daemon=True).start()
   try:
     train_and_evaluate(config, workdir, launch)
   except BaseException as e:
     if isinstance(e, (jax.errors.JaxRuntimeError, errors.CheckpointSaveError)):
       # A collective failed: most likely a peer died. Say so rather than the error.
-      _exit_if_a_peer_is_lost(wait_s=HEARTBEAT_TIMEOUT_S + 2 * PEER_POLL_S)
+      deadline = time.monotonic() + HEARTBEAT_TIMEOUT_S + 2 * PEER_POLL_S
+      _exit_when_a_peer_is_lost(lambda: time.monotonic() < deadline)
     _leave(training, timeout_s=30.0)  # Errors raised everywhere (a bad config) leave too.
     raise
   _leave(training, barrier=True)
@@ -211,8 +214,9 @@ def _leave(training: threading.Event, barrier: bool = False, timeout_s: float = 
   jax.distributed.shutdown()
 
 
-def _watch_peers(training: threading.Event) -> None:
-  """Exits this process, with one line, as soon as a peer process is gone.
+def _exit_when_a_peer_is_lost(keep_watching: Callable[[], bool]) -> None:
+  """Exits this process, with one line, once a peer process is gone; returns when
+  `keep_watching()` turns false first.
 
   A collective whose peer died never completes, and jax.distributed would end the
   survivors itself only after its heartbeat timeout, with a native stack dump (or,
@@ -220,19 +224,9 @@ def _watch_peers(training: threading.Event) -> None:
   the coordination service (recoverable mode: it reports a dead task instead of
   aborting everyone) is asked every PEER_POLL_S which processes are alive.
   """
-  while True:
-    time.sleep(PEER_POLL_S)
+  while keep_watching():
     lost, detail = _lost_peers()
-    if lost and training.is_set():
-      _exit_lost(lost, detail)
-
-
-def _exit_if_a_peer_is_lost(wait_s: float) -> None:
-  """Exits as `_watch_peers` does if a peer is found lost within `wait_s`; else returns."""
-  deadline = time.monotonic() + wait_s
-  while time.monotonic() < deadline:
-    lost, detail = _lost_peers()
-    if lost:
+    if lost and keep_watching():
       _exit_lost(lost, detail)
     time.sleep(PEER_POLL_S)
 

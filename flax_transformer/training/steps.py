@@ -111,6 +111,9 @@ def _smoothed_cross_entropy_bwd(label_smoothing, residuals, cotangents):
 smoothed_cross_entropy.defvjp(_smoothed_cross_entropy_fwd, _smoothed_cross_entropy_bwd)
 
 
+CROSS_ENTROPY_BACKWARDS = ("fused", "autodiff")  # config.cross_entropy_backward's values.
+
+
 def autodiff_cross_entropy(logits: jax.Array, targets: jax.Array,
                            label_smoothing: float) -> tuple[jax.Array, jax.Array]:
   """`smoothed_cross_entropy` with autodiff's backward pass (BENCHMARKS.md compares them)."""
@@ -159,9 +162,9 @@ class Trainer:
     platform = mesh.devices.flat[0].platform
     # How a non-finite step is skipped (see _train_step_fn); tests set both ways.
     self.skip_with_branch = platform == "cpu"
-    if config.cross_entropy_backward not in ("fused", "autodiff"):
-      raise ValueError("config.cross_entropy_backward must be 'fused' or 'autodiff', got "
-                       f"{config.cross_entropy_backward!r}")
+    if config.cross_entropy_backward not in CROSS_ENTROPY_BACKWARDS:
+      raise ValueError(f"config.cross_entropy_backward must be one of {CROSS_ENTROPY_BACKWARDS}, "
+                       f"got {config.cross_entropy_backward!r}")
     self.fused_backward = config.cross_entropy_backward == "fused"
 
     boxed = jax.eval_shape(self._boxed_init, self.key(0))

@@ -134,6 +134,15 @@ def per_shape(jitted_search, search: SearchConfig, *, max_shapes: int | None = N
       describe=lambda params, inputs, rng: f"inputs {list(inputs.shape)}", context=context)
 
 
+def batch_keys(seed: int, count: int) -> list[jax.Array]:
+  """The search key of each of `count` batches (sampling draws from them)."""
+  rng, keys = jax.random.PRNGKey(seed), []
+  for _ in range(count):
+    rng, key = jax.random.split(rng)
+    keys.append(key)
+  return keys
+
+
 def search_batches(sources: Sequence[np.ndarray], *, batch_tokens: int, max_length: int,
                    row_multiple: int = 1, max_widths: int | None = None
                    ) -> list[dict[str, np.ndarray]]:
@@ -211,10 +220,7 @@ def translate_ids(search_fn, params, sources: Sequence[np.ndarray], *, batch_tok
   results: list[Any] = [None] * len(sources)
   batches = search_batches(sources, batch_tokens=batch_tokens, max_length=max_length,
                            row_multiple=row_multiple, max_widths=max_widths)
-  rng, keys = jax.random.PRNGKey(seed), []
-  for _ in batches:
-    rng, key = jax.random.split(rng)
-    keys.append(key)
+  keys = batch_keys(seed, len(batches))
   if hasattr(search_fn, "compile_ahead"):  # Every shape at once, not one per first use.
     firsts: dict[tuple, tuple] = {}
     for batch, key in zip(batches, keys):
