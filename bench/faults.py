@@ -8,8 +8,10 @@ device. An uninterrupted run is the reference; the interrupted run is killed
 up to 2 s more: stepping, saving, evaluating) and restarted each time; the final
 parameters must equal the reference bit for bit.
 Two processes (jax.distributed on localhost, 4 simulated CPU devices each): process 1
-is killed halfway; the survivor's exit code, time to exit and error lines are
-recorded; both are relaunched and must end where an uninterrupted two-process run does.
+is killed halfway, then (a second run) while a checkpoint is being written; the
+survivor's exit code, time to exit and error lines are recorded. A third run gets
+SIGTERM on both processes: both must stop after the same step and save it. Each time
+both are relaunched and must end where an uninterrupted two-process run does.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -83,50 +86,169 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def two_processes(workdir: Path, steps: int, log_dir: Path) -> list[subprocess.Popen]:
-  """Both processes of a jax.distributed run on localhost, 4 simulated CPU devices each."""
+def two_processes(workdir: Path, steps: int, log_dir: Path, tag: str = "") -> list[subprocess.Popen]:
+  """Both processes of a jax.distributed run on localhost, 4 simulated CPU devices each;
+  their logs go to log_dir/process{i}{tag}.log."""
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
   port = free_port()
   return [subprocess.Popen(
       command(workdir, steps) + [f"--coordinator_address=localhost:{port}", "--num_processes=2",
                                  f"--process_id={i}"],
-      env=env, stdout=subprocess.DEVNULL, stderr=open(log_dir / f"process{i}.log", "w"))
+      env=env, stdout=subprocess.DEVNULL, stderr=open(log_dir / f"process{i}{tag}.log", "w"))
       for i in range(2)]
 
 
-def lost_process(tmp: Path, steps: int) -> dict:
-  reference, killed = tmp / "two_reference", tmp / "two_killed"
-  for path in (reference, killed):
-    path.mkdir()
-  for i, p in enumerate(two_processes(reference, steps, reference)):
-    assert p.wait(timeout=900) == 0, (reference / f"process{i}.log").read_text()[-3000:]
-  _, expected = final_params(reference)
+def relaunch_both(workdir: Path, steps: int) -> tuple[int, object, int | None]:
+  """Relaunches both processes to the end: (final step, parameters, step resumed from)."""
+  for i, p in enumerate(two_processes(workdir, steps, workdir, tag="_relaunch")):
+    assert p.wait(timeout=900) == 0, (workdir / f"process{i}_relaunch.log").read_text()[-3000:]
+  resumed = re.search(r"Resumed from the checkpoint of step (\d+)",
+                      (workdir / "process0_relaunch.log").read_text())
+  step, params = final_params(workdir)
+  return step, params, int(resumed.group(1)) if resumed else None
 
-  processes = two_processes(killed, steps, killed)
-  while last_step_logged(killed) < steps // 2 and processes[0].poll() is None:
+
+def wait_survivor(process: subprocess.Popen, since: float) -> tuple[int | str, float]:
+  try:
+    code = process.wait(timeout=300)
+  except subprocess.TimeoutExpired:
+    process.kill()
+    code = "still running after 300 s"
+  return code, time.time() - since
+
+
+def lost_process(workdir: Path, steps: int, expected) -> dict:
+  """kill -9 of process 1 once the log passes half the steps."""
+  processes = two_processes(workdir, steps, workdir)
+  while last_step_logged(workdir) < steps // 2 and processes[0].poll() is None:
     time.sleep(0.1)
   processes[1].send_signal(signal.SIGKILL)
-  killed_at = time.time()
-  try:
-    code = processes[0].wait(timeout=300)
-  except subprocess.TimeoutExpired:
-    processes[0].kill()
-    code = "still running after 300 s"
-  survivor_s = time.time() - killed_at
+  code, survivor_s = wait_survivor(processes[0], time.time())
   processes[1].wait()
-  log = (killed / "process0.log").read_text()
+  log = (workdir / "process0.log").read_text()
   errors = [line for line in log.splitlines() if line.startswith("error:")]
-  saved = Checkpointer(killed, read_only=True).steps()
-  lost = max(0, last_step_logged(killed) - (saved[-1] if saved else 0))
-  for i, p in enumerate(two_processes(killed, steps, killed)):  # Relaunch both: resume.
-    assert p.wait(timeout=900) == 0, (killed / f"process{i}.log").read_text()[-3000:]
-  step, params = final_params(killed)
+  saved = Checkpointer(workdir, read_only=True).steps()
+  lost = max(0, last_step_logged(workdir) - (saved[-1] if saved else 0))
+  step, params, _ = relaunch_both(workdir, steps)
   return {"fault": "two processes, kill -9 of process 1", "times": 1,
           "outcome": f"survivor exit {code} after {survivor_s:.1f} s, "
                      f"{log.count('Traceback')} tracebacks; relaunched both to {step}",
           "params_equal": identical(params, expected), "steps_lost_max": lost,
           "survivor_exit_code": code, "survivor_exit_s": survivor_s,
           "survivor_error_lines": errors}
+
+
+def killed_while_saving(workdir: Path, steps: int, expected) -> dict:
+  """kill -9 of process 1 while orbax writes a checkpoint (its temporary directory
+  exists: the step is not yet complete), from half the steps on."""
+  processes = two_processes(workdir, steps, workdir)
+  directory = workdir / "checkpoints"
+  saving = None
+  while saving is None and processes[0].poll() is None:
+    names = os.listdir(directory) if directory.is_dir() else []
+    pending = [int(n.split(".")[0]) for n in names if ".orbax-checkpoint-tmp" in n]
+    if pending and max(pending) >= steps // 2:
+      saving = max(pending)
+      processes[1].send_signal(signal.SIGKILL)
+    else:
+      time.sleep(0.002)
+  assert saving is not None, (workdir / "process0.log").read_text()[-3000:]
+  code, survivor_s = wait_survivor(processes[0], time.time())
+  processes[1].wait()
+  log = (workdir / "process0.log").read_text()
+  complete = Checkpointer(workdir, read_only=True).steps()
+  step, params, resumed = relaunch_both(workdir, steps)
+  return {"fault": "two processes, kill -9 of process 1 during a save", "times": 1,
+          "outcome": f"killed saving step {saving}; survivor exit {code} after "
+                     f"{survivor_s:.1f} s; resumed from {resumed}, relaunched both to {step}",
+          "params_equal": identical(params, expected),
+          "steps_lost_max": max(0, saving - (resumed or 0)),
+          "step_being_saved": saving, "complete_steps_after_kill": complete,
+          "resumed_from": resumed, "half_written_step_read": resumed == saving,
+          "survivor_exit_code": code, "survivor_exit_s": survivor_s,
+          "survivor_tracebacks": log.count("Traceback")}
+
+
+def preempted(workdir: Path, steps: int, expected,
+              signals=(signal.SIGTERM, signal.SIGTERM)) -> dict:
+  """`signals[i]` to process i (None: none), 0.5 s apart as a scheduler's notices
+  arrive, once the log passes half the steps: both must stop after one agreed step
+  and save it."""
+  processes = two_processes(workdir, steps, workdir)
+  while last_step_logged(workdir) < steps // 2 and processes[0].poll() is None:
+    time.sleep(0.1)
+  signalled = time.time()
+  for p, sig in zip(processes, signals):
+    if sig is not None:
+      p.send_signal(sig)
+      time.sleep(0.5)
+  codes = [p.wait(timeout=300) for p in processes]
+  exit_s = time.time() - signalled
+  stopped = []
+  for i in range(2):
+    found = re.search(r"Stopped by (\w+) at step (\d+)",
+                      (workdir / f"process{i}.log").read_text())
+    stopped.append(int(found.group(2)) if found else None)
+  saved = Checkpointer(workdir, read_only=True).steps()
+  step, params, resumed = relaunch_both(workdir, steps)
+  sent = [signal.Signals(s).name if s else "nothing" for s in signals]
+  fault = ("two processes, SIGTERM to both" if sent == ["SIGTERM"] * 2 else
+           f"two processes, {sent[0]} to process 0, {sent[1]} to process 1")
+  return {"fault": fault, "times": 1,
+          "outcome": f"exit {codes}, stopped at steps {stopped}, saved {saved[-1:]}; "
+                     f"resumed from {resumed} to {step}",
+          "params_equal": identical(params, expected), "steps_lost_max": 0,
+          "exit_codes": codes, "stopped_at": stopped, "exit_s": exit_s,
+          "agreed": len(set(stopped)) == 1 and stopped[0] is not None,
+          "saved_stop_step": stopped[0] in saved}
+
+
+def interrupted_one(workdir: Path, steps: int, expected) -> dict:
+  """Ctrl-C in one process's terminal only: SIGINT to process 1."""
+  return preempted(workdir, steps, expected, signals=(None, signal.SIGINT))
+
+
+def lost_coordinator(workdir: Path, steps: int, expected) -> dict:
+  """kill -9 of process 0, which hosts jax.distributed's coordination service: jax
+  ends the others itself (recorded as it is: exit status, native stack lines)."""
+  processes = two_processes(workdir, steps, workdir)
+  while last_step_logged(workdir) < steps // 2 and processes[0].poll() is None:
+    time.sleep(0.1)
+  processes[0].send_signal(signal.SIGKILL)
+  code, survivor_s = wait_survivor(processes[1], time.time())
+  processes[0].wait()
+  log = (workdir / "process1.log").read_text()
+  native = len(re.findall(r"^\s*@\s+0x", log, re.MULTILINE))
+  saved = Checkpointer(workdir, read_only=True).steps()
+  lost = max(0, last_step_logged(workdir) - (saved[-1] if saved else 0))
+  step, params, _ = relaunch_both(workdir, steps)
+  return {"fault": "two processes, kill -9 of process 0 (the coordinator)", "times": 1,
+          "outcome": f"survivor exit {code} after {survivor_s:.1f} s, {native} native stack "
+                     f"lines; relaunched both to {step}",
+          "params_equal": identical(params, expected), "steps_lost_max": lost,
+          "survivor_exit_code": code, "survivor_exit_s": survivor_s,
+          "survivor_native_stack_lines": native,
+          "survivor_fatal_lines": [line[:300] for line in log.splitlines()
+                                   if line.startswith("F1") or line.startswith("error:")]}
+
+
+def two_process_faults(tmp: Path, steps: int) -> list[dict]:
+  """The two-process scenarios, each against one uninterrupted two-process run."""
+  reference = tmp / "two_reference"
+  reference.mkdir()
+  for i, p in enumerate(two_processes(reference, steps, reference)):
+    assert p.wait(timeout=900) == 0, (reference / f"process{i}.log").read_text()[-3000:]
+  _, expected = final_params(reference)
+  rows = []
+  for scenario in (lost_process, killed_while_saving, lost_coordinator, preempted,
+                   interrupted_one):
+    workdir = tmp / scenario.__name__
+    workdir.mkdir()
+    started = time.time()
+    rows.append(scenario(workdir, steps, expected))
+    rows[-1]["scenario_s"] = time.time() - started
+    print(rows[-1]["fault"], "->", rows[-1]["outcome"], flush=True)
+  return rows
 
 
 def main():
@@ -207,10 +329,11 @@ def main():
                  "outcome": f"exit {finish.returncode}, warned={warned}, final step {step}",
                  "params_equal": identical(params, expected), "steps_lost_max": 10})
 
-    # 4. Two processes, one lost: kill -9 of process 1 mid-run; the survivor must exit
-    # fast with one line naming it; relaunching both resumes bit-exactly.
+    # 4. Two processes: one lost mid-run, one lost mid-save, both preempted. A lost
+    # process ends the survivor fast with one line naming it; a preemption saves one
+    # agreed step; relaunching both resumes bit-exactly.
     if args.two_process:
-      rows.append(lost_process(tmp, args.steps))
+      rows.extend(two_process_faults(tmp, args.steps))
 
   print_table(rows, ["fault", "times", "outcome", "params_equal", "steps_lost_max"])
   write_json(args.json, {"rows": rows, "steps": args.steps, "seed": args.seed})

@@ -1,8 +1,10 @@
-"""Every error the package raises on purpose, and the exit code each means.
+"""Every error the package raises on purpose, the exit code each means, and how it is told.
 
 Known problems reach the user as one line naming what to fix (cli.exit_on_errors);
 anything else is a bug and keeps its traceback.
 """
+
+import sys
 
 EXIT_BAD_INPUT = 2  # Bad config, data, workdir: the message says what to fix.
 EXIT_FAILED = 1  # The run itself failed (the loss diverged, a checkpoint could not be written).
@@ -32,10 +34,25 @@ class CheckpointSaveError(RuntimeError):
   """Writing a checkpoint failed (disk full, unwritable directory); older ones are intact."""
 
 
+class WorkdirWriteError(RuntimeError):
+  """Writing a workdir's record (run.json) failed; the previous version is intact."""
+
+
 class NonFiniteLossError(RuntimeError):
   """The loss became NaN or infinite."""
 
 
 BAD_INPUT = (ConfigError, ShardingConfigError, DataError, CheckpointError, WorkdirGoneError,
              FileNotFoundError)
-RUN_FAILED = (NonFiniteLossError, CheckpointSaveError)
+RUN_FAILED = (NonFiniteLossError, CheckpointSaveError, WorkdirWriteError)
+
+
+def report(error) -> None:
+  """Writes `error: <error>` to stderr as one line.
+
+  One write, starting on a fresh line: orbax's save threads may still be printing
+  their own tracebacks, and `print` writes the text and its newline separately, so
+  its line could be split or land behind a half-written one (seen in CI).
+  """
+  sys.stderr.write(f"\nerror: {error}\n")
+  sys.stderr.flush()

@@ -19,14 +19,13 @@ from typing import Any
 import jax
 import numpy as np
 import sacrebleu
-from jax.experimental import multihost_utils
 
 from flax_transformer import compilation, provenance
 from flax_transformer.data import pipeline as data_lib
 from flax_transformer.data.sources import load_pairs
 from flax_transformer.errors import CheckpointSaveError, ConfigError, NonFiniteLossError
 from flax_transformer.network.config import TransformerConfig
-from flax_transformer.training import host_allocator
+from flax_transformer.training import distributed, host_allocator
 from flax_transformer.training import sharding as sharding_lib
 from flax_transformer.training import workdir as workdir_lib
 from flax_transformer.training.checkpoints import Checkpointer
@@ -88,20 +87,49 @@ def check_config(config) -> None:
 
 
 class StopRequest:
-  """SIGTERM / SIGINT ask the loop to checkpoint and exit cleanly."""
+  """SIGTERM / SIGINT ask the loop to checkpoint and exit cleanly (exit status 0).
 
-  def __init__(self):
-    self.signal_name = None
+  One process: a handler notes the signal and the loop stops after the step it
+  is in. Several: all must stop after the same step, so SIGTERM is left to
+  jax.distributed's preemption service (its own handler spreads the notice to
+  every process, and `Checkpointer.reached_preemption(step)` turns true on all of
+  them at the same step), and SIGINT is passed on to it as a SIGTERM.
+  """
 
-  def install(self):
-    for sig in (signal.SIGTERM, signal.SIGINT):
+  def __init__(self, checkpointer: Checkpointer):
+    self.checkpointer = checkpointer
+    self.several = jax.process_count() > 1
+    self.signal_name = None  # Why the loop stops, once it is decided.
+    self.received = None  # The signal this process got (several processes: not yet agreed).
+
+  def install(self, start_step: int) -> None:
+    for sig in (signal.SIGINT,) if self.several else (signal.SIGTERM, signal.SIGINT):
       signal.signal(sig, self._handle)
+    if self.several:
+      # The sync point is one past the furthest step any process reported: report the
+      # start, or a notice before the first step would name a step this run never sees.
+      self.requested(start_step)
 
   def _handle(self, signum, frame):
-    if self.signal_name is not None:  # Second signal: stop now.
+    if self.received is not None:  # Second signal: stop now.
       raise KeyboardInterrupt
-    self.signal_name = signal.Signals(signum).name
+    self.received = signal.Signals(signum).name
+    if self.several:
+      logging.warning("%s received: asking every process to stop at one step and save",
+                      self.received)
+      os.kill(os.getpid(), signal.SIGTERM)  # To the preemption service's handler.
+      return
+    self.signal_name = self.received
     logging.warning("%s received: saving a checkpoint, then exiting", self.signal_name)
+
+  def requested(self, step: int) -> bool:
+    """Whether the loop stops after `step` (1-based; several processes: call it at
+    every step, the same on all)."""
+    if self.several and self.signal_name is None and self.checkpointer.reached_preemption(step):
+      self.signal_name = self.received or "SIGTERM"
+      logging.warning("Preemption notice (%s) reached every process: saving step %d, then "
+                      "exiting", self.signal_name, step)
+    return self.signal_name is not None
 
 
 def _format_seconds(seconds: float) -> str:
@@ -190,18 +218,11 @@ def due_after(config, step: int, stopping: bool = False,
 
   log = every(config.log_every_steps)
   by_time = (config.checkpoint_every_minutes > 0 and log
-             and _agreed(seconds_since_save >= 60 * config.checkpoint_every_minutes))
+             and distributed.agreed(seconds_since_save >= 60 * config.checkpoint_every_minutes))
   return Due(log=log or stopping,
              eval=every(config.eval_every_steps), bleu=every(config.bleu_every_steps),
              test_bleu=every(config.test_bleu_every_steps),
              save=every(config.checkpoint_every_steps) or by_time or stopping)
-
-
-def _agreed(flag: bool) -> bool:
-  """Process 0's `flag`, on every process."""
-  if jax.process_count() == 1:
-    return flag
-  return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag)))
 
 
 class Evaluation:
@@ -456,8 +477,8 @@ def setup_run(config, workdir: Path, launch: dict | None = None) -> Run:
   writer = create_writer(workdir, process_index)
   if start_step == 0:
     writer.write_hparams({"model": model_config.to_dict(), **config.to_dict()})
-  stop = StopRequest()
-  stop.install()
+  stop = StopRequest(checkpointer)
+  stop.install(start_step)
   # Analytic (XLA's own count differs between backends): gflops_per_s and MFU in the log.
   step_flops = train_step_flops(model_config, global_rows, config.max_source_length,
                                 config.max_target_length)
@@ -485,7 +506,7 @@ def train_and_evaluate(config, workdir: str, launch: dict | None = None) -> dict
       step += 1
       profile.after(step, state)
       run.meter.add(step, metrics)
-      due = due_after(config, step, stopping=run.stop.signal_name is not None,
+      due = due_after(config, step, stopping=run.stop.requested(step),
                       seconds_since_save=time.monotonic() - run.saved_at)
       if not due.any():
         batch = next(run.train_iter)  # Overlaps with the device computing this step.

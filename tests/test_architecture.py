@@ -12,7 +12,7 @@ LAYERS = {
     # They import nothing of ours but each other (provenance reads host).
     "network": 1,  # config, attention, layers, model.
     "data": 2,  # tokenizer, sources, pipeline.
-    "training": 3,  # sharding, steps, checkpoints, metrics, workdir, host_allocator.
+    "training": 3,  # sharding, steps, checkpoints, metrics, workdir, distributed, host_allocator.
     "translation": 4,  # search, batching, translator, attention_plot.
     "loop": 5,  # The training loop (it translates, for BLEU).
     "cli": 6,  # What the entry points share; decode.py's work.

@@ -67,6 +67,12 @@ class Checkpointer:
         f"{_first_line(error)}); is the disk full or the directory unwritable? "
         f"Complete checkpoints are intact: steps {kept}")
 
+  def reached_preemption(self, step: int) -> bool:
+    """Whether every process has reached the step at which a preemption notice
+    (SIGTERM to any process of a jax.distributed run) has them all save; call it at
+    every step. Always false in a single process."""
+    return self.manager.reached_preemption(step)
+
   def close(self) -> None:
     self.manager.close()
 

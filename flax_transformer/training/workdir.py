@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any, Sequence
@@ -27,7 +28,8 @@ from flax import linen as nn
 
 from flax_transformer.data.tokenizer import Tokenizer
 from flax_transformer.data.tokenizer import VOCAB_FILENAME as VOCAB_FILE
-from flax_transformer.errors import CheckpointError, ConfigError, WorkdirGoneError
+from flax_transformer.errors import (CheckpointError, ConfigError, WorkdirGoneError,
+                                     WorkdirWriteError)
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.model import Transformer
 from flax_transformer.training.checkpoints import CHECKPOINT_DIR, Checkpointer
@@ -54,7 +56,7 @@ def record_run(workdir: Path, model_config: TransformerConfig, vocab_size: int,
   previous = json.loads(path.read_text()) if path.exists() else None
   if previous is None:
     record["launches"] = [launch] if launch else []
-    path.write_text(json.dumps(record, indent=1, default=str))
+    _replace(path, json.dumps(record, indent=1, default=str))
     return
   differences = [f"model.{k}: workdir has {v!r}, config has {record['model'].get(k)!r}"
                  for k, v in previous["model"].items()
@@ -67,7 +69,20 @@ def record_run(workdir: Path, model_config: TransformerConfig, vocab_size: int,
                       + ". Use a new --workdir, or the workdir's values.")
   if launch:
     previous.setdefault("launches", []).append(launch)
-    path.write_text(json.dumps(previous, indent=1, default=str))
+    _replace(path, json.dumps(previous, indent=1, default=str))
+
+
+def _replace(path: Path, text: str) -> None:
+  """Writes `path` whole or not at all: a full disk must not leave a cut record."""
+  partial = path.with_name(path.name + ".partial")
+  try:
+    partial.write_text(text)
+    os.replace(partial, path)
+  except OSError as e:
+    partial.unlink(missing_ok=True)
+    raise WorkdirWriteError(f"writing {path} failed ({e.strerror or e}); is the disk full or "
+                            "the directory unwritable? The previous record, if any, is "
+                            "intact") from None
 
 
 def check_present(workdir: Path, step: int) -> None:
