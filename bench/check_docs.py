@@ -671,6 +671,9 @@ NON_FIGURES = [
     (r"\b\d{2}:\d{2}(?::\d{2})?\s+UTC\b", "a time of day"),
     (r"\b(?:Table|section|sections|eq\.|issue|issues|run|runs) \d+(?:\.\d+)?\b",
      "a reference to the paper, an issue or a run"),
+    (r"\bprocess(?:es)? \d+\b", "a process index"),
+    (r"\bkill -9\b", "a signal's number"),
+    (r"\bexit(?:s|ed)? \d+\b", "an exit status"),
 ]
 
 
