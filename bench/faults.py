@@ -29,6 +29,7 @@ from pathlib import Path
 
 from common import MULTI30K, ROOT, print_table, write_json
 
+from flax_transformer import provenance
 from flax_transformer.training.checkpoints import Checkpointer
 
 
@@ -336,7 +337,9 @@ def main():
       rows.extend(two_process_faults(tmp, args.steps))
 
   print_table(rows, ["fault", "times", "outcome", "params_equal", "steps_lost_max"])
-  write_json(args.json, {"rows": rows, "steps": args.steps, "seed": args.seed})
+  write_json(args.json, {"rows": rows, "steps": args.steps, "seed": args.seed,
+                         "command": " ".join(["python", "bench/faults.py", *sys.argv[1:]]),
+                         **provenance.git_commit()})
 
 
 if __name__ == "__main__":
