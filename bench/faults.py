@@ -30,7 +30,7 @@ from pathlib import Path
 from common import MULTI30K, ROOT, print_table, write_json
 
 from flax_transformer import provenance
-from flax_transformer.training.checkpoints import Checkpointer
+from flax_transformer.checkpoints import Checkpointer
 
 
 def command(workdir: Path, steps: int) -> list[str]:

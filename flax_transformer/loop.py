@@ -6,14 +6,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -27,9 +25,9 @@ from flax_transformer.errors import CheckpointSaveError, ConfigError, NonFiniteL
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.training import distributed, host_allocator
 from flax_transformer.training import sharding as sharding_lib
-from flax_transformer.training import workdir as workdir_lib
-from flax_transformer.training.checkpoints import Checkpointer
-from flax_transformer.training.metrics import METRICS_FILE, create_writer
+from flax_transformer import workdir as workdir_lib
+from flax_transformer.checkpoints import Checkpointer
+from flax_transformer.training.metrics import create_writer, previous_wall_time
 from flax_transformer.training.steps import (CROSS_ENTROPY_BACKWARDS, Trainer, evaluate,
                                              train_step_flops)
 from flax_transformer.translation import batching
@@ -157,21 +155,6 @@ def peak_rss_bytes() -> int | None:
     return None
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
   return peak if sys.platform == "darwin" else peak * 1024  # macOS: bytes; Linux: KiB.
-
-
-def _previous_wall_time(workdir: Path) -> float:
-  """Wall time already spent by earlier runs in this workdir (from metrics.jsonl)."""
-  path = workdir / METRICS_FILE
-  if not path.exists():
-    return 0.0
-  wall = 0.0
-  with open(path, encoding="utf-8") as f:
-    for line in f:
-      try:
-        wall = float(json.loads(line).get("wall_s", wall))
-      except (ValueError, AttributeError):
-        continue  # A line cut by a crash; the rest of the file still counts.
-  return wall
 
 
 @dataclasses.dataclass
@@ -367,7 +350,7 @@ class Run:
   """Everything a training run holds, built by `setup_run`."""
 
   config: Any
-  workdir: Path
+  workdir: workdir_lib.Workdir
   trainer: Trainer
   train_iter: Any  # Device batches, prefetched; its state is checkpointed.
   checkpointer: Checkpointer
@@ -403,9 +386,9 @@ class Run:
       self.writer.close()
 
 
-def setup_run(config, workdir: Path, launch: dict | None = None) -> Run:
+def setup_run(config, workdir: workdir_lib.Workdir, launch: dict | None = None) -> Run:
   """Checks the config, builds mesh, data, model, evaluation; restores or initialises."""
-  workdir.mkdir(parents=True, exist_ok=True)
+  workdir.root.mkdir(parents=True, exist_ok=True)
   check_config(config)
   compilation.enable_cache(config.compilation_cache_dir)
   model_config = model_config_from(config)
@@ -428,7 +411,7 @@ def setup_run(config, workdir: Path, launch: dict | None = None) -> Run:
                config.cross_entropy_backward)
   train_pairs = load_pairs(config, config.train_split)
   logging.info("Training pairs: %d (%s)", len(train_pairs), config.dataset_name)
-  tokenizer = data_lib.build_tokenizer(config, str(workdir), train_pairs, process_index)
+  tokenizer = data_lib.build_tokenizer(config, workdir.vocab_file, train_pairs, process_index)
   if tokenizer.vocab_size != model_config.vocab_size:
     logging.info("Model vocabulary size %d -> %d (the vocabulary's)", model_config.vocab_size,
                  tokenizer.vocab_size)
@@ -439,7 +422,7 @@ def setup_run(config, workdir: Path, launch: dict | None = None) -> Run:
       logging.warning("The checkout has uncommitted changes to %s: this launch records their "
                       "diff in %s (launches[-1].git_diff) beside commit %s. Commit before a "
                       "run you will report.", ", ".join(code["git_dirty_files"]),
-                      Path(workdir) / workdir_lib.RUN_FILE, code["git_commit"][:7])
+                      workdir.run_file, code["git_commit"][:7])
     workdir_lib.record_run(workdir, model_config, tokenizer.vocab_size, launch={
         **(launch or {}), "config": config.to_dict(), "process_count": process_count, **code})
 
@@ -482,7 +465,7 @@ def setup_run(config, workdir: Path, launch: dict | None = None) -> Run:
   # Analytic (XLA's own count differs between backends): gflops_per_s and MFU in the log.
   step_flops = train_step_flops(model_config, global_rows, config.max_source_length,
                                 config.max_target_length)
-  meter = StepMeter(config, step_flops, start_step, _previous_wall_time(workdir))
+  meter = StepMeter(config, step_flops, start_step, previous_wall_time(workdir))
   return Run(config, workdir, trainer, train_iter, checkpointer, evaluation, writer, stop,
              meter, state, start_step)
 
@@ -493,7 +476,7 @@ def train_and_evaluate(config, workdir: str, launch: dict | None = None) -> dict
   launch: how this start was asked for (train.py: config file, overrides, argv), for
   the workdir's run record.
   """
-  run = setup_run(config, Path(workdir), launch)
+  run = setup_run(config, workdir_lib.Workdir(workdir), launch)
   try:
     state, step, last = run.state, run.start_step, {}
     batch = next(run.train_iter)  # Already on the devices (`data.pipeline.prefetched`).
@@ -544,11 +527,11 @@ class Profile:
   goes to WORKDIR/profile, where TensorBoard's profile plugin and Perfetto find it.
   """
 
-  def __init__(self, config, workdir: Path, start_step: int):
+  def __init__(self, config, workdir: workdir_lib.Workdir, start_step: int):
     self.first = start_step + config.profile_first_step
     self.last = self.first + config.profile_steps
     self.wanted = config.profile_steps > 0 and jax.process_index() == 0
-    self.directory, self.tracing = Path(workdir) / "profile", False
+    self.directory, self.tracing = workdir.profile, False
 
   def before(self, step: int) -> None:
     if self.wanted and step == self.first:

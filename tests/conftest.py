@@ -28,7 +28,7 @@ def multi30k_tokenizer(multi30k_dir, tmp_path_factory):
   from flax_transformer.data import tokenizer
 
   pairs = sources.multi30k("train", "en", "de", manual_dir=multi30k_dir)
-  path = tmp_path_factory.mktemp("vocab") / tokenizer.VOCAB_FILENAME
+  path = tmp_path_factory.mktemp("vocab") / "vocab.model"
   return tokenizer.train_tokenizer(data.vocabulary_sentences(pairs, 100_000), path,
                                    vocab_size=4000)
 

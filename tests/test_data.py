@@ -114,14 +114,14 @@ def test_tokenizer_round_trip_on_validation(multi30k_tokenizer, multi30k_dir):
 
 
 def test_vocabulary_reused_and_other_hosts_wait(tmp_path, multi30k_tokenizer):
-  workdir = tmp_path / "w"
-  workdir.mkdir()
-  (workdir / tokenizer.VOCAB_FILENAME).write_bytes(multi30k_tokenizer.path.read_bytes())
+  path = tmp_path / "w" / "vocab.model"
+  path.parent.mkdir()
+  path.write_bytes(multi30k_tokenizer.path.read_bytes())
   never = lambda: (_ for _ in ()).throw(AssertionError("must not retrain"))  # noqa: E731
-  tok = tokenizer.load_or_train_tokenizer(workdir, never, vocab_size=4000)
+  tok = tokenizer.load_or_train_tokenizer(path, never, vocab_size=4000)
   assert tok.vocab_size == multi30k_tokenizer.vocab_size
   with pytest.raises(TimeoutError, match="process 1: no vocabulary"):
-    tokenizer.load_or_train_tokenizer(tmp_path / "empty", never, vocab_size=4000,
+    tokenizer.load_or_train_tokenizer(tmp_path / "empty" / "vocab.model", never, vocab_size=4000,
                                       process_index=1, wait_timeout_s=0.5)
 
 

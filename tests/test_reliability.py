@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from flax_transformer.training.checkpoints import CheckpointError, Checkpointer
-from flax_transformer.training.workdir import average_params
+from flax_transformer.checkpoints import CheckpointError, Checkpointer
+from flax_transformer.checkpoints import average_params
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,8 +18,8 @@ from configs import tiny
 from flax_transformer.loop import ConfigError, train_and_evaluate
 from flax_transformer.training import sharding
 from flax_transformer.training import steps as training
-from flax_transformer.training.checkpoints import Checkpointer
-from flax_transformer.training.metrics import METRICS_FILE
+from flax_transformer.checkpoints import Checkpointer
+from flax_transformer.workdir import METRICS_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from typing import Iterator, Sequence
 
@@ -205,11 +206,12 @@ def vocabulary_sentences(pairs: Sequence, max_sentences: int) -> Iterator[str]:
     yield target
 
 
-def build_tokenizer(config, workdir: str, train_pairs: Sequence,
+def build_tokenizer(config, path: str | os.PathLike, train_pairs: Sequence,
                     process_index: int = 0) -> Tokenizer:
-  """The shared vocabulary: config.vocab_path, or the workdir's, or trained now."""
+  """The shared vocabulary: config.vocab_path, or the one at `path` (the workdir's), or
+  trained now into `path`."""
   return load_or_train_tokenizer(
-      workdir, lambda: vocabulary_sentences(train_pairs, config.vocab_max_sentences),
+      path, lambda: vocabulary_sentences(train_pairs, config.vocab_max_sentences),
       vocab_path=config.vocab_path, vocab_size=config.vocab_size,
       model_type=config.vocab_model_type,
       character_coverage=config.vocab_character_coverage, process_index=process_index)

@@ -19,7 +19,6 @@ import numpy as np
 import sentencepiece as spm
 
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
-VOCAB_FILENAME = "vocab.model"
 # sentencepiece's sampling generator is process-global: seeding and sampling must not
 # interleave between threads, or a seed would not determine its segmentation.
 _SAMPLING_LOCK = threading.Lock()
@@ -121,17 +120,17 @@ def train_tokenizer(sentences: Iterable[str], output_path: str | os.PathLike, *,
   return Tokenizer(output_path)
 
 
-def load_or_train_tokenizer(workdir: str | os.PathLike, sentences_fn, *, vocab_path: str = "",
+def load_or_train_tokenizer(path: str | os.PathLike, sentences_fn, *, vocab_path: str = "",
                             vocab_size: int, model_type: str = "bpe",
                             character_coverage: float = 1.0, process_index: int = 0,
                             wait_timeout_s: float = 3600.0) -> Tokenizer:
-  """The workdir's vocabulary: `vocab_path` if given, else reused, else trained.
+  """A run's vocabulary: `vocab_path` if given, else the one at `path`, else trained there.
 
   Only process 0 trains (from `sentences_fn()`); other processes wait for the file.
   """
   if vocab_path:
     return Tokenizer(vocab_path)
-  path = Path(workdir) / VOCAB_FILENAME
+  path = Path(path)
   if path.is_file():
     return Tokenizer(path)
   if process_index == 0:

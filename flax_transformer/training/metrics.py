@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-METRICS_FILE = "metrics.jsonl"
+from flax_transformer.workdir import Workdir
 
 
 def _plain(value: Any):
@@ -98,6 +98,29 @@ def create_writer(workdir: str | os.PathLike, process_index: int = 0) -> MultiWr
   """Process 0 writes TensorBoard and metrics.jsonl; other processes write nothing."""
   if process_index != 0:
     return MultiWriter([])
-  workdir = Path(workdir)
-  return MultiWriter([JsonlWriter(workdir / METRICS_FILE),
-                      TensorBoardWriter(workdir / "tensorboard")])
+  workdir = Workdir(workdir)
+  return MultiWriter([JsonlWriter(workdir.metrics_file), TensorBoardWriter(workdir.tensorboard)])
+
+
+def read_metrics(workdir: str | os.PathLike) -> list[dict[str, Any]]:
+  """The logged steps of every run in `workdir` so far, oldest first; a line cut by a
+  crash is skipped (the rest of the file still counts)."""
+  path = Workdir(workdir).metrics_file
+  records = []
+  if path.exists():
+    with open(path, encoding="utf-8") as f:
+      for line in f:
+        try:
+          records.append(json.loads(line))
+        except ValueError:
+          continue
+  return records
+
+
+def previous_wall_time(workdir: str | os.PathLike) -> float:
+  """Wall time already spent by earlier runs in this workdir (seconds)."""
+  wall = 0.0
+  for record in read_metrics(workdir):
+    if isinstance(record, dict):
+      wall = float(record.get("wall_s", wall))
+  return wall

@@ -1,36 +1,38 @@
-"""Checkpoints of the training state and the data iterator (orbax).
+"""Checkpoints of the training state and the data iterator (orbax), and their averages.
 
 Layout: `<workdir>/checkpoints/<step>/{state,data}`; orbax writes each step to a
 temporary directory and renames it when complete, so a crash mid-save leaves
-the previous checkpoints as they were.
+the previous checkpoints as they were. `load_params` reads a workdir's parameters
+with the paper's checkpoint averaging; `write_averaged` makes a workdir of one
+averaged checkpoint.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
 import grain
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
+from flax import linen as nn
 
 from flax_transformer.errors import CheckpointError, CheckpointSaveError
-
-CHECKPOINT_DIR = "checkpoints"
-
-
-def checkpoint_dir(workdir: str | Path) -> Path:
-  return Path(workdir).absolute() / CHECKPOINT_DIR
-
+from flax_transformer.network.config import TransformerConfig
+from flax_transformer.network.model import Transformer
+from flax_transformer.workdir import Workdir, read_run
 
 class Checkpointer:
   """Saves and restores {'state': pytree, 'data': grain iterator} per step."""
 
   def __init__(self, workdir: str | Path, *, max_to_keep: int | None = None,
                asynchronous: bool = True, read_only: bool = False):
-    self.directory = checkpoint_dir(workdir)
+    self.directory = Workdir(workdir).checkpoints
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
         enable_async_checkpointing=asynchronous, cleanup_tmp_directories=not read_only)
@@ -140,3 +142,68 @@ class Checkpointer:
 def _first_line(error: BaseException) -> str:
   text = str(error).strip().splitlines()
   return text[0][:300] if text else ""
+
+
+def abstract_params(model_config: TransformerConfig):
+  """Shapes and dtypes of the model's parameters (nothing allocated)."""
+  dummy = jnp.ones((1, 8), jnp.int32)
+  shapes = jax.eval_shape(lambda: Transformer(model_config).init(
+      jax.random.PRNGKey(0), dummy, dummy)["params"])
+  return nn.unbox(shapes)
+
+
+def average_params(checkpointer: Checkpointer, steps: Sequence[int], abstract: Any):
+  """Element-wise mean of the parameters at `steps` (paper: last 5 or 20 checkpoints)."""
+  if not steps:
+    raise CheckpointError(f"no checkpoints to average in {checkpointer.directory}")
+  total = None
+  for step in steps:
+    params = checkpointer.restore_params(step, abstract)
+    params = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params)
+    total = params if total is None else jax.tree_util.tree_map(jnp.add, total, params)
+  scale = np.float32(1.0 / len(steps))
+  return jax.tree_util.tree_map(lambda x, a: (x * scale).astype(a.dtype), total, abstract)
+
+
+def load_params(workdir: str | Path, model_config: TransformerConfig, *,
+                checkpoint_step: int | None = None, average_last: int = 1):
+  """(parameters, steps): a workdir's checkpoint, or the mean of its last `average_last`."""
+  checkpointer = Checkpointer(workdir, read_only=True)
+  steps = checkpointer.steps()
+  if not steps:
+    raise CheckpointError(f"no checkpoint in {checkpointer.directory}")
+  if checkpoint_step is not None:
+    if checkpoint_step not in steps:
+      raise CheckpointError(f"no checkpoint of step {checkpoint_step} in "
+                            f"{checkpointer.directory}; steps: {steps}")
+    chosen = [s for s in steps if s <= checkpoint_step][-average_last:]
+  else:
+    chosen = steps[-average_last:]
+  if len(chosen) < average_last:
+    logging.warning("Averaging %d checkpoints (%s): fewer than the %d asked for",
+                    len(chosen), chosen, average_last)
+  target = abstract_params(model_config)
+  if len(chosen) == 1:
+    return checkpointer.restore_params(chosen[0], target), chosen
+  return average_params(checkpointer, chosen, target), chosen
+
+
+def write_averaged(workdir: str | Path, output: str | Path, last: int) -> list[int]:
+  """A new workdir whose one checkpoint is the mean of `workdir`'s last `last` ones.
+
+  run.json and the vocabulary are copied, so decode.py (and Translator) use the
+  result like any workdir. Returns the averaged steps.
+  """
+  workdir, output = Workdir(workdir), Workdir(output)
+  if output.root.exists() and any(output.root.iterdir()):
+    raise CheckpointError(f"output {output} exists and is not empty: choose a new directory")
+  model_config, _ = read_run(workdir)
+  params, steps = load_params(workdir, model_config, average_last=last)
+  output.root.mkdir(parents=True, exist_ok=True)
+  for name in ("run_file", "vocab_file"):
+    shutil.copy2(getattr(workdir, name), getattr(output, name))
+  writer = Checkpointer(output, asynchronous=False)
+  writer.save(steps[-1], {"params": params}, force=True)
+  writer.wait()
+  writer.close()
+  return steps

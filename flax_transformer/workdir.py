@@ -1,0 +1,135 @@
+"""A run's directory: the one place that knows where each of its files lives, and its record.
+
+  <workdir>/run.json        the model config, vocabulary size and every launch (RUN_FILE)
+  <workdir>/vocab.model     the shared sentencepiece vocabulary (VOCAB_FILE)
+  <workdir>/checkpoints/    orbax checkpoints of state and data iterator (CHECKPOINT_DIR)
+  <workdir>/metrics.jsonl   one JSON object per logged step (METRICS_FILE)
+  <workdir>/tensorboard/    TensorBoard event files (TENSORBOARD_DIR)
+  <workdir>/profile/        jax.profiler traces, when asked for (PROFILE_DIR)
+
+`Workdir(path)` names them; the modules that write and read each file (checkpoints,
+training.metrics, the tokenizer, the loop's profiler) ask it for the path. Training
+records the run (`record_run`) and checks the directory is still there
+(`check_present`); translation reads it back (`read_run`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import jax
+
+from flax_transformer.data.tokenizer import Tokenizer
+from flax_transformer.errors import ConfigError, WorkdirGoneError, WorkdirWriteError
+from flax_transformer.network.config import TransformerConfig
+
+RUN_FILE = "run.json"
+VOCAB_FILE = "vocab.model"
+CHECKPOINT_DIR = "checkpoints"
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+PROFILE_DIR = "profile"
+
+
+@dataclasses.dataclass(frozen=True)
+class Workdir:
+  """Where each file of the run in `root` lives."""
+
+  root: Path
+
+  def __init__(self, root: str | os.PathLike | Workdir):
+    root = root.root if isinstance(root, Workdir) else Path(root)
+    object.__setattr__(self, "root", root.absolute())
+
+  def __str__(self) -> str:
+    return str(self.root)
+
+  def __fspath__(self) -> str:
+    return str(self.root)
+
+  run_file = property(lambda self: self.root / RUN_FILE)
+  vocab_file = property(lambda self: self.root / VOCAB_FILE)
+  checkpoints = property(lambda self: self.root / CHECKPOINT_DIR)
+  metrics_file = property(lambda self: self.root / METRICS_FILE)
+  tensorboard = property(lambda self: self.root / TENSORBOARD_DIR)
+  profile = property(lambda self: self.root / PROFILE_DIR)
+
+
+MUTABLE_MODEL_FIELDS = {"dropout_rate", "attention_dropout_rate", "deterministic", "decode",
+                        "share_beam_cache", "dtype", "attention_implementation"}
+
+
+def record_run(workdir: str | os.PathLike, model_config: TransformerConfig, vocab_size: int,
+               launch: dict | None = None) -> None:
+  """Writes run.json, or refuses a workdir whose run.json holds a different model.
+
+  `launch` (the config file, overrides, full config, commit, packages, machine of
+  this start) is appended to the record's `launches`: one entry per start or resume.
+  """
+  record = {"model": model_config.to_dict(), "vocab_size": vocab_size, "launches": []}
+  path = Workdir(workdir).run_file
+  previous = json.loads(path.read_text()) if path.exists() else None
+  if previous is None:
+    record["launches"] = [launch] if launch else []
+    _replace(path, json.dumps(record, indent=1, default=str))
+    return
+  differences = [f"model.{k}: workdir has {v!r}, config has {record['model'].get(k)!r}"
+                 for k, v in previous["model"].items()
+                 if k not in MUTABLE_MODEL_FIELDS and record["model"].get(k) != v]
+  if previous.get("vocab_size") != vocab_size:
+    differences.append(f"vocabulary size: workdir has {previous.get('vocab_size')}, "
+                       f"now {vocab_size}")
+  if differences:
+    raise ConfigError(f"{workdir} holds a run with a different model: " + "; ".join(differences)
+                      + ". Use a new --workdir, or the workdir's values.")
+  if launch:
+    previous.setdefault("launches", []).append(launch)
+    _replace(path, json.dumps(previous, indent=1, default=str))
+
+
+def _replace(path: Path, text: str) -> None:
+  """Writes `path` whole or not at all: a full disk must not leave a cut record."""
+  partial = path.with_name(path.name + ".partial")
+  try:
+    partial.write_text(text)
+    os.replace(partial, path)
+  except OSError as e:
+    partial.unlink(missing_ok=True)
+    raise WorkdirWriteError(f"writing {path} failed ({e.strerror or e}); is the disk full or "
+                            "the directory unwritable? The previous record, if any, is "
+                            "intact") from None
+
+
+def check_present(workdir: str | os.PathLike, step: int) -> None:
+  """Stops a run whose workdir vanished, before anything is written into a stray copy.
+
+  Orbax and the metrics writer would otherwise go on: checkpoints land in a
+  re-created directory without run.json or the vocabulary, and metrics go to a
+  deleted file, all silently.
+  """
+  run_file = Workdir(workdir).run_file
+  if jax.process_index() == 0 and not run_file.is_file():
+    raise WorkdirGoneError(
+        f"workdir {workdir} was deleted or replaced while training ({run_file} "
+        f"is gone): stopped at step {step} without writing its metrics or checkpoint. Restore "
+        "the directory to resume, or start again with a new --workdir")
+
+
+def read_run(workdir: str | Path) -> tuple[TransformerConfig, Tokenizer]:
+  """The model config and vocabulary a workdir was trained with."""
+  workdir = Workdir(workdir)
+  if not workdir.root.is_dir():
+    raise FileNotFoundError(f"workdir {workdir} does not exist")
+  run_file = workdir.run_file
+  if not run_file.is_file():
+    raise FileNotFoundError(f"{run_file} not found: {workdir} is not a training workdir "
+                            "(train.py writes it)")
+  model = json.loads(run_file.read_text())["model"]
+  # Records written before `attention_bias` existed describe models trained with
+  # those biases: without this their checkpoints would not load.
+  model.setdefault("attention_bias", True)
+  model_config = TransformerConfig.from_dict(model)
+  return model_config, Tokenizer(workdir.vocab_file)
