@@ -10,7 +10,6 @@ averaged checkpoint.
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -22,6 +21,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import linen as nn
 
+from flax_transformer import storage
 from flax_transformer.errors import CheckpointError, CheckpointSaveError
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.model import Transformer
@@ -201,7 +201,7 @@ def write_averaged(workdir: str | Path, output: str | Path, last: int) -> list[i
   params, steps = load_params(workdir, model_config, average_last=last)
   output.root.mkdir(parents=True, exist_ok=True)
   for name in ("run_file", "vocab_file"):
-    shutil.copy2(getattr(workdir, name), getattr(output, name))
+    storage.copy_file(getattr(workdir, name), getattr(output, name))
   writer = Checkpointer(output, asynchronous=False)
   writer.save(steps[-1], {"params": params}, force=True)
   writer.wait()

@@ -9,16 +9,19 @@ import dataclasses
 import logging
 import math
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 import sacrebleu
 
-from flax_transformer import compilation, provenance
+from flax_transformer import compilation, provenance, storage
 from flax_transformer.data import pipeline as data_lib
 from flax_transformer.data.sources import load_pairs
 from flax_transformer.errors import CheckpointSaveError, ConfigError, NonFiniteLossError
@@ -535,12 +538,20 @@ class Profile:
 
   def before(self, step: int) -> None:
     if self.wanted and step == self.first:
-      jax.profiler.start_trace(str(self.directory))
+      # jax's profiler writes local files only: a bucket's trace is uploaded at the end.
+      self.local = (tempfile.mkdtemp(prefix="profile-") if storage.is_remote(self.directory)
+                    else str(self.directory))
+      jax.profiler.start_trace(self.local)
       self.tracing = True
 
   def after(self, step: int, state, stopping: bool = False) -> None:
     if self.tracing and (step >= self.last or stopping):
       jax.block_until_ready(state)  # The traced steps' device work, whole.
       jax.profiler.stop_trace()
+      if self.local != str(self.directory):
+        for f in Path(self.local).rglob("*"):
+          if f.is_file():
+            storage.copy_file(f, self.directory / str(f.relative_to(self.local)))
+        shutil.rmtree(self.local, ignore_errors=True)
       self.tracing, self.wanted = False, False
       logging.info("Profile of steps %d-%d written to %s", self.first + 1, step, self.directory)

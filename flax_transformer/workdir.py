@@ -7,7 +7,8 @@
   <workdir>/tensorboard/    TensorBoard event files (TENSORBOARD_DIR)
   <workdir>/profile/        jax.profiler traces, when asked for (PROFILE_DIR)
 
-`Workdir(path)` names them; the modules that write and read each file (checkpoints,
+`Workdir(path)` names them, in a local directory or a bucket (gs://, s3://: see
+`storage`); the modules that write and read each file (checkpoints,
 training.metrics, the tokenizer, the loop's profiler) ask it for the path. Training
 records the run (`record_run`) and checks the directory is still there
 (`check_present`); translation reads it back (`read_run`).
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import jax
 
+from flax_transformer import storage
 from flax_transformer.data.tokenizer import Tokenizer
 from flax_transformer.errors import ConfigError, WorkdirGoneError, WorkdirWriteError
 from flax_transformer.network.config import TransformerConfig
@@ -36,13 +38,13 @@ PROFILE_DIR = "profile"
 
 @dataclasses.dataclass(frozen=True)
 class Workdir:
-  """Where each file of the run in `root` lives."""
+  """Where each file of the run in `root` (a directory or a bucket's prefix) lives."""
 
-  root: Path
+  root: Path  # Or an epath.Path, for a bucket.
 
   def __init__(self, root: str | os.PathLike | Workdir):
-    root = root.root if isinstance(root, Workdir) else Path(root)
-    object.__setattr__(self, "root", root.absolute())
+    root = root.root if isinstance(root, Workdir) else storage.as_path(root)
+    object.__setattr__(self, "root", root if storage.is_remote(root) else root.absolute())
 
   def __str__(self) -> str:
     return str(self.root)
@@ -74,7 +76,7 @@ def record_run(workdir: str | os.PathLike, model_config: TransformerConfig, voca
   previous = json.loads(path.read_text()) if path.exists() else None
   if previous is None:
     record["launches"] = [launch] if launch else []
-    _replace(path, json.dumps(record, indent=1, default=str))
+    _write_record(path, record)
     return
   differences = [f"model.{k}: workdir has {v!r}, config has {record['model'].get(k)!r}"
                  for k, v in previous["model"].items()
@@ -87,17 +89,13 @@ def record_run(workdir: str | os.PathLike, model_config: TransformerConfig, voca
                       + ". Use a new --workdir, or the workdir's values.")
   if launch:
     previous.setdefault("launches", []).append(launch)
-    _replace(path, json.dumps(previous, indent=1, default=str))
+    _write_record(path, previous)
 
 
-def _replace(path: Path, text: str) -> None:
-  """Writes `path` whole or not at all: a full disk must not leave a cut record."""
-  partial = path.with_name(path.name + ".partial")
+def _write_record(path, record: dict) -> None:
   try:
-    partial.write_text(text)
-    os.replace(partial, path)
+    storage.write_whole(path, json.dumps(record, indent=1, default=str))
   except OSError as e:
-    partial.unlink(missing_ok=True)
     raise WorkdirWriteError(f"writing {path} failed ({e.strerror or e}); is the disk full or "
                             "the directory unwritable? The previous record, if any, is "
                             "intact") from None

@@ -18,6 +18,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from flax_transformer import storage
+
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 # sentencepiece's sampling generator is process-global: seeding and sampling must not
 # interleave between threads, or a seed would not determine its segmentation.
@@ -28,11 +30,12 @@ class Tokenizer:
   """Text <-> int32 ids with EOS appended; wraps a sentencepiece model file."""
 
   def __init__(self, model_path: str | os.PathLike):
-    path = Path(model_path)
+    path = storage.as_path(model_path)
     if not path.is_file():
       raise FileNotFoundError(f"vocabulary file not found: {path}")
-    # sentencepiece parses a protobuf: no pickle, no code execution.
-    self._sp = spm.SentencePieceProcessor(model_file=str(path))
+    # sentencepiece parses a protobuf: no pickle, no code execution. Read as bytes:
+    # the file may be in a bucket.
+    self._sp = spm.SentencePieceProcessor(model_proto=path.read_bytes())
     if self._sp.pad_id() != PAD_ID or self._sp.eos_id() != EOS_ID:
       raise ValueError(f"{path}: vocabulary must use pad id {PAD_ID} and eos id {EOS_ID}, got "
                        f"{self._sp.pad_id()} and {self._sp.eos_id()}")
@@ -92,7 +95,7 @@ def train_tokenizer(sentences: Iterable[str], output_path: str | os.PathLike, *,
                     vocab_size: int, model_type: str = "bpe",
                     character_coverage: float = 1.0) -> Tokenizer:
   """Trains a sentencepiece model on `sentences`; writes it atomically to `output_path`."""
-  output_path = Path(output_path)
+  output_path = storage.as_path(output_path)
   output_path.parent.mkdir(parents=True, exist_ok=True)
   start = time.time()
   count = 0
@@ -106,7 +109,7 @@ def train_tokenizer(sentences: Iterable[str], output_path: str | os.PathLike, *,
       yield s
 
   logging.info("Training a %d-piece %s vocabulary -> %s", vocab_size, model_type, output_path)
-  with tempfile.TemporaryDirectory(dir=output_path.parent) as tmp:
+  with tempfile.TemporaryDirectory() as tmp:
     prefix = os.path.join(tmp, "spm")
     spm.SentencePieceTrainer.train(
         sentence_iterator=counted(), model_prefix=prefix, vocab_size=vocab_size,
@@ -115,7 +118,8 @@ def train_tokenizer(sentences: Iterable[str], output_path: str | os.PathLike, *,
         normalization_rule_name="identity", remove_extra_whitespaces=True,
         input_sentence_size=0, shuffle_input_sentence=False,
         minloglevel=2, num_threads=os.cpu_count() or 1)
-    os.replace(prefix + ".model", output_path)  # Atomic: readers never see half a file.
+    # Whole: other processes wait for this file and must never read half of it.
+    storage.write_whole(output_path, Path(prefix + ".model").read_bytes())
   logging.info("Vocabulary trained on %d sentences in %.1f s", count, time.time() - start)
   return Tokenizer(output_path)
 
@@ -130,7 +134,7 @@ def load_or_train_tokenizer(path: str | os.PathLike, sentences_fn, *, vocab_path
   """
   if vocab_path:
     return Tokenizer(vocab_path)
-  path = Path(path)
+  path = storage.as_path(path)
   if path.is_file():
     return Tokenizer(path)
   if process_index == 0:

@@ -11,11 +11,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
+import tempfile
+import uuid
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from flax_transformer import storage
 from flax_transformer.workdir import Workdir
 
 
@@ -29,32 +33,58 @@ def _plain(value: Any):
 class JsonlWriter:
   """Appends one JSON object per `write_scalars` call: {"step": s, **scalars}.
 
-  The file is opened for appending, so a resumed run continues it.
+  A local file is opened for appending, so a resumed run continues it. An object in
+  a bucket cannot be appended to: its text so far is kept and the object replaced
+  whole at each flush (one line per logged step: small).
   """
 
   def __init__(self, path: str | os.PathLike):
-    self.path = Path(path)
+    self.path = storage.as_path(path)
     self.path.parent.mkdir(parents=True, exist_ok=True)
-    self._file = open(self.path, "a", encoding="utf-8")
+    if storage.is_remote(self.path):
+      self._text = self.path.read_text() if self.path.exists() else ""
+      self._file = None
+    else:
+      self._file = open(self.path, "a", encoding="utf-8")
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
     record = {"step": int(step), **{k: _plain(v) for k, v in scalars.items()}}
-    self._file.write(json.dumps(record) + "\n")
+    if self._file is None:
+      self._text += json.dumps(record) + "\n"
+    else:
+      self._file.write(json.dumps(record) + "\n")
 
   def flush(self) -> None:
-    self._file.flush()
+    if self._file is None:
+      storage.write_whole(self.path, self._text)
+    else:
+      self._file.flush()
 
   def close(self) -> None:
-    self._file.close()
+    if self._file is None:
+      self.flush()
+    else:
+      self._file.close()
 
 
 class TensorBoardWriter:
-  """TensorBoard event files through tensorboardX (no TensorFlow needed)."""
+  """TensorBoard event files through tensorboardX (no TensorFlow needed).
+
+  For a logdir in a bucket the events go to a local directory first and each flush
+  uploads its files whole (tensorboardX's own bucket writers need TensorFlow's or
+  boto's file layers, and fail without them).
+  """
 
   def __init__(self, logdir: str | os.PathLike):
     from tensorboardX import SummaryWriter
 
-    self._writer = SummaryWriter(str(logdir))
+    self.logdir = storage.as_path(logdir)
+    self._local = (tempfile.mkdtemp(prefix="tensorboard-") if storage.is_remote(self.logdir)
+                   else None)
+    # Event files are named by the second and host: a launch's own suffix keeps a quick
+    # relaunch from replacing the last one's upload.
+    self._writer = SummaryWriter(self._local or str(self.logdir),
+                                 filename_suffix=f".{uuid.uuid4().hex[:8]}" if self._local else "")
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
     for key, value in scalars.items():
@@ -65,9 +95,18 @@ class TensorBoardWriter:
 
   def flush(self) -> None:
     self._writer.flush()
+    self._upload()
 
   def close(self) -> None:
     self._writer.close()
+    self._upload()
+    if self._local:
+      shutil.rmtree(self._local, ignore_errors=True)
+
+  def _upload(self) -> None:
+    if self._local:
+      for f in Path(self._local).iterdir():
+        storage.copy_file(f, self.logdir / f.name)
 
 
 class MultiWriter:
@@ -108,12 +147,11 @@ def read_metrics(workdir: str | os.PathLike) -> list[dict[str, Any]]:
   path = Workdir(workdir).metrics_file
   records = []
   if path.exists():
-    with open(path, encoding="utf-8") as f:
-      for line in f:
-        try:
-          records.append(json.loads(line))
-        except ValueError:
-          continue
+    for line in path.read_text(encoding="utf-8").splitlines():
+      try:
+        records.append(json.loads(line))
+      except ValueError:
+        continue
   return records
 
 

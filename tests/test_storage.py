@@ -1,0 +1,96 @@
+"""A workdir in a bucket: the files training and translation write and read, against a GCS
+emulator the test starts on localhost (gcp-storage-emulator, reached through gcsfs as a
+real bucket would be), and the errors for what cannot work."""
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from flax_transformer import storage
+from flax_transformer.errors import ConfigError
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def gcs_bucket(tmp_path_factory):
+  """gs://test-bucket on an emulator; gcsfs finds it through STORAGE_EMULATOR_HOST."""
+  port = free_port()
+  server = subprocess.Popen(
+      [sys.executable, "-m", "gcp_storage_emulator", "start", "--host=127.0.0.1",
+       f"--port={port}", "--in-memory", "--default-bucket=test-bucket"],
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  deadline = time.time() + 30
+  while True:
+    try:
+      socket.create_connection(("127.0.0.1", port), timeout=1).close()
+      break
+    except OSError:
+      assert time.time() < deadline and server.poll() is None, "the GCS emulator did not start"
+      time.sleep(0.2)
+  monkeypatch = pytest.MonkeyPatch()
+  monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+  yield "gs://test-bucket"
+  monkeypatch.undo()
+  server.kill()
+  server.wait()
+
+
+def test_local_and_bucket_locations():
+  assert not storage.is_remote(storage.as_path("runs/a"))
+  with pytest.raises(ConfigError, match=r"unsupported storage scheme hdfs://"):
+    storage.as_path("hdfs://cluster/run")
+
+
+def test_a_missing_client_names_its_extra(monkeypatch):
+  real = storage.importlib.util.find_spec
+  monkeypatch.setattr(storage.importlib.util, "find_spec",
+                      lambda name: None if name == "s3fs" else real(name))
+  with pytest.raises(ConfigError, match=r"s3:// paths need s3fs.*flax-transformer\[s3\]"):
+    storage.as_path("s3://bucket/run")
+
+
+def test_workdir_files_in_a_bucket(gcs_bucket, multi30k_tokenizer):
+  from flax_transformer import workdir as workdir_lib
+  from flax_transformer.data.tokenizer import Tokenizer
+  from flax_transformer.network.config import TransformerConfig
+  from flax_transformer.training import metrics
+
+  run = workdir_lib.Workdir(f"{gcs_bucket}/run")
+  assert str(run.checkpoints) == f"{gcs_bucket}/run/checkpoints"  # Not a local "gs:" folder.
+  # The vocabulary, written whole and read back from the bucket.
+  storage.write_whole(run.vocab_file, multi30k_tokenizer.path.read_bytes())
+  tokenizer = Tokenizer(run.vocab_file)
+  text = "A man rides a bike."
+  np.testing.assert_array_equal(tokenizer.tokenize(text), multi30k_tokenizer.tokenize(text))
+  # The run record, and a second launch appended to it.
+  config = TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32, d_ff=64,
+                             num_heads=4, num_layers=1)
+  workdir_lib.record_run(run, config, tokenizer.vocab_size, launch={"n": 1})
+  workdir_lib.record_run(run, config, tokenizer.vocab_size, launch={"n": 2})
+  assert [x["n"] for x in json.loads(run.run_file.read_text())["launches"]] == [1, 2]
+  model_config, read_tokenizer = workdir_lib.read_run(run)
+  assert model_config == config and read_tokenizer.vocab_size == tokenizer.vocab_size
+  workdir_lib.check_present(run, step=1)
+  # metrics.jsonl: an object cannot be appended to, yet a resumed run continues it.
+  for steps in ((1, 2), (3,)):
+    writer = metrics.create_writer(run)
+    for step in steps:
+      writer.write_scalars(step, {"loss": float(step), "wall_s": 10.0 * step})
+    writer.flush()
+    writer.close()
+  assert [r["step"] for r in metrics.read_metrics(run)] == [1, 2, 3]
+  assert metrics.previous_wall_time(run) == 30.0
+  # TensorBoard: the event files reach the bucket.
+  events = [p.name for p in run.tensorboard.iterdir()]
+  assert len(events) == 2 and all(name.startswith("events.out.tfevents") for name in events)
+  assert all(len((run.tensorboard / name).read_bytes()) > 0 for name in events)
