@@ -4,14 +4,16 @@ two-process run lost; prints a table.
 python bench/faults.py [--kills 5] [--steps 80] [--json PATH] [--no-two_process]
 Trains configs/tiny.py on Multi30k (../shared/data/multi30k), float32 on one CPU
 device. An uninterrupted run is the reference; the interrupted run is killed
---kills times at random moments (each after a later logged step than the last, then
-up to 2 s more: stepping, saving, evaluating) and restarted each time; the final
+--kills times at random moments (each once that launch has logged a step at or past a
+drawn one, later than the last kill's, then up to 2 s more: stepping, saving,
+evaluating) and restarted each time; the final
 parameters must equal the reference bit for bit.
 Two processes (jax.distributed on localhost, 4 simulated CPU devices each): process 1
-is killed halfway, then (a second run) while a checkpoint is being written; the
-survivor's exit code, time to exit and error lines are recorded. A third run gets
-SIGTERM on both processes: both must stop after the same step and save it. Each time
-both are relaunched and must end where an uninterrupted two-process run does.
+is killed halfway, then (a second run) while a checkpoint is being written, then
+process 0; the survivor's exit code, time to exit and error lines are recorded. Two
+more runs get SIGTERM on both processes, and SIGINT on process 1 alone: both must stop
+after the same step and save it. Each time both are relaunched and must end where an
+uninterrupted two-process run does.
 """
 
 from __future__ import annotations
@@ -69,14 +71,19 @@ def identical(a, b) -> bool:
       np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(leaves_a, leaves_b))
 
 
-def last_step_logged(workdir: Path) -> int:
+def steps_logged(workdir: Path) -> list[int]:
+  """The steps in metrics.jsonl, every launch's, in order."""
   path = workdir / "metrics.jsonl"
   if not path.exists():
-    return 0
+    return []
   import json
 
-  lines = [line for line in path.read_text().splitlines() if line.strip()]
-  return json.loads(lines[-1])["step"] if lines else 0
+  return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
+
+
+def last_step_logged(workdir: Path) -> int:
+  steps = steps_logged(workdir)
+  return steps[-1] if steps else 0
 
 
 def free_port() -> int:
@@ -118,18 +125,24 @@ def wait_survivor(process: subprocess.Popen, since: float) -> tuple[int | str, f
   return code, time.time() - since
 
 
-def lost_process(workdir: Path, steps: int, expected) -> dict:
-  """kill -9 of process 1 once the log passes half the steps."""
+def kill_halfway(workdir: Path, steps: int, victim: int) -> tuple[object, float, str, int]:
+  """kill -9 of process `victim` once the log passes half the steps: the survivor's exit
+  code, seconds to exit, log, and the steps lost (logged past the last checkpoint)."""
   processes = two_processes(workdir, steps, workdir)
   while last_step_logged(workdir) < steps // 2 and processes[0].poll() is None:
     time.sleep(0.1)
-  processes[1].send_signal(signal.SIGKILL)
-  code, survivor_s = wait_survivor(processes[0], time.time())
-  processes[1].wait()
-  log = (workdir / "process0.log").read_text()
-  errors = [line for line in log.splitlines() if line.startswith("error:")]
+  processes[victim].send_signal(signal.SIGKILL)
+  code, survivor_s = wait_survivor(processes[1 - victim], time.time())
+  processes[victim].wait()
+  log = (workdir / f"process{1 - victim}.log").read_text()
   saved = Checkpointer(workdir, read_only=True).steps()
-  lost = max(0, last_step_logged(workdir) - (saved[-1] if saved else 0))
+  return code, survivor_s, log, max(0, last_step_logged(workdir) - (saved[-1] if saved else 0))
+
+
+def lost_process(workdir: Path, steps: int, expected) -> dict:
+  """Process 1 lost: the survivor must exit fast with one line naming it."""
+  code, survivor_s, log, lost = kill_halfway(workdir, steps, victim=1)
+  errors = [line for line in log.splitlines() if line.startswith("error:")]
   step, params, _ = relaunch_both(workdir, steps)
   return {"fault": "two processes, kill -9 of process 1", "times": 1,
           "outcome": f"survivor exit {code} after {survivor_s:.1f} s, "
@@ -212,16 +225,8 @@ def interrupted_one(workdir: Path, steps: int, expected) -> dict:
 def lost_coordinator(workdir: Path, steps: int, expected) -> dict:
   """kill -9 of process 0, which hosts jax.distributed's coordination service: jax
   ends the others itself (recorded as it is: exit status, native stack lines)."""
-  processes = two_processes(workdir, steps, workdir)
-  while last_step_logged(workdir) < steps // 2 and processes[0].poll() is None:
-    time.sleep(0.1)
-  processes[0].send_signal(signal.SIGKILL)
-  code, survivor_s = wait_survivor(processes[1], time.time())
-  processes[0].wait()
-  log = (workdir / "process1.log").read_text()
+  code, survivor_s, log, lost = kill_halfway(workdir, steps, victim=0)
   native = len(re.findall(r"^\s*@\s+0x", log, re.MULTILINE))
-  saved = Checkpointer(workdir, read_only=True).steps()
-  lost = max(0, last_step_logged(workdir) - (saved[-1] if saved else 0))
   step, params, _ = relaunch_both(workdir, steps)
   return {"fault": "two processes, kill -9 of process 0 (the coordinator)", "times": 1,
           "outcome": f"survivor exit {code} after {survivor_s:.1f} s, {native} native stack "
@@ -274,15 +279,20 @@ def main():
     # 1. kill -9 at random moments, then run to the end.
     workdir = tmp / "killed"
     lost, moments = [], []
-    # Each kill once the run has logged a later step than the last kill's (so every
-    # kill lands before the end), then up to 2 s more: stepping, saving, evaluating.
+    # Each kill once this launch has logged a step (not an earlier launch: that would
+    # kill every relaunch while it starts) at or past a drawn step later than the last
+    # kill's, then up to 2 s more: stepping, saving, evaluating.
     targets = sorted(rng.sample(range(5, args.steps - 5, 5), args.kills))
     for target in targets:
       log = tmp / "kill.log"
       with open(log, "w") as stderr:
+        before = len(steps_logged(workdir))
         process = subprocess.Popen(command(workdir, args.steps), env=env,
                                    stdout=subprocess.DEVNULL, stderr=stderr)
-        while last_step_logged(workdir) < target and process.poll() is None:
+        while process.poll() is None:
+          logged = steps_logged(workdir)
+          if len(logged) > before and logged[-1] >= target:
+            break
           time.sleep(0.05)
         time.sleep(rng.uniform(0.0, 2.0))
         process.send_signal(signal.SIGKILL)
