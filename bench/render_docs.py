@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -138,6 +139,37 @@ def faults(root: Path) -> str:
   return table(["fault", "times", "outcome", "params equal", "steps lost (max)"], rows)
 
 
+def train_step_runs(directory: str):
+  """bench/train_step.py's five runs on one host, each beside a run under the system
+  malloc: per config, every run and the medians."""
+  def render(root: Path) -> str:
+    runs = [(json.loads((root / directory / f"tuned_malloc_{i}.json").read_text()),
+             json.loads((root / directory / f"system_malloc_{i}.json").read_text()))
+            for i in range(1, 6)]
+    rows = []
+    for config in ("small", "base"):
+      cells = []
+      for tuned, system in runs:
+        r = next(x for x in tuned["results"] if x["config"] == config)
+        s = next(x for x in system["results"] if x["config"] == config)
+        cells.append([r["ms_per_step"], r["tokens_per_s"], r["gflops_per_s"],
+                      r["matmul_peak_gflops_per_s"], r["fraction_of_matmul_peak"],
+                      r["compile_s"], r["torch_ms_per_step"], r["speedup_vs_torch"],
+                      s["ms_per_step"]])
+      text = lambda c: [f"{c[0]:.0f}", f"{c[1]:.0f}", f"{c[2]:.0f}", f"{c[3]:.0f}",  # noqa: E731
+                        f"{c[4]:.0%}", f"{c[5]:.1f}", f"{c[6]:.0f}", f"{c[7]:.2f}",
+                        f"{c[8]:.0f}"]
+      rows += [[config, f"{i}", *text(c)] for i, c in enumerate(cells, start=1)]
+      median = text([statistics.median(column) for column in zip(*cells)])
+      for bold in (0, 4, 7):
+        median[bold] = f"**{median[bold]}**"
+      rows.append([config, "**median**", *median])
+    return table(["config", "run", "ms/step", "tokens/s", "GFLOP/s", "matmul peak",
+                  "of matmul peak", "compile s", "torch ms/step", "speed-up vs torch",
+                  "system malloc ms/step"], rows)
+  return render
+
+
 # The GPU issue's second round: one H100 session, two runs of bench/accelerator.py.
 H100_RUNS = "results/device_runs/2026-11-27_h100_5ecb8c5"
 H100_FILES = {"A": "accelerator.json", "B": "accelerator_run2.json"}
@@ -226,6 +258,10 @@ TABLES = {"readme-results": ("README.md", readme_results),
           "results-runs": ("RESULTS.md", results_runs),
           "scaling": ("BENCHMARKS.md", scaling),
           "faults": ("BENCHMARKS.md", faults),
+          "train-step-2026-11-23": ("BENCHMARKS.md",
+                                    train_step_runs("results/train_step_runs")),
+          "train-step-2026-11-24": ("BENCHMARKS.md",
+                                    train_step_runs("results/train_step_runs/2026-11-24")),
           "h100-aims": ("BENCHMARKS.md", h100_aims),
           "h100-variants": ("BENCHMARKS.md", h100_variants)}
 
