@@ -1,4 +1,7 @@
-"""Training: sharding, the jitted steps, checkpoints, metrics, and the workdir on disk.
+"""Training: sharding, the jitted steps, metrics, several processes as one run.
+
+Checkpoints and the workdir's layout are below it (`flax_transformer.checkpoints`,
+`flax_transformer.workdir`): translation reads them too.
 
 The loop that drives them is `flax_transformer.loop` (it also translates, for BLEU).
 """
