@@ -1,6 +1,7 @@
-"""A workdir in a bucket: the files training and translation write and read, against a GCS
-emulator the test starts on localhost (gcp-storage-emulator, reached through gcsfs as a
-real bucket would be), and the errors for what cannot work."""
+"""A workdir in a bucket: the files training and translation write and read, against
+servers the tests start on localhost (a GCS emulator, gcp-storage-emulator, reached
+through gcsfs; an S3-compatible one, moto's server mode, reached through s3fs), as real
+buckets would be; and the errors for what cannot work."""
 
 import json
 import socket
@@ -21,25 +22,46 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def gcs_bucket(tmp_path_factory):
-  """gs://test-bucket on an emulator; gcsfs finds it through STORAGE_EMULATOR_HOST."""
-  port = free_port()
-  server = subprocess.Popen(
-      [sys.executable, "-m", "gcp_storage_emulator", "start", "--host=127.0.0.1",
-       f"--port={port}", "--in-memory", "--default-bucket=test-bucket"],
-      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def start_server(command: list[str], port: int) -> subprocess.Popen:
+  server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   deadline = time.time() + 30
   while True:
     try:
       socket.create_connection(("127.0.0.1", port), timeout=1).close()
-      break
+      return server
     except OSError:
-      assert time.time() < deadline and server.poll() is None, "the GCS emulator did not start"
+      assert time.time() < deadline and server.poll() is None, f"{command[2]} did not start"
       time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def gcs_bucket():
+  """gs://test-bucket on an emulator; gcsfs finds it through STORAGE_EMULATOR_HOST."""
+  port = free_port()
+  server = start_server([sys.executable, "-m", "gcp_storage_emulator", "start",
+                         "--host=127.0.0.1", f"--port={port}", "--in-memory",
+                         "--default-bucket=test-bucket"], port)
   monkeypatch = pytest.MonkeyPatch()
   monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
   yield "gs://test-bucket"
+  monkeypatch.undo()
+  server.kill()
+  server.wait()
+
+
+@pytest.fixture(scope="module")
+def s3_bucket():
+  """s3://test-bucket on moto's server; s3fs (botocore) finds it through AWS_ENDPOINT_URL."""
+  port = free_port()
+  server = start_server([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                         str(port)], port)
+  monkeypatch = pytest.MonkeyPatch()
+  for key, value in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+                     "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                     "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    monkeypatch.setenv(key, value)
+  storage.as_path("s3://test-bucket").mkdir()  # Creates the bucket.
+  yield "s3://test-bucket"
   monkeypatch.undo()
   server.kill()
   server.wait()
@@ -59,14 +81,16 @@ def test_a_missing_client_names_its_extra(monkeypatch):
     storage.as_path("s3://bucket/run")
 
 
-def test_workdir_files_in_a_bucket(gcs_bucket, multi30k_tokenizer):
+@pytest.mark.parametrize("bucket", ["gcs_bucket", "s3_bucket"])
+def test_workdir_files_in_a_bucket(bucket, request, multi30k_tokenizer):
   from flax_transformer import workdir as workdir_lib
   from flax_transformer.data.tokenizer import Tokenizer
   from flax_transformer.network.config import TransformerConfig
   from flax_transformer.training import metrics
 
-  run = workdir_lib.Workdir(f"{gcs_bucket}/run")
-  assert str(run.checkpoints) == f"{gcs_bucket}/run/checkpoints"  # Not a local "gs:" folder.
+  bucket = request.getfixturevalue(bucket)
+  run = workdir_lib.Workdir(f"{bucket}/run")
+  assert str(run.checkpoints) == f"{bucket}/run/checkpoints"  # Not a local "gs:" folder.
   # The vocabulary, written whole and read back from the bucket.
   storage.write_whole(run.vocab_file, multi30k_tokenizer.path.read_bytes())
   tokenizer = Tokenizer(run.vocab_file)
