@@ -12,9 +12,7 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -539,8 +537,7 @@ class Profile:
   def before(self, step: int) -> None:
     if self.wanted and step == self.first:
       # jax's profiler writes local files only: a bucket's trace is uploaded at the end.
-      self.local = (tempfile.mkdtemp(prefix="profile-") if storage.is_remote(self.directory)
-                    else str(self.directory))
+      self.local = storage.local_dir_for(self.directory, prefix="profile-")
       jax.profiler.start_trace(self.local)
       self.tracing = True
 
@@ -548,10 +545,8 @@ class Profile:
     if self.tracing and (step >= self.last or stopping):
       jax.block_until_ready(state)  # The traced steps' device work, whole.
       jax.profiler.stop_trace()
-      if self.local != str(self.directory):
-        for f in Path(self.local).rglob("*"):
-          if f.is_file():
-            storage.copy_file(f, self.directory / str(f.relative_to(self.local)))
+      storage.upload_tree(self.local, self.directory)
+      if storage.is_remote(self.directory):
         shutil.rmtree(self.local, ignore_errors=True)
       self.tracing, self.wanted = False, False
       logging.info("Profile of steps %d-%d written to %s", self.first + 1, step, self.directory)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,27 @@ def write_whole(path, data: str | bytes) -> None:
     os.replace(partial, path)
   finally:
     partial.unlink(missing_ok=True)
+
+
+def local_dir_for(destination, prefix: str) -> str:
+  """Where a tool that writes only local files (tensorboardX, jax's profiler) should
+  write for `destination`: that directory itself, or for a bucket a fresh temporary
+  one, which `upload_tree` copies there."""
+  if is_remote(destination):
+    return tempfile.mkdtemp(prefix=prefix)
+  return os.fspath(destination)
+
+
+def upload_tree(local: str, destination) -> None:
+  """Copies every file under `local` to the same relative path under `destination`
+  (whole files: objects are replaced, never appended to); nothing when `local` is
+  `destination` itself."""
+  if local == os.fspath(destination):
+    return
+  destination = as_path(destination)
+  for f in Path(local).rglob("*"):
+    if f.is_file():
+      copy_file(f, destination / str(f.relative_to(local)))
 
 
 def copy_file(source, destination) -> None:

@@ -12,9 +12,7 @@ import json
 import math
 import os
 import shutil
-import tempfile
 import uuid
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -79,12 +77,11 @@ class TensorBoardWriter:
     from tensorboardX import SummaryWriter
 
     self.logdir = storage.as_path(logdir)
-    self._local = (tempfile.mkdtemp(prefix="tensorboard-") if storage.is_remote(self.logdir)
-                   else None)
+    self._local = storage.local_dir_for(self.logdir, prefix="tensorboard-")
     # Event files are named by the second and host: a launch's own suffix keeps a quick
     # relaunch from replacing the last one's upload.
-    self._writer = SummaryWriter(self._local or str(self.logdir),
-                                 filename_suffix=f".{uuid.uuid4().hex[:8]}" if self._local else "")
+    self._writer = SummaryWriter(self._local, filename_suffix=(
+        f".{uuid.uuid4().hex[:8]}" if storage.is_remote(self.logdir) else ""))
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
     for key, value in scalars.items():
@@ -95,18 +92,13 @@ class TensorBoardWriter:
 
   def flush(self) -> None:
     self._writer.flush()
-    self._upload()
+    storage.upload_tree(self._local, self.logdir)
 
   def close(self) -> None:
     self._writer.close()
-    self._upload()
-    if self._local:
+    storage.upload_tree(self._local, self.logdir)
+    if storage.is_remote(self.logdir):
       shutil.rmtree(self._local, ignore_errors=True)
-
-  def _upload(self) -> None:
-    if self._local:
-      for f in Path(self._local).iterdir():
-        storage.copy_file(f, self.logdir / f.name)
 
 
 class MultiWriter:
