@@ -31,7 +31,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.source_lang = "en"
   config.target_lang = "de"
   config.data_dir = ""  # tfds data dir ('' = tfds default, ~/tensorflow_datasets).
-  config.manual_dir = ""  # Local copy of raw files (multi30k: the .gz files).
+  # Local copy of the raw files: multi30k's .gz files; for tfds builders, the
+  # downloads under their file names (WMT: the statmt.org archives), tfds's manual_dir.
+  config.manual_dir = ""
   # 'text' dataset: line-aligned files (plain or .gz), one sentence per line.
   config.train_source_file = ""
   config.train_target_file = ""

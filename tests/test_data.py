@@ -320,12 +320,6 @@ def test_eval_batches_keep_every_example_and_restore_order():
     np.testing.assert_array_equal(found[i][:len(kept)], kept)
 
 
-def test_wmt14_catalog_builder_is_found_without_tensorflow(tmp_path):
-  with pytest.raises(sources.DataError, match="is not prepared"):
-    sources.TfdsPairs("wmt14_translate/de-en", "train", "en", "de", data_dir=str(tmp_path),
-                      download=False)
-
-
 def test_batch_size_modes():
   from configs import multi30k
 

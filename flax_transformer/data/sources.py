@@ -182,11 +182,35 @@ def _import_tfds_module(name: str) -> None:
       pass  # Not a catalog module: tfds's own lookup reports the name.
 
 
+def prepare_tfds(builder, *, manual_dir: str = "", download: bool = True) -> None:
+  """Prepares a tfds builder as array_record (WMT ones through `data.wmt`).
+
+  manual_dir: a folder of already downloaded source files under their download
+  names (tfds's manual folder); download=False refuses to fetch anything.
+  """
+  import tensorflow_datasets as tfds
+
+  from flax_transformer.data import wmt
+
+  name = builder.info.full_name
+  logging.info("Preparing tfds %s in %s (array_record)", name, builder.data_dir)
+  if wmt.is_wmt(builder):
+    logging.info("%s downloads %.2f GB of archives (tfds's registered sizes)", name,
+                 wmt.download_size(builder) / 1e9)
+    wmt.prepare(builder, manual_dir, download=download)
+    return
+  if not download:
+    raise DataError(f"tfds dataset {name!r} is not prepared in {builder.data_dir}")
+  builder.download_and_prepare(
+      file_format="array_record",
+      download_config=tfds.download.DownloadConfig(manual_dir=manual_dir or None))
+
+
 class TfdsPairs(Sequence):
   """A tfds translation split read through `tfds.data_source` (array_record)."""
 
   def __init__(self, name: str, split: str, source_lang: str, target_lang: str,
-               data_dir: str = "", download: bool = True):
+               data_dir: str = "", download: bool = True, manual_dir: str = ""):
     import tensorflow_datasets as tfds  # Heavy import, only when used.
 
     data_dir = data_dir or None
@@ -196,11 +220,7 @@ class TfdsPairs(Sequence):
     except Exception as e:  # tfds raises several unrelated types for unknown names.
       raise DataError(f"tfds dataset {name!r}: {e}") from None
     if not builder.is_prepared():
-      if not download:
-        raise DataError(f"tfds dataset {name!r} is not prepared in {builder.data_dir}")
-      logging.info("Preparing tfds %s in %s (array_record); this can take hours for WMT",
-                   name, builder.data_dir)
-      builder.download_and_prepare(file_format="array_record")
+      prepare_tfds(builder, manual_dir=manual_dir, download=download)
     if split not in builder.info.splits:
       raise DataError(f"tfds dataset {name!r} has no split {split!r}; splits: "
                       f"{', '.join(builder.info.splits)}")
@@ -239,4 +259,5 @@ def load_pairs(config, split: str, dataset_name: str | None = None) -> Sequence:
       raise DataError(f"dataset_name='text' needs config.{prefix}_source_file and "
                       f"config.{prefix}_target_file")
     return read_parallel_files(src, tgt)
-  return TfdsPairs(name, split, config.source_lang, config.target_lang, config.data_dir)
+  return TfdsPairs(name, split, config.source_lang, config.target_lang, config.data_dir,
+                   manual_dir=config.manual_dir)
