@@ -1,0 +1,301 @@
+"""WMT14 EN-DE at its size (4.5M pairs) through the whole input path, stage by stage.
+
+python bench/wmt_scale.py --scratch DIR [--pairs 4500000] [--json PATH]
+
+Stages, each in its own process (so that its peak RSS is its own):
+  generate    bench/wmt_corpus.py's pairs written as the statmt.org archives
+  prepare     tfds's own wmt14_translate/de-en builder -> array_record (offline)
+  vocab       the shared sentencepiece vocabulary (config.vocab_size, 37k), trained
+              as train.py trains it: config.vocab_max_sentences pairs, evenly spread
+  first_batch a fresh launch: open the data, load the vocabulary, build the training
+              pipeline as loop.setup_run does, take one batch; then the same resuming
+              at pair --resume_at (the iterator state a checkpoint would hold there)
+  throughput  steady packed batches at configs/base.py's batching (25k token slots a
+              side): real tokens/s in this process (one core) and with input workers
+  train       train.py --config=configs/base.py on the prepared data for a few steps:
+              the peak RSS of training on 4.5M pairs
+Stages whose output exists in --scratch are not redone (--redo forces them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+START = time.time()
+from common import MULTI30K, ROOT, print_table, write_json  # noqa: E402
+
+STAGES = ("generate", "prepare", "vocab", "first_batch", "throughput", "train")
+
+
+def _dir_bytes(path: Path) -> int:
+  return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _peak_rss_mb() -> float:
+  own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+  return max(own, children) / 1024.0
+
+
+def _config(args):
+  from configs import base
+
+  config = base.get_config()
+  config.data_dir = str(args.scratch / "data")
+  config.vocab_path = str(args.scratch / "vocab.model")
+  config.data_workers = 0
+  return config
+
+
+def stage_generate(args) -> dict:
+  import numpy as np
+
+  import wmt14_offline
+  import wmt_corpus
+
+  train = wmt_corpus.write_subset_texts(MULTI30K, args.pairs, seed=0)
+  dev = list(wmt_corpus.pairs(MULTI30K, 3000, seed=1))
+  test = list(wmt_corpus.pairs(MULTI30K, 3003, seed=2))
+  generated = time.time() - START
+  words = np.array([[len(d.split()), len(e.split())] for subset in train.values()
+                    for d, e in subset])
+  sample = [p for subset in train.values() for p in subset[:100_000]]
+  archives = wmt14_offline.write_archives(
+      args.scratch / "archives", {a: {"de": p} for a, p in train.items()},
+      {"de": [d for d, _ in dev], "en": [e for _, e in dev]}, {"de": test})
+  return {"pairs": int(len(words)), "generate_s": generated,
+          "write_archives_s": time.time() - START - generated,
+          "archive_bytes": sum(p.stat().st_size for p in archives),
+          "subset_pairs": {a: len(p) for a, p in train.items()},
+          "words_mean_en": float(words[:, 1].mean()), "words_mean_de": float(words[:, 0].mean()),
+          "words_p50_en": float(np.median(words[:, 1])),
+          "words_p99_en": float(np.percentile(words[:, 1], 99)),
+          "words_max_en": int(words[:, 1].max()),
+          "fraction_over_100_words_en": float((words[:, 1] > 100).mean()),
+          "word_types_first_300k_pairs": {
+              "en": len({w for _, e in sample for w in e.split()}),
+              "de": len({w for d, _ in sample for w in d.split()})}}
+
+
+def stage_prepare(args) -> dict:
+  import wmt14_offline
+
+  wmt14_offline.prepare("de-en", args.scratch / "data", args.scratch / "archives",
+                        args.scratch / "tfds_scratch")
+  prepared = next((args.scratch / "data" / "wmt14_translate" / "de-en").iterdir())
+  from flax_transformer.data import sources
+
+  count = len(sources.TfdsPairs("wmt14_translate/de-en", "train", "en", "de",
+                                data_dir=str(args.scratch / "data"), download=False))
+  return {"prepare_s": time.time() - START, "train_pairs": count,
+          "array_record_bytes": _dir_bytes(prepared),
+          "extracted_bytes": _dir_bytes(args.scratch / "data" / "downloads" / "extracted")}
+
+
+def stage_vocab(args) -> dict:
+  from flax_transformer.data import pipeline as data
+  from flax_transformer.data.sources import load_pairs
+
+  config = _config(args)
+  if args.vocab_pairs:
+    config.vocab_max_sentences = args.vocab_pairs
+  pairs = load_pairs(config, config.train_split)
+  tokenizer = data.build_tokenizer(_without_vocab_path(config), config.vocab_path, pairs)
+  return {"vocab_s": time.time() - START, "vocab_size": tokenizer.vocab_size,
+          "vocab_sample_pairs": min(len(pairs), config.vocab_max_sentences)}
+
+
+def _without_vocab_path(config):
+  config = config.copy_and_resolve_references()
+  config.vocab_path = ""  # Train it (into the path given), as a first launch does.
+  return config
+
+
+def _pipeline(config, tokenizer, pairs, workers: int):
+  from flax_transformer.data import pipeline as data
+
+  batching = data.train_batching(config, data_parallel_size=1)
+  tokenize = data.TokenizePair(tokenizer, config.subword_sampling_alpha)
+  ids = data.pretokenized(pairs, tokenize)  # None above PRETOKENIZE_MAX_PAIRS.
+  dataset = data.train_dataset(pairs if ids is None else ids, batching, seed=config.seed,
+                               tokenize=tokenize if ids is None else None)
+  return batching, iter(data.prefetched(dataset, lambda b: b, workers=workers,
+                                        device_buffer=0)), ids is None
+
+
+def stage_first_batch(args) -> dict:
+  from flax_transformer.data.sources import load_pairs
+  from flax_transformer.data.tokenizer import Tokenizer
+
+  config = _config(args)
+  pairs = load_pairs(config, config.train_split)
+  tokenizer = Tokenizer(config.vocab_path)
+  _, iterator, on_the_fly = _pipeline(config, tokenizer, pairs, workers=0)
+  next(iterator)
+  fresh = time.time() - START
+  # A resume: a second pipeline restored to the state a checkpoint holds at pair N
+  # of the shuffled stream (grain's iterator state; only the pair index differs).
+  start = time.time()
+  pairs2 = load_pairs(config, config.train_split)
+  tokenizer2 = Tokenizer(config.vocab_path)
+  _, resumed, _ = _pipeline(config, tokenizer2, pairs2, workers=0)
+  state = iterator.get_state()
+  state["parent"]["next_index"] = args.resume_at
+  state["counter"] = 0
+  resumed.set_state(state)
+  batch = next(resumed)
+  after = resumed.get_state()["parent"]["next_index"]
+  return {"first_batch_fresh_s": fresh, "first_batch_resume_s": time.time() - start,
+          "resume_at_pair": args.resume_at, "resumed_next_index": int(after),
+          "resumed_batch_real_tokens": int((batch["inputs"] != 0).sum()
+                                           + (batch["targets"] != 0).sum()),
+          "tokenized_on_the_fly": on_the_fly, "train_pairs": len(pairs)}
+
+
+def stage_throughput(args) -> dict:
+  import numpy as np
+
+  from flax_transformer.data import pipeline as data
+  from flax_transformer.data.sources import load_pairs
+  from flax_transformer.data.tokenizer import Tokenizer
+
+  config = _config(args)
+  pairs = load_pairs(config, config.train_split)
+  tokenizer = Tokenizer(config.vocab_path)
+  out = {}
+  for workers in args.workers:
+    batching, iterator, _ = _pipeline(config, tokenizer, pairs, workers=workers)
+    for _ in range(args.warmup_batches):
+      next(iterator)
+    runs = []
+    fractions = []
+    for _ in range(args.repeats):
+      start, tokens = time.time(), 0
+      for _ in range(args.batches):
+        batch = next(iterator)
+        tokens += int((batch["inputs"] != 0).sum() + (batch["targets"] != 0).sum())
+        fractions.append(data.nonpad_fraction(batch))
+      runs.append(tokens / (time.time() - start))
+    out[str(workers)] = {"tokens_per_s_runs": runs, "tokens_per_s": float(np.median(runs)),
+                         "nonpad_fraction": float(np.mean(fractions))}
+  return {"batch_shape": [batching.rows, batching.max_target_length],
+          "batch_token_slots_a_side": batching.rows * batching.max_target_length,
+          "by_workers": out, "batches": args.batches, "repeats": args.repeats,
+          "cores": os.cpu_count()}
+
+
+def stage_train(args) -> dict:
+  workdir = args.scratch / "train_workdir"
+  shutil.rmtree(workdir, ignore_errors=True)
+  command = [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/base.py"),
+             f"--workdir={workdir}", f"--config.data_dir={args.scratch / 'data'}",
+             f"--config.vocab_path={args.scratch / 'vocab.model'}",
+             f"--config.num_train_steps={args.train_steps}", "--config.log_every_steps=1",
+             # On a CPU the model's activations are host memory too: at 25k token slots
+             # XLA asks for 36.5 GB at once. A small batch keeps them small, so that the
+             # peak is the input path's and the process's, as on an accelerator host.
+             f"--config.batch_tokens={args.train_batch_tokens}",
+             "--config.eval_every_steps=100000", "--config.bleu_every_steps=0",
+             "--config.checkpoint_every_steps=100000", "--config.compile_ahead=false"]
+  log = args.scratch / "train.log"
+  with open(log, "w") as f:
+    code = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT,
+                          env=dict(os.environ, XLA_FLAGS="")).returncode
+  records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  return {"train_returncode": code, "train_wall_s": time.time() - START,
+          "train_steps": args.train_steps, "train_log": str(log),
+          "train_step_time_s": [r.get("step_time_s") for r in records if "step_time_s" in r],
+          "train_command": " ".join(command[1:])}
+
+
+def run_stage(args, name: str) -> dict:
+  command = [sys.executable, __file__, "--stage", name, "--scratch", str(args.scratch),
+             "--pairs", str(args.pairs), "--resume_at", str(args.resume_at),
+             "--batches", str(args.batches), "--repeats", str(args.repeats),
+             "--warmup_batches", str(args.warmup_batches), "--train_steps", str(args.train_steps),
+             "--train_batch_tokens", str(args.train_batch_tokens),
+             "--vocab_pairs", str(args.vocab_pairs),
+             "--workers", *map(str, args.workers)]
+  start = time.time()
+  result = subprocess.run(command, capture_output=True, text=True)
+  lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+  if result.returncode != 0 or not lines:
+    sys.stderr.write(result.stderr[-4000:])
+    raise SystemExit(f"stage {name} failed (exit {result.returncode})")
+  record = json.loads(lines[-1][len("RESULT "):])
+  record["stage_wall_s"] = time.time() - start
+  return record
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--scratch", type=Path, required=True, help="working folder (GBs)")
+  parser.add_argument("--pairs", type=int, default=4_500_000)
+  parser.add_argument("--resume_at", type=int, default=4_000_000)
+  parser.add_argument("--batches", type=int, default=10, help="batches per timed run")
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--warmup_batches", type=int, default=2)
+  parser.add_argument("--workers", type=int, nargs="+", default=[0, 1],
+                      help="input worker processes to time (0 = in this process)")
+  parser.add_argument("--train_steps", type=int, default=3)
+  parser.add_argument("--train_batch_tokens", type=int, default=2048,
+                      help="token slots a side in the train stage (CPU memory, see there)")
+  parser.add_argument("--vocab_pairs", type=int, default=0,
+                      help="pairs sampled for the vocabulary (0 = config.vocab_max_sentences)")
+  parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
+  parser.add_argument("--redo", action="store_true", help="redo stages whose output exists")
+  parser.add_argument("--json", help="write the results here")
+  parser.add_argument("--stage", help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  args.scratch = args.scratch.resolve()
+
+  if args.stage:
+    from absl import flags
+
+    flags.FLAGS.mark_as_parsed()  # grain's worker processes read absl flags.
+    sys.path.insert(0, str(Path(__file__).parent))
+    record = globals()[f"stage_{args.stage}"](args)
+    record["peak_rss_mb"] = _peak_rss_mb()
+    print("RESULT " + json.dumps(record), flush=True)
+    return
+
+  args.scratch.mkdir(parents=True, exist_ok=True)
+  done = {"generate": args.scratch / "archives" / "dev.tgz",
+          "prepare": args.scratch / "data" / "wmt14_translate" / "de-en",
+          "vocab": args.scratch / "vocab.model"}
+  results = {}
+  for name in args.stages:
+    if name in done and done[name].exists() and not args.redo:
+      print(f"{name}: output exists in {args.scratch}, kept (--redo to remake it)")
+      continue
+    if name in done and args.redo:
+      shutil.rmtree(done[name], ignore_errors=True) if done[name].is_dir() else \
+          done[name].unlink(missing_ok=True)
+    print(f"{name} ...", flush=True)
+    results[name] = run_stage(args, name)
+    print(json.dumps(results[name])[:400], flush=True)
+
+  rows = [{"stage": n, "wall_s": r["stage_wall_s"], "peak_rss_mb": r["peak_rss_mb"]}
+          for n, r in results.items()]
+  print_table(rows, ["stage", "wall_s", "peak_rss_mb"])
+  import platform
+
+  from flax_transformer import provenance
+
+  write_json(args.json, {
+      "command": "python bench/wmt_scale.py " + " ".join(sys.argv[1:]),
+      "commit": provenance.git_commit(), "pairs": args.pairs,
+      "cores": os.cpu_count(), "python": platform.python_version(), "stages": results})
+
+
+if __name__ == "__main__":
+  main()
