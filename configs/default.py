@@ -73,6 +73,9 @@ def get_config() -> ml_collections.ConfigDict:
   # of the step that uses them (0 = none).
   config.data_workers = -1
   config.prefetch_batches = 2
+  # Corpora of more than 1M pairs are tokenized once into a memory-mapped cache here
+  # ('' = ~/.cache/flax_transformer/tokens; local disk, about 2 bytes a token).
+  config.token_cache_dir = ""
 
   # --- Model (paper base) -------------------------------------------------
   config.model = model_config()

@@ -100,3 +100,58 @@ def test_base_config_trains_and_evaluates_on_prepared_wmt14(wmt14, tmp_path):
   run = json.loads((workdir / "run.json").read_text())
   assert run["launches"][-1]["config"]["dataset_name"] == "wmt14_translate/de-en"
   assert run["model"]["d_model"] == 512 and run["model"]["num_layers"] == 6
+
+
+def test_50k_pairs_through_the_input_path(multi30k_dir, tmp_path):
+  """bench/wmt_scale.py's path at 50k pairs: the WMT-shaped corpus prepared by the real
+  builder, a vocabulary, the token cache (what corpora past 1M pairs use), and packed
+  batches that equal those of tokenizing on the fly, resumed exactly."""
+  import numpy as np
+
+  import wmt_corpus
+  from flax_transformer.data import pipeline as data
+  from flax_transformer.data import token_cache
+  from flax_transformer.data import tokenizer as tokenizer_lib
+
+  train = wmt_corpus.write_subset_texts(multi30k_dir, 50_000, seed=0)
+  dev = list(wmt_corpus.pairs(multi30k_dir, 300, seed=1))
+  wmt14_offline.write_archives(
+      tmp_path / "archives", {a: {"de": p} for a, p in train.items()},
+      {"de": [d for d, _ in dev], "en": [e for _, e in dev]}, {"de": dev[:100]})
+  wmt14_offline.prepare("de-en", tmp_path / "data", tmp_path / "archives", tmp_path / "scratch")
+  pairs = sources.TfdsPairs("wmt14_translate/de-en", "train", "en", "de",
+                            data_dir=str(tmp_path / "data"), download=False)
+  assert len(pairs) == 50_000
+  tok = tokenizer_lib.train_tokenizer(data.vocabulary_sentences(pairs, 10_000),
+                                      tmp_path / "vocab.model", vocab_size=2000)
+
+  ids = token_cache.cached(pairs, tok, "wmt14:train", tmp_path / "tokens")
+  assert len(ids) == len(pairs)
+  rng = np.random.default_rng(0)
+  for i in rng.choice(len(pairs), 500, replace=False).tolist() + [0, len(pairs) - 1]:
+    source, target = pairs[i]
+    np.testing.assert_array_equal(ids[i]["inputs"], tok.tokenize(source))
+    np.testing.assert_array_equal(ids[i]["targets"], tok.tokenize(target))
+  again = token_cache.cached(pairs, tok, "wmt14:train", tmp_path / "tokens")
+  assert again.folder == ids.folder and again.meta == ids.meta  # Mapped, not rebuilt.
+  other = tokenizer_lib.train_tokenizer(data.vocabulary_sentences(pairs, 5_000),
+                                        tmp_path / "vocab2.model", vocab_size=1500)
+  assert token_cache.cached(pairs, other, "wmt14:train", tmp_path / "tokens").folder != ids.folder
+
+  batching = data.TrainBatching(rows=24, max_source_length=256, max_target_length=256)
+  cached_stream = iter(data.train_dataset(ids, batching, seed=3))
+  fly_stream = iter(data.train_dataset(pairs, batching, seed=3, tokenize=data.TokenizePair(tok)))
+  batches = [next(cached_stream) for _ in range(6)]
+  for batch in batches[:3]:
+    expected = next(fly_stream)
+    for key in batch:
+      np.testing.assert_array_equal(batch[key], expected[key])
+  assert np.mean([data.nonpad_fraction(b) for b in batches]) > 0.9
+
+  resumed_from = iter(data.train_dataset(ids, batching, seed=3))
+  for _ in range(5):
+    next(resumed_from)
+  resumed = iter(data.train_dataset(ids, batching, seed=3))
+  resumed.set_state(resumed_from.get_state())
+  for key, value in next(resumed).items():
+    np.testing.assert_array_equal(value, batches[5][key])
