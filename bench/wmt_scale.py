@@ -7,6 +7,7 @@ Stages, each in its own process (so that its peak RSS is its own):
   prepare     tfds's own wmt14_translate/de-en builder -> array_record (offline)
   vocab       the shared sentencepiece vocabulary (config.vocab_size, 37k), trained
               as train.py trains it: config.vocab_max_sentences pairs, evenly spread
+  tokens      the token cache (data/token_cache.py): every pair tokenized once
   first_batch a fresh launch: open the data, load the vocabulary, build the training
               pipeline as loop.setup_run does, take one batch; then the same resuming
               at pair --resume_at (the iterator state a checkpoint would hold there)
@@ -32,7 +33,7 @@ from pathlib import Path
 START = time.time()
 from common import MULTI30K, ROOT, print_table, write_json  # noqa: E402
 
-STAGES = ("generate", "prepare", "vocab", "first_batch", "throughput", "train")
+STAGES = ("generate", "prepare", "vocab", "tokens", "first_batch", "throughput", "train")
 
 
 def _dir_bytes(path: Path) -> int:
@@ -52,6 +53,7 @@ def _config(args):
   config.data_dir = str(args.scratch / "data")
   config.vocab_path = str(args.scratch / "vocab.model")
   config.data_workers = 0
+  config.token_cache_dir = str(args.scratch / "tokens")
   return config
 
 
@@ -119,12 +121,25 @@ def _without_vocab_path(config):
   return config
 
 
-def _pipeline(config, tokenizer, pairs, workers: int):
+def stage_tokens(args) -> dict:
+  from flax_transformer.data import pipeline as data
+  from flax_transformer.data.sources import load_pairs
+  from flax_transformer.data.tokenizer import Tokenizer
+
+  config = _config(args)
+  pairs = load_pairs(config, config.train_split)
+  ids = data.training_ids(config, pairs, data.TokenizePair(Tokenizer(config.vocab_path)))
+  return {"tokens_s": time.time() - START, "token_cache_bytes": _dir_bytes(ids.folder),
+          "tokens": ids.meta["tokens"], "dtype": ids.meta["dtype"]}
+
+
+def _pipeline(config, tokenizer, pairs, workers: int, on_the_fly: bool = False):
+  """The training pipeline as loop.setup_run builds it (host batches, not placed)."""
   from flax_transformer.data import pipeline as data
 
   batching = data.train_batching(config, data_parallel_size=1)
   tokenize = data.TokenizePair(tokenizer, config.subword_sampling_alpha)
-  ids = data.pretokenized(pairs, tokenize)  # None above PRETOKENIZE_MAX_PAIRS.
+  ids = None if on_the_fly else data.training_ids(config, pairs, tokenize)
   dataset = data.train_dataset(pairs if ids is None else ids, batching, seed=config.seed,
                                tokenize=tokenize if ids is None else None)
   return batching, iter(data.prefetched(dataset, lambda b: b, workers=workers,
@@ -171,8 +186,9 @@ def stage_throughput(args) -> dict:
   pairs = load_pairs(config, config.train_split)
   tokenizer = Tokenizer(config.vocab_path)
   out = {}
-  for workers in args.workers:
-    batching, iterator, _ = _pipeline(config, tokenizer, pairs, workers=workers)
+  variants = [(str(w), w, False) for w in args.workers] + [("0_on_the_fly", 0, True)]
+  for name, workers, on_the_fly in variants:
+    batching, iterator, _ = _pipeline(config, tokenizer, pairs, workers, on_the_fly)
     for _ in range(args.warmup_batches):
       next(iterator)
     runs = []
@@ -184,7 +200,7 @@ def stage_throughput(args) -> dict:
         tokens += int((batch["inputs"] != 0).sum() + (batch["targets"] != 0).sum())
         fractions.append(data.nonpad_fraction(batch))
       runs.append(tokens / (time.time() - start))
-    out[str(workers)] = {"tokens_per_s_runs": runs, "tokens_per_s": float(np.median(runs)),
+    out[name] = {"tokens_per_s_runs": runs, "tokens_per_s": float(np.median(runs)),
                          "nonpad_fraction": float(np.mean(fractions))}
   return {"batch_shape": [batching.rows, batching.max_target_length],
           "batch_token_slots_a_side": batching.rows * batching.max_target_length,
@@ -198,6 +214,7 @@ def stage_train(args) -> dict:
   command = [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/base.py"),
              f"--workdir={workdir}", f"--config.data_dir={args.scratch / 'data'}",
              f"--config.vocab_path={args.scratch / 'vocab.model'}",
+             f"--config.token_cache_dir={args.scratch / 'tokens'}",
              f"--config.num_train_steps={args.train_steps}", "--config.log_every_steps=1",
              # On a CPU the model's activations are host memory too: at 25k token slots
              # XLA asks for 36.5 GB at once. A small batch keeps them small, so that the
@@ -271,7 +288,7 @@ def main():
   args.scratch.mkdir(parents=True, exist_ok=True)
   done = {"generate": args.scratch / "archives" / "dev.tgz",
           "prepare": args.scratch / "data" / "wmt14_translate" / "de-en",
-          "vocab": args.scratch / "vocab.model"}
+          "vocab": args.scratch / "vocab.model", "tokens": args.scratch / "tokens"}
   results = {}
   for name in args.stages:
     if name in done and done[name].exists() and not args.redo:

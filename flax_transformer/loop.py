@@ -439,9 +439,7 @@ def setup_run(config, workdir: workdir_lib.Workdir, launch: dict | None = None) 
 
   workers = data_lib.auto_workers(config.data_workers)
   tokenize = data_lib.TokenizePair(tokenizer, config.subword_sampling_alpha)
-  train_ids = data_lib.pretokenized(
-      train_pairs, tokenize, cache_dir=config.token_cache_dir,
-      name=f"{config.dataset_name}:{config.train_split}:{config.data_dir}")
+  train_ids = data_lib.training_ids(config, train_pairs, tokenize)
   train_iter = iter(data_lib.prefetched(
       data_lib.train_dataset(
           train_pairs if train_ids is None else train_ids, train_batching, seed=config.seed,

@@ -73,6 +73,12 @@ def pretokenized(pairs: Sequence, tokenize: TokenizePair, *, name: str = "",
   return out
 
 
+def training_ids(config, pairs: Sequence, tokenize: TokenizePair):
+  """`pretokenized` for the config's training split (its token cache and key)."""
+  return pretokenized(pairs, tokenize, cache_dir=config.token_cache_dir,
+                      name=f"{config.dataset_name}:{config.train_split}:{config.data_dir}")
+
+
 def _fits(max_source_length: int, max_target_length: int):
   def keep(example) -> bool:
     return (len(example["inputs"]) <= max_source_length

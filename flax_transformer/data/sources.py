@@ -201,9 +201,10 @@ def prepare_tfds(builder, *, manual_dir: str = "", download: bool = True) -> Non
     return
   if not download:
     raise DataError(f"tfds dataset {name!r} is not prepared in {builder.data_dir}")
-  builder.download_and_prepare(
-      file_format="array_record",
-      download_config=tfds.download.DownloadConfig(manual_dir=manual_dir or None))
+  with wmt.in_memory_shuffle():  # Not WMT only: any split over 1 GB needs it.
+    builder.download_and_prepare(
+        file_format="array_record",
+        download_config=tfds.download.DownloadConfig(manual_dir=manual_dir or None))
 
 
 class TfdsPairs(Sequence):
