@@ -139,6 +139,59 @@ def faults(root: Path) -> str:
   return table(["fault", "times", "outcome", "params equal", "steps lost (max)"], rows)
 
 
+def _gb(n_bytes: float) -> str:
+  return f"{n_bytes / 1e9:.2f} GB"
+
+
+def wmt_scale(root: Path) -> str:
+  """bench/wmt_scale.py at 4.5M pairs: each stage's time, disk and peak RSS."""
+  st = json.loads((root / "results" / "wmt_scale.json").read_text())["stages"]
+  g, p, v, t, f, th, tr = (st[k] for k in ("generate", "prepare", "vocab", "tokens",
+                                            "first_batch", "throughput", "train"))
+  rss = lambda r: f"{r['peak_rss_mb'] / 1024:.2f} GB"  # noqa: E731
+  rows = [
+      ["generate the corpus, write the statmt.org archives",
+       f"{g['generate_s'] + g['write_archives_s']:.0f} s", _gb(g["archive_bytes"]), rss(g)],
+      ["tfds's wmt14_translate/de-en builder -> array_record (unpacking included)",
+       f"{p['prepare_s']:.0f} s", f"{_gb(p['array_record_bytes'])} (+ "
+       f"{_gb(p['extracted_bytes'])} unpacked)", rss(p)],
+      [f"vocabulary: 37k BPE from {v['vocab_sample_pairs']:,} pairs", f"{v['vocab_s']:.0f} s",
+       "", rss(v)],
+      ["token cache: every pair tokenized once", f"{t['tokens_s']:.0f} s",
+       _gb(t["token_cache_bytes"]), rss(t)],
+      ["first batch, fresh launch", f"{f['first_batch_fresh_s']:.1f} s", "", ""],
+      [f"first batch, resuming at pair {f['resume_at_pair']:,}",
+       f"{f['first_batch_resume_s']:.1f} s", "", rss(f)],
+      [f"train.py, configs/base.py, {tr['train_steps']} steps", f"{tr['train_wall_s']:.0f} s",
+       "", rss(tr)],
+  ]
+  out = table(["stage", "time", "disk", "peak RSS"], rows)
+  labels = {"0": "in the training process (one core)", "1": "one input worker process",
+            "0_on_the_fly": "in the training process, tokenizing on the fly (no cache)"}
+  rows = [[labels.get(k, k), f"{r['tokens_per_s']:,.0f}", f"{r['nonpad_fraction']:.3f}"]
+          for k, r in th["by_workers"].items()]
+  return out + "\n" + table(["packed batches formed", "real tokens/s (both sides)",
+                              "non-pad fraction"], rows)
+
+
+def wmt_download(root: Path) -> str:
+  """The archives tfds registers for each WMT14 config, and our measured preparation."""
+  record = json.loads((root / "results" / "projection.json").read_text())["tfds_registry"]
+  rows = [[name, f"{len(r['urls'])}", _gb(r["download_bytes"])] for name, r in record.items()]
+  return table(["tfds config", "archives", "download (tfds's registered sizes)"], rows)
+
+
+def projection(root: Path) -> str:
+  """bench/projection.py: the paper's runs at our measured step rates (a projection)."""
+  record = json.loads((root / "results" / "projection.json").read_text())
+  rows = [[r["model"], r["device"], f"{r['steps']:,}", f"{r['step_ms_1']:.1f}",
+           f"{r['hours_1']:.1f} h", f"{r['step_ms_8']:.1f}", f"{r['hours_8']:.2f} h",
+           f"{r['paper_hours_8_p100']:.0f} h", f"{r['speedup_8_vs_paper']:.0f}x",
+           f"{r['input_cores_8']:.1f}"] for r in record["projections"]]
+  return table(["model", "GPU", "steps", "ms/step, 1 GPU", "1 GPU", "ms/step, 8 GPUs",
+                "8 GPUs", "paper, 8 P100", "vs paper", "input cores for 8 GPUs"], rows)
+
+
 def train_step_runs(directory: str):
   """bench/train_step.py's five runs on one host, each beside a run under the system
   malloc: per config, every run and the medians."""
@@ -258,6 +311,9 @@ TABLES = {"readme-results": ("README.md", readme_results),
           "results-runs": ("RESULTS.md", results_runs),
           "scaling": ("BENCHMARKS.md", scaling),
           "faults": ("BENCHMARKS.md", faults),
+          "wmt-scale": ("BENCHMARKS.md", wmt_scale),
+          "projection": ("BENCHMARKS.md", projection),
+          "wmt-download": ("README.md", wmt_download),
           "train-step-2026-11-23": ("BENCHMARKS.md",
                                     train_step_runs("results/train_step_runs")),
           "train-step-2026-11-24": ("BENCHMARKS.md",

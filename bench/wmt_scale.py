@@ -252,6 +252,24 @@ def run_stage(args, name: str) -> dict:
   return record
 
 
+def _save(args, name: str, record: dict) -> None:
+  """Adds one stage's record to --json: stages run separately (--stages) gather in one
+  file, each with its own command and commit."""
+  import platform
+
+  from flax_transformer import provenance
+
+  code = provenance.git_commit()
+  record.update(command="python bench/wmt_scale.py " + " ".join(sys.argv[1:]),
+                commit=code.get("git_commit"), git_dirty=code.get("git_dirty"))
+  if args.json:
+    path = Path(args.json)
+    merged = json.loads(path.read_text()) if path.exists() else {}
+    merged.update(pairs=args.pairs, cores=os.cpu_count(), python=platform.python_version())
+    merged.setdefault("stages", {})[name] = record
+    write_json(args.json, merged)
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -300,18 +318,11 @@ def main():
     print(f"{name} ...", flush=True)
     results[name] = run_stage(args, name)
     print(json.dumps(results[name])[:400], flush=True)
+    _save(args, name, results[name])
 
   rows = [{"stage": n, "wall_s": r["stage_wall_s"], "peak_rss_mb": r["peak_rss_mb"]}
           for n, r in results.items()]
   print_table(rows, ["stage", "wall_s", "peak_rss_mb"])
-  import platform
-
-  from flax_transformer import provenance
-
-  write_json(args.json, {
-      "command": "python bench/wmt_scale.py " + " ".join(sys.argv[1:]),
-      "commit": provenance.git_commit(), "pairs": args.pairs,
-      "cores": os.cpu_count(), "python": platform.python_version(), "stages": results})
 
 
 if __name__ == "__main__":

@@ -155,3 +155,13 @@ def test_50k_pairs_through_the_input_path(multi30k_dir, tmp_path):
   resumed.set_state(resumed_from.get_state())
   for key, value in next(resumed).items():
     np.testing.assert_array_equal(value, batches[5][key])
+
+
+def test_prepare_data_reports_the_prepared_splits(wmt14):
+  data_dir, _, _ = wmt14
+  result = subprocess.run(
+      [sys.executable, str(ROOT / "prepare_data.py"), "--config", str(ROOT / "configs/base.py"),
+       f"--config.data_dir={data_dir}"], capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert "wmt14_translate/de-en: prepared in" in result.stdout
+  assert "train 600, validation 100, test 100" in result.stdout

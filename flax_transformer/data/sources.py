@@ -255,6 +255,31 @@ def read_pairs(pairs: Sequence, indices: Sequence[int]) -> list[tuple[str, str]]
   return many(indices) if many else [pairs[i] for i in indices]
 
 
+def prepare(config) -> list[str]:
+  """Prepares the config's tfds datasets (training and evaluation) once, before a run.
+
+  Returns one line per dataset: its splits and sizes. Multi30k and text files need
+  nothing prepared.
+  """
+  import tensorflow_datasets as tfds
+
+  lines = []
+  for name in dict.fromkeys([config.dataset_name, config.eval_dataset_name or config.dataset_name]):
+    if name in ("multi30k", "text"):
+      lines.append(f"{name}: nothing to prepare")
+      continue
+    _import_tfds_module(name)
+    try:
+      builder = tfds.builder(name, data_dir=config.data_dir or None, file_format="array_record")
+    except Exception as e:  # tfds raises several unrelated types for unknown names.
+      raise DataError(f"tfds dataset {name!r}: {e}") from None
+    if not builder.is_prepared():
+      prepare_tfds(builder, manual_dir=config.manual_dir)
+    splits = ", ".join(f"{s} {info.num_examples:,}" for s, info in builder.info.splits.items())
+    lines.append(f"{name}: prepared in {builder.data_dir} ({splits})")
+  return lines
+
+
 def load_pairs(config, split: str, dataset_name: str | None = None) -> Sequence:
   """The (source, target) pairs of `split` for the config's dataset.
 
