@@ -11,7 +11,7 @@ LAYERS = {
     "errors": 0, "compilation": 0, "host": 0, "provenance": 0, "storage": 0,  # Bottom.
     # They import nothing of ours but each other (provenance reads host, storage errors).
     "network": 1,  # config, attention, layers, model.
-    "data": 2,  # tokenizer, sources, pipeline.
+    "data": 2,  # tokenizer, sources, wmt, token_cache, pipeline.
     # A run's directory: its layout and record (workdir), its checkpoints. Training
     # writes them, translation reads them: below both.
     "workdir": 3, "checkpoints": 3,
@@ -88,7 +88,11 @@ def test_house_rules():
     assert {part(d) for d in deps} <= {"network"}, (module, deps)
   assert edges["translation.search"] == set()  # The search imports nothing of the package.
   bottom = {m for m in edges if LAYERS[part(m)] == 0}  # errors, compilation, host.
-  assert edges["data.pipeline"] - bottom <= {"data.tokenizer"}  # Data: only the vocabulary.
+  # Batches: the vocabulary, the token cache, batched reads; never a source's own code.
+  assert edges["data.pipeline"] - bottom <= {"data.tokenizer", "data.token_cache",
+                                              "data.sources"}
+  assert edges["data.token_cache"] - bottom <= {"data.tokenizer", "data.sources"}
+  assert edges["data.wmt"] - bottom == set()  # tfds's builders; nothing of ours but errors.
   assert edges["data.tokenizer"] <= {"storage"}  # Its file may be in a bucket.
   for module, deps in of("translation").items():  # No loop, no data internals.
     assert not deps & {"loop", "data.pipeline", "data.sources", "training.steps"}, module

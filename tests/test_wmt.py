@@ -90,7 +90,8 @@ def test_base_config_trains_and_evaluates_on_prepared_wmt14(wmt14, tmp_path):
        "--config.batch_tokens=1024", "--config.max_source_length=64",
        "--config.max_target_length=64", "--config.num_train_steps=3",
        "--config.eval_every_steps=3", "--config.bleu_every_steps=0",
-       "--config.log_every_steps=1", "--config.checkpoint_every_steps=3"],
+       "--config.log_every_steps=1", "--config.checkpoint_every_steps=3",
+       "--config.eval_max_shapes=1"],  # One eval compile: the suite's time.
       env=dict(os.environ, XLA_FLAGS=""), capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]

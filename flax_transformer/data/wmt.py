@@ -58,8 +58,10 @@ def registered_size(builder, url: str) -> int | None:
   """Bytes tfds registers for `url` (its checksums file), or None."""
   import tensorflow_datasets as tfds
 
-  infos = builder.url_infos or tfds.core.download.checksums.get_all_url_infos()
-  info = infos.get(url)
+  # The builder's own file first, then every registered file (tfds's download manager
+  # checks against both: WMT14 FR-EN's UN and Giga archives are registered by WMT13's).
+  info = (builder.url_infos or {}).get(url) or \
+      tfds.core.download.checksums.get_all_url_infos().get(url)
   return info.size if info else None
 
 
