@@ -2,9 +2,10 @@
 
 What it is: each pair joins consecutive-in-a-random-order Multi30k EN-DE training
 pairs (both sides, so the two stay translations of each other) until the English
-side reaches a length drawn from a log-normal with median 19 words and sigma 0.7
-(mean about 24 words, as WMT14 EN-DE's; about 1% of pairs past 100 words, capped
-at 400). Perturbed for a vocabulary nearer news text than Multi30k's 10k/18k word
+side reaches a length drawn from a log-normal (MEDIAN_WORDS, SIGMA; capped at
+MAX_WORDS), chosen so that, whole sentences joined, the English side averages about
+WMT14 EN-DE's length with a tail past 100 words (the measured statistics are in
+bench/wmt_scale.py's `generate` record). Perturbed for a vocabulary nearer news text than Multi30k's 10k/18k word
 types: 3% of words become a number (years, counts, decimals) on both sides, and
 2% of German words join the next into a compound. Not a translation corpus anyone
 should train on: its purpose is token counts, lengths and vocabulary size.
