@@ -139,17 +139,25 @@ def kill_halfway(workdir: Path, steps: int, victim: int) -> tuple[object, float,
   return code, survivor_s, log, max(0, last_step_logged(workdir) - (saved[-1] if saved else 0))
 
 
+def _killed_peer(workdir: Path, steps: int, expected, victim: int, fault: str, describe):
+  """kill -9 of `victim` halfway, then both relaunched; `describe(log)` -> (outcome
+  words for the survivor's log, extra fields)."""
+  code, survivor_s, log, lost = kill_halfway(workdir, steps, victim=victim)
+  words, extra = describe(log)
+  step, params, _ = relaunch_both(workdir, steps)
+  return {"fault": fault, "times": 1,
+          "outcome": f"survivor exit {code} after {survivor_s:.1f} s, {words}; "
+                     f"relaunched both to {step}",
+          "params_equal": identical(params, expected), "steps_lost_max": lost,
+          "survivor_exit_code": code, "survivor_exit_s": survivor_s, **extra}
+
+
 def lost_process(workdir: Path, steps: int, expected) -> dict:
   """Process 1 lost: the survivor must exit fast with one line naming it."""
-  code, survivor_s, log, lost = kill_halfway(workdir, steps, victim=1)
-  errors = [line for line in log.splitlines() if line.startswith("error:")]
-  step, params, _ = relaunch_both(workdir, steps)
-  return {"fault": "two processes, kill -9 of process 1", "times": 1,
-          "outcome": f"survivor exit {code} after {survivor_s:.1f} s, "
-                     f"{log.count('Traceback')} tracebacks; relaunched both to {step}",
-          "params_equal": identical(params, expected), "steps_lost_max": lost,
-          "survivor_exit_code": code, "survivor_exit_s": survivor_s,
-          "survivor_error_lines": errors}
+  return _killed_peer(workdir, steps, expected, 1, "two processes, kill -9 of process 1",
+                      lambda log: (f"{log.count('Traceback')} tracebacks", {
+                          "survivor_error_lines": [line for line in log.splitlines()
+                                                   if line.startswith("error:")]}))
 
 
 def killed_while_saving(workdir: Path, steps: int, expected) -> dict:
@@ -225,17 +233,14 @@ def interrupted_one(workdir: Path, steps: int, expected) -> dict:
 def lost_coordinator(workdir: Path, steps: int, expected) -> dict:
   """kill -9 of process 0, which hosts jax.distributed's coordination service: jax
   ends the others itself (recorded as it is: exit status, native stack lines)."""
-  code, survivor_s, log, lost = kill_halfway(workdir, steps, victim=0)
-  native = len(re.findall(r"^\s*@\s+0x", log, re.MULTILINE))
-  step, params, _ = relaunch_both(workdir, steps)
-  return {"fault": "two processes, kill -9 of process 0 (the coordinator)", "times": 1,
-          "outcome": f"survivor exit {code} after {survivor_s:.1f} s, {native} native stack "
-                     f"lines; relaunched both to {step}",
-          "params_equal": identical(params, expected), "steps_lost_max": lost,
-          "survivor_exit_code": code, "survivor_exit_s": survivor_s,
-          "survivor_native_stack_lines": native,
-          "survivor_fatal_lines": [line[:300] for line in log.splitlines()
-                                   if line.startswith("F1") or line.startswith("error:")]}
+  def describe(log):
+    native = len(re.findall(r"^\s*@\s+0x", log, re.MULTILINE))
+    return f"{native} native stack lines", {
+        "survivor_native_stack_lines": native,
+        "survivor_fatal_lines": [line[:300] for line in log.splitlines()
+                                 if line.startswith("F1") or line.startswith("error:")]}
+  return _killed_peer(workdir, steps, expected, 0,
+                      "two processes, kill -9 of process 0 (the coordinator)", describe)
 
 
 def two_process_faults(tmp: Path, steps: int) -> list[dict]:

@@ -178,8 +178,10 @@ def wmt_download(root: Path) -> str:
   """The archives tfds registers for each WMT14 config, and our measured preparation."""
   record = json.loads((root / "results" / "projection.json").read_text())["tfds_registry"]
   stages = json.loads((root / "results" / "wmt_scale.json").read_text())["stages"]
-  measured = (f"{(stages['prepare']['prepare_s'] + stages['vocab']['vocab_s'] + stages['tokens']['tokens_s']) / 60:.0f} min, "
-              f"{_gb(stages['prepare']['array_record_bytes'] + stages['prepare']['extracted_bytes'] + stages['tokens']['token_cache_bytes'])}")
+  prepare, vocab, tokens = (stages[k] for k in ("prepare", "vocab", "tokens"))
+  seconds = prepare["prepare_s"] + vocab["vocab_s"] + tokens["tokens_s"]
+  disk = prepare["array_record_bytes"] + prepare["extracted_bytes"] + tokens["token_cache_bytes"]
+  measured = f"{seconds / 60:.0f} min, {_gb(disk)}"
   rows = [[name, f"{len(r['urls'])}", _gb(r["download_bytes"]),
            measured if name.endswith("de-en") else "not measured"] for name, r in record.items()]
   return table(["tfds config", "archives", "download (tfds's registered sizes)",

@@ -121,14 +121,22 @@ def _without_vocab_path(config):
   return config
 
 
-def stage_tokens(args) -> dict:
-  from flax_transformer.data import pipeline as data
+def _open(args):
+  """(config, training pairs, vocabulary), as a launch opens them."""
   from flax_transformer.data.sources import load_pairs
   from flax_transformer.data.tokenizer import Tokenizer
 
   config = _config(args)
-  pairs = load_pairs(config, config.train_split)
-  ids = data.training_ids(config, pairs, data.TokenizePair(Tokenizer(config.vocab_path)))
+  return config, load_pairs(config, config.train_split), Tokenizer(config.vocab_path)
+
+
+def stage_tokens(args) -> dict:
+  from flax_transformer.data import pipeline as data
+
+  config, pairs, tokenizer = _open(args)
+  ids = data.training_ids(config, pairs, data.TokenizePair(tokenizer))
+  if isinstance(ids, list):  # At most PRETOKENIZE_MAX_PAIRS pairs: held in memory instead.
+    return {"tokens_s": time.time() - START, "in_memory": True}
   return {"tokens_s": time.time() - START, "token_cache_bytes": _dir_bytes(ids.folder),
           "tokens": ids.meta["tokens"], "dtype": ids.meta["dtype"]}
 
@@ -147,21 +155,15 @@ def _pipeline(config, tokenizer, pairs, workers: int, on_the_fly: bool = False):
 
 
 def stage_first_batch(args) -> dict:
-  from flax_transformer.data.sources import load_pairs
-  from flax_transformer.data.tokenizer import Tokenizer
-
-  config = _config(args)
-  pairs = load_pairs(config, config.train_split)
-  tokenizer = Tokenizer(config.vocab_path)
+  config, pairs, tokenizer = _open(args)
   _, iterator, on_the_fly = _pipeline(config, tokenizer, pairs, workers=0)
   next(iterator)
   fresh = time.time() - START
   # A resume: a second pipeline restored to the state a checkpoint holds at pair N
   # of the shuffled stream (grain's iterator state; only the pair index differs).
   start = time.time()
-  pairs2 = load_pairs(config, config.train_split)
-  tokenizer2 = Tokenizer(config.vocab_path)
-  _, resumed, _ = _pipeline(config, tokenizer2, pairs2, workers=0)
+  config2, pairs2, tokenizer2 = _open(args)  # A second launch opens everything anew.
+  _, resumed, _ = _pipeline(config2, tokenizer2, pairs2, workers=0)
   state = iterator.get_state()
   state["parent"]["next_index"] = args.resume_at
   state["counter"] = 0
@@ -179,12 +181,8 @@ def stage_throughput(args) -> dict:
   import numpy as np
 
   from flax_transformer.data import pipeline as data
-  from flax_transformer.data.sources import load_pairs
-  from flax_transformer.data.tokenizer import Tokenizer
 
-  config = _config(args)
-  pairs = load_pairs(config, config.train_split)
-  tokenizer = Tokenizer(config.vocab_path)
+  config, pairs, tokenizer = _open(args)
   out = {}
   variants = [(str(w), w, False) for w in args.workers] + [("0_on_the_fly", 0, True)]
   for name, workers, on_the_fly in variants:
@@ -201,7 +199,7 @@ def stage_throughput(args) -> dict:
         fractions.append(data.nonpad_fraction(batch))
       runs.append(tokens / (time.time() - start))
     out[name] = {"tokens_per_s_runs": runs, "tokens_per_s": float(np.median(runs)),
-                         "nonpad_fraction": float(np.mean(fractions))}
+                 "nonpad_fraction": float(np.mean(fractions))}
   return {"batch_shape": [batching.rows, batching.max_target_length],
           "batch_token_slots_a_side": batching.rows * batching.max_target_length,
           "by_workers": out, "batches": args.batches, "repeats": args.repeats,

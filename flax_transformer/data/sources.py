@@ -182,6 +182,17 @@ def _import_tfds_module(name: str) -> None:
       pass  # Not a catalog module: tfds's own lookup reports the name.
 
 
+def tfds_builder(name: str, data_dir: str | None):
+  """tfds's builder `name` (e.g. 'wmt14_translate/de-en') writing array_record."""
+  import tensorflow_datasets as tfds
+
+  _import_tfds_module(name)
+  try:
+    return tfds.builder(name, data_dir=data_dir or None, file_format="array_record")
+  except Exception as e:  # tfds raises several unrelated types for unknown names.
+    raise DataError(f"tfds dataset {name!r}: {e}") from None
+
+
 def prepare_tfds(builder, *, manual_dir: str = "", download: bool = True) -> None:
   """Prepares a tfds builder as array_record (WMT ones through `data.wmt`).
 
@@ -215,11 +226,7 @@ class TfdsPairs(Sequence):
     import tensorflow_datasets as tfds  # Heavy import, only when used.
 
     data_dir = data_dir or None
-    _import_tfds_module(name)
-    try:
-      builder = tfds.builder(name, data_dir=data_dir, file_format="array_record")
-    except Exception as e:  # tfds raises several unrelated types for unknown names.
-      raise DataError(f"tfds dataset {name!r}: {e}") from None
+    builder = tfds_builder(name, data_dir)
     if not builder.is_prepared():
       prepare_tfds(builder, manual_dir=manual_dir, download=download)
     if split not in builder.info.splits:
@@ -261,18 +268,13 @@ def prepare(config) -> list[str]:
   Returns one line per dataset: its splits and sizes. Multi30k and text files need
   nothing prepared.
   """
-  import tensorflow_datasets as tfds
-
   lines = []
-  for name in dict.fromkeys([config.dataset_name, config.eval_dataset_name or config.dataset_name]):
+  names = [config.dataset_name, config.eval_dataset_name or config.dataset_name]
+  for name in dict.fromkeys(names):
     if name in ("multi30k", "text"):
       lines.append(f"{name}: nothing to prepare")
       continue
-    _import_tfds_module(name)
-    try:
-      builder = tfds.builder(name, data_dir=config.data_dir or None, file_format="array_record")
-    except Exception as e:  # tfds raises several unrelated types for unknown names.
-      raise DataError(f"tfds dataset {name!r}: {e}") from None
+    builder = tfds_builder(name, config.data_dir)
     if not builder.is_prepared():
       prepare_tfds(builder, manual_dir=config.manual_dir)
     splits = ", ".join(f"{s} {info.num_examples:,}" for s, info in builder.info.splits.items())

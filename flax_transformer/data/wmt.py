@@ -21,6 +21,7 @@ module changes); a split larger still stops with an error that says so.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import itertools
 import logging
@@ -54,14 +55,18 @@ def archive_urls(builder) -> list[str]:
   return urls
 
 
-def registered_size(builder, url: str) -> int | None:
-  """Bytes tfds registers for `url` (its checksums file), or None."""
+@functools.lru_cache(maxsize=1)
+def _every_registered_url() -> dict:
   import tensorflow_datasets as tfds
 
+  return tfds.core.download.checksums.get_all_url_infos()  # Reads every checksums file.
+
+
+def registered_size(builder, url: str) -> int | None:
+  """Bytes tfds registers for `url` (its checksums files), or None."""
   # The builder's own file first, then every registered file (tfds's download manager
   # checks against both: WMT14 FR-EN's UN and Giga archives are registered by WMT13's).
-  info = (builder.url_infos or {}).get(url) or \
-      tfds.core.download.checksums.get_all_url_infos().get(url)
+  info = (builder.url_infos or {}).get(url) or _every_registered_url().get(url)
   return info.size if info else None
 
 
