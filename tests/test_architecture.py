@@ -18,6 +18,7 @@ LAYERS = {
     "training": 4,  # sharding, steps, metrics, distributed, host_allocator.
     "translation": 5,  # search, batching, translator, attention_plot.
     "loop": 6,  # The training loop (it translates, for BLEU).
+    "export": 6,  # A trained model as StableHLO or CTranslate2 (it reads a translator's).
     "cli": 7,  # What the entry points share; decode.py's work.
     "__init__": 8,  # The public API.
 }
@@ -96,6 +97,8 @@ def test_house_rules():
   assert edges["data.tokenizer"] <= {"storage"}  # Its file may be in a bucket.
   for module, deps in of("translation").items():  # No loop, no data internals.
     assert not deps & {"loop", "data.pipeline", "data.sources", "training.steps"}, module
+  # The exported model's runner goes where the package does not: nothing of ours.
+  assert edges["export.runner"] == set()
   # The layout's one owner reads and writes no checkpoint, metric or data itself.
   assert edges["workdir"] - bottom <= {"data.tokenizer", "network.config"}
   assert edges["checkpoints"] - bottom <= {"workdir", "network.config", "network.model"}

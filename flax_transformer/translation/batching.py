@@ -18,6 +18,11 @@ def bucket_length(length: int, multiple: int = 16) -> int:
   return max(multiple, -(-length // multiple) * multiple)
 
 
+def batch_rows(width: int, *, batch_tokens: int, row_multiple: int = 1) -> int:
+  """Rows of a batch `width` wide: `batch_tokens` // width, a multiple of `row_multiple`."""
+  return max(row_multiple, (batch_tokens // width) // row_multiple * row_multiple)
+
+
 def bucket_widths(lengths: Sequence[int], *, max_length: int, length_multiple: int = 16,
                   max_widths: int | None = None) -> list[int]:
   """Row widths that cover `lengths`: multiples of `length_multiple`, at most `max_widths`.
@@ -63,7 +68,7 @@ def eval_batches(token_ids: Sequence[tuple[np.ndarray, np.ndarray]], *, batch_to
   start = 0
   while start < len(order):
     width = next(w for w in widths if w >= lengths[order[start]])
-    rows = max(row_multiple, (batch_tokens // width) // row_multiple * row_multiple)
+    rows = batch_rows(width, batch_tokens=batch_tokens, row_multiple=row_multiple)
     members = [i for i in order[start:start + rows] if lengths[i] <= width]
     start += len(members)
     batch = {"inputs": np.zeros((rows, width), np.int32),

@@ -1,0 +1,58 @@
+"""Export a trained workdir for use without this package.
+
+  python export.py --workdir=DIR --out=EXPORT [--format=stablehlo]
+      StableHLO (jax.export) of the averaged model's encoder and beam search, one
+      module per batch shape, with params.npz, vocab.model, manifest.json and
+      translate.py, a runner that needs jax, numpy and sentencepiece only:
+      python EXPORT/translate.py < in.en > out.de
+  python export.py --workdir=DIR --out=CT2 --format=ctranslate2 [--quantization=int8]
+      A CTranslate2 model directory (pip install -e '.[ctranslate2]').
+"""
+
+from absl import app, flags
+
+from flax_transformer.cli import common as cli
+from flax_transformer.translation.translator import SearchConfig
+
+SEARCH = SearchConfig()
+
+flags.DEFINE_string("workdir", None, "Training workdir (checkpoints, vocab.model, run.json).")
+flags.DEFINE_string("out", None, "Folder to write (must be empty or absent).")
+flags.DEFINE_enum("format", "stablehlo", ["stablehlo", "ctranslate2"], "What to write.")
+flags.DEFINE_integer("beam_size", SEARCH.beam_size, "StableHLO: beam width baked into the "
+                     "search (paper: 4); 1 = greedy.")
+flags.DEFINE_float("alpha", SEARCH.alpha, "StableHLO: length penalty exponent (paper: 0.6).")
+flags.DEFINE_integer("max_extra", SEARCH.max_extra, "StableHLO: longest output = source length "
+                     "+ max_extra tokens (paper: 50).")
+flags.DEFINE_integer("batch_tokens", 4096, "StableHLO: decode.py's --batch_tokens; with the "
+                     "device count it fixes the exported batch shapes.")
+flags.DEFINE_integer("cpu_devices", 0, "StableHLO on a CPU host: decode.py's --cpu_devices "
+                     "(0 = one per core), for shapes equal to its own.", lower_bound=0)
+flags.DEFINE_list("platforms", ["cpu"], "StableHLO: jax.export platforms (cpu, cuda, tpu).")
+flags.DEFINE_enum("quantization", "float32", ["float32", "int8", "int8_float32", "int16",
+                                              "float16", "bfloat16"],
+                  "CTranslate2: weight type on disk.")
+flags.DEFINE_integer("average_last", 5, "Average the last K checkpoints (as decode.py).")
+flags.DEFINE_integer("checkpoint_step", None, "Use this checkpoint step (default: newest).")
+flags.DEFINE_bool("overwrite", False, "Replace a non-empty --out.")
+flags.mark_flags_as_required(["workdir", "out"])
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  def work():
+    from flax_transformer.cli.export import run_export
+
+    run_export(workdir=FLAGS.workdir, out=FLAGS.out, fmt=FLAGS.format,
+               search=SearchConfig(beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
+                                   max_extra=FLAGS.max_extra),
+               batch_tokens=FLAGS.batch_tokens, average_last=FLAGS.average_last,
+               checkpoint_step=FLAGS.checkpoint_step, platforms=FLAGS.platforms,
+               quantization=FLAGS.quantization, overwrite=FLAGS.overwrite)
+
+  cli.set_cpu_devices(FLAGS.cpu_devices)
+  cli.run_main(argv, work)
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=cli.parse_flags_or_exit)

@@ -1,0 +1,217 @@
+"""A trained model as a CTranslate2 model directory (ctranslate2's TransformerSpec).
+
+What the spec must say, and where our model says it:
+- post-LN (paper) or pre-LN with final norms: `TransformerConfig.norm`;
+- token embeddings scaled by sqrt(d_model) (`scale_embeddings`), one matrix for
+  source, target and the pre-softmax projection when `share_embeddings`;
+- positions: our sinusoidal (or learned) table itself, so the interleaved
+  sin/cos layout of section 3.5 is kept (CTranslate2's own table is not ours);
+- attention projections without biases unless `attention_bias`; self-attention's
+  W^Q, W^K, W^V fused, cross-attention's W^K, W^V fused, as CTranslate2 stores them;
+- decoding starts from id 0 (our shifted-right start token), so the vocabulary's
+  piece 0 is the decoder start token; sources end with EOS (`encode_source`).
+
+Our kernels are [in, (heads, d_k)] and CTranslate2's linear weights [out, in].
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flax import linen as nn
+
+from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from flax_transformer.errors import ConfigError
+from flax_transformer.network.config import TransformerConfig
+from flax_transformer.network.layers import sinusoidal_position_encoding
+
+QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16", "bfloat16")
+
+
+def _require_ctranslate2() -> None:
+  if importlib.util.find_spec("ctranslate2") is None:
+    raise ConfigError("CTranslate2 is not installed: pip install -e '.[ctranslate2]'")
+
+
+def _dense_in_out(kernel) -> np.ndarray:
+  """[in, ...out] kernel -> CTranslate2's [out, in] weight."""
+  kernel = np.array(kernel, np.float32)
+  return np.ascontiguousarray(kernel.reshape(kernel.shape[0], -1).T)
+
+
+def _out_projection(kernel) -> np.ndarray:
+  """[heads, d_v, d_model] kernel -> [d_model, heads * d_v]."""
+  kernel = np.array(kernel, np.float32)
+  return np.ascontiguousarray(kernel.reshape(-1, kernel.shape[-1]).T)
+
+
+def _bias(module: dict[str, Any], name: str) -> np.ndarray | None:
+  bias = module[name].get("bias")
+  return None if bias is None else np.array(bias, np.float32).reshape(-1)
+
+
+def _set_linear(spec, weight: np.ndarray, bias: np.ndarray | None) -> None:
+  spec.weight = weight
+  if bias is not None:
+    spec.bias = bias
+
+
+def _set_norm(spec, norm: dict[str, Any]) -> None:
+  spec.gamma = np.array(norm["scale"], np.float32)
+  spec.beta = np.array(norm["bias"], np.float32)
+
+
+def _set_attention(spec, attention: dict[str, Any], norm: dict[str, Any], *, fused: tuple) -> None:
+  """fused: the projections CTranslate2 keeps in one matrix, after any left alone."""
+  names = ["query", "key", "value"]
+  alone = [n for n in names if n not in fused]
+  linears = [([n], _dense_in_out(attention[n]["kernel"]), _bias(attention, n)) for n in alone]
+  weights = [_dense_in_out(attention[n]["kernel"]) for n in fused]
+  biases = [_bias(attention, n) for n in fused]
+  linears.append((list(fused), np.concatenate(weights),
+                  None if biases[0] is None else np.concatenate(biases)))
+  for linear, (_, weight, bias) in zip(spec.linear, linears):
+    _set_linear(linear, weight, bias)
+  _set_linear(spec.linear[-1], _out_projection(attention["out"]["kernel"]),
+              _bias(attention, "out"))
+  _set_norm(spec.layer_norm, norm)
+
+
+def _set_ffn(spec, ffn: dict[str, Any], norm: dict[str, Any]) -> None:
+  _set_linear(spec.linear_0, _dense_in_out(ffn["w1"]["kernel"]), _bias(ffn, "w1"))
+  _set_linear(spec.linear_1, _dense_in_out(ffn["w2"]["kernel"]), _bias(ffn, "w2"))
+  _set_norm(spec.layer_norm, norm)
+
+
+def _positions(config: TransformerConfig, params: dict[str, Any], side: str) -> np.ndarray:
+  if config.positional == "learned":
+    return np.array(params[side]["position"]["position_embedding"], np.float32)
+  return sinusoidal_position_encoding(config.max_len, config.d_model)
+
+
+def build_spec(config: TransformerConfig, params: dict[str, Any], tokenizer: Tokenizer):
+  """Our parameters in a ctranslate2.specs.TransformerSpec (vocabulary registered)."""
+  _require_ctranslate2()
+  from ctranslate2.specs import transformer_spec
+
+  if config.head_dim_k * config.num_heads != config.d_model or config.d_k != config.d_v:
+    raise ConfigError(f"CTranslate2 needs d_k = d_v = d_model / num_heads; this model has "
+                      f"d_k={config.head_dim_k}, d_v={config.head_dim_v}, "
+                      f"d_model={config.d_model}, num_heads={config.num_heads}")
+  params = nn.unbox(params)  # Freshly initialised parameters carry their sharding axes.
+  pre_norm = config.norm == "pre"
+  spec = transformer_spec.TransformerSpec.from_config(
+      (config.encoder_layers, config.decoder_layers), config.num_heads, pre_norm=pre_norm)
+  spec.config.layer_norm_epsilon = config.layer_norm_epsilon
+  if config.share_embeddings:
+    source = target = params["shared_embedding"]["embedding"]
+  else:
+    source = params["source_embedding"]["embedding"]
+    target = params["target_embedding"]["embedding"]
+  encoder, decoder = spec.encoder, spec.decoder
+  encoder.embeddings[0].weight = np.array(source, np.float32)
+  decoder.embeddings.weight = np.array(target, np.float32)
+  encoder.scale_embeddings = decoder.scale_embeddings = True  # x sqrt(d_model), section 3.4.
+  encoder.position_encodings.encodings = _positions(config, params, "encoder")
+  decoder.position_encodings.encodings = _positions(config, params, "decoder")
+  if config.share_embeddings:
+    decoder.projection.weight = np.array(target, np.float32)  # Tied pre-softmax layer.
+  else:
+    decoder.projection.weight = _dense_in_out(params["decoder"]["logits"]["kernel"])
+  if pre_norm:
+    _set_norm(encoder.layer_norm, params["encoder"]["final_norm"])
+    _set_norm(decoder.layer_norm, params["decoder"]["final_norm"])
+
+  for i, layer in enumerate(encoder.layer):
+    ours = params["encoder"][f"layer_{i}"]
+    _set_attention(layer.self_attention, ours["self_attention"],
+                   ours["attention_block"]["norm"], fused=("query", "key", "value"))
+    _set_ffn(layer.ffn, ours["ffn"], ours["ffn_block"]["norm"])
+  for i, layer in enumerate(decoder.layer):
+    ours = params["decoder"][f"layer_{i}"]
+    _set_attention(layer.self_attention, ours["self_attention"],
+                   ours["self_attention_block"]["norm"], fused=("query", "key", "value"))
+    _set_attention(layer.attention, ours["cross_attention"],
+                   ours["cross_attention_block"]["norm"], fused=("key", "value"))
+    _set_ffn(layer.ffn, ours["ffn"], ours["ffn_block"]["norm"])
+
+  pieces = tokenizer.pieces(range(tokenizer.vocab_size))
+  spec.register_source_vocabulary(pieces)
+  spec.register_target_vocabulary(pieces)
+  # Our decoder starts from id 0 and never emits it; EOS ends a sentence.
+  spec.config.decoder_start_token = pieces[PAD_ID]
+  spec.config.bos_token = pieces[PAD_ID]
+  spec.config.eos_token = pieces[EOS_ID]
+  spec.config.unk_token = pieces[UNK_ID]
+  return spec
+
+
+def convert(config: TransformerConfig, params: dict[str, Any], tokenizer: Tokenizer,
+            out_dir: str | Path, *, quantization: str = "float32") -> Path:
+  """Writes a CTranslate2 model directory (model.bin, vocabularies, config) to `out_dir`.
+
+  quantization: the weights' storage type (CTranslate2 converts at load otherwise).
+  The vocabulary file vocab.model is copied beside it for tokenizing.
+  """
+  if quantization not in QUANTIZATIONS:
+    raise ConfigError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, "
+                      f"got {quantization!r}")
+  spec = build_spec(config, params, tokenizer)
+  out = Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  spec.validate()
+  spec.optimize(quantization=None if quantization == "float32" else quantization)
+  spec.save(str(out))
+  (out / "vocab.model").write_bytes(tokenizer.model_bytes())
+  return out
+
+
+def encode_source(tokenizer: Tokenizer, text: str, max_len: int) -> list[str]:
+  """A sentence as CTranslate2's source tokens: our pieces, EOS-terminated, at most max_len."""
+  return tokenizer.pieces(tokenizer.tokenize(text)[:max_len])
+
+
+def decode_target(tokenizer: Tokenizer, tokens: list[str]) -> str:
+  """CTranslate2's output tokens (EOS not included) -> text."""
+  return tokenizer.detokenize(tokenizer.piece_ids(tokens))
+
+
+class Ct2Translator:
+  """Text in, text out through a converted model, with our search's length limits.
+
+  Sentences are grouped by their longest allowed output (source length + max_extra
+  tokens, EOS included, capped by max_len, as `translator.make_search_fn`), since
+  CTranslate2 takes one max_decoding_length per call; it then stops where our
+  search forces EOS. Its length penalty is its own (length ** alpha), not GNMT's.
+  """
+
+  def __init__(self, model_dir: str | Path, *, max_len: int, compute_type: str = "default",
+               threads: int = 0, max_extra: int = 50, max_batch_size: int = 64):
+    _require_ctranslate2()
+    import ctranslate2
+
+    self.tokenizer = Tokenizer(Path(model_dir) / "vocab.model")
+    self.model = ctranslate2.Translator(str(model_dir), device="cpu", compute_type=compute_type,
+                                        inter_threads=1, intra_threads=threads)
+    self.max_len, self.max_extra, self.max_batch_size = max_len, max_extra, max_batch_size
+
+  def translate(self, lines: list[str], *, beam_size: int = 4, alpha: float = 0.6) -> list[str]:
+    results = [""] * len(lines)
+    groups: dict[int, list[tuple[int, list[str]]]] = {}
+    for i, line in enumerate(lines):
+      if line.strip():
+        tokens = encode_source(self.tokenizer, line, self.max_len)
+        longest = min(len(tokens) + self.max_extra, self.max_len)
+        groups.setdefault(longest, []).append((i, tokens))
+    pad = self.tokenizer.pieces([PAD_ID])
+    for longest, members in sorted(groups.items()):
+      found = self.model.translate_batch(
+          [tokens for _, tokens in members], beam_size=beam_size, length_penalty=alpha,
+          max_decoding_length=longest - 1,  # Tokens before the EOS our search would force.
+          max_batch_size=self.max_batch_size, suppress_sequences=[pad])
+      for (i, _), result in zip(members, found):
+        results[i] = decode_target(self.tokenizer, result.hypotheses[0])
+    return results
