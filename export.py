@@ -6,7 +6,8 @@
       translate.py, a runner that needs jax, numpy and sentencepiece only:
       python EXPORT/translate.py < in.en > out.de
   python export.py --workdir=DIR --out=CT2 --format=ctranslate2 [--quantization=int8]
-      A CTranslate2 model directory (pip install -e '.[ctranslate2]').
+      A CTranslate2 model directory (pip install -e '.[ctranslate2]') with the same
+      translate.py, which then needs ctranslate2 and sentencepiece only.
 """
 
 from absl import app, flags
@@ -19,11 +20,11 @@ SEARCH = SearchConfig()
 flags.DEFINE_string("workdir", None, "Training workdir (checkpoints, vocab.model, run.json).")
 flags.DEFINE_string("out", None, "Folder to write (must be empty or absent).")
 flags.DEFINE_enum("format", "stablehlo", ["stablehlo", "ctranslate2"], "What to write.")
-flags.DEFINE_integer("beam_size", SEARCH.beam_size, "StableHLO: beam width baked into the "
-                     "search (paper: 4); 1 = greedy.")
-flags.DEFINE_float("alpha", SEARCH.alpha, "StableHLO: length penalty exponent (paper: 0.6).")
-flags.DEFINE_integer("max_extra", SEARCH.max_extra, "StableHLO: longest output = source length "
-                     "+ max_extra tokens (paper: 50).")
+flags.DEFINE_integer("beam_size", SEARCH.beam_size, "Beam width (paper: 4; 1 = greedy): "
+                     "baked into StableHLO, translate.py's default for CTranslate2.")
+flags.DEFINE_float("alpha", SEARCH.alpha, "Length penalty exponent (paper: 0.6).")
+flags.DEFINE_integer("max_extra", SEARCH.max_extra, "Longest output = source length + "
+                     "max_extra tokens (paper: 50).")
 flags.DEFINE_integer("batch_tokens", 4096, "StableHLO: decode.py's --batch_tokens; with the "
                      "device count it fixes the exported batch shapes.")
 flags.DEFINE_integer("cpu_devices", 0, "StableHLO on a CPU host: decode.py's --cpu_devices "

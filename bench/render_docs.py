@@ -139,6 +139,19 @@ def faults(root: Path) -> str:
   return table(["fault", "times", "outcome", "params equal", "steps lost (max)"], rows)
 
 
+def export(root: Path) -> str:
+  """bench/export.py: decode.py, the StableHLO runner and CTranslate2 on test 2016."""
+  record = json.loads((root / "results" / "export.json").read_text())
+  rows = [[f"`{r['engine']}`" if r["engine"] == "decode.py" else r["engine"],
+           f"{r['sentences_per_s']:.1f}", f"{r['speedup_vs_decode_py']:.2f}x",
+           f"{r['bleu']:.2f}", f"{r['bleu_minus_decode_py']:+.2f}",
+           f"{r['lines_equal_to_decode_py']}", f"{r['peak_rss_mb']:.0f}", f"{r['load_s']:.1f}",
+           f"{r['first_pass_s']:.1f}"] for r in record["rows"]]
+  return table(["engine", "sentences/s", "vs decode.py", "BLEU", "BLEU change",
+                f"lines equal to decode.py (of {record['sentences']})", "peak RSS MB",
+                "load s", "first pass s"], rows)
+
+
 def _gb(n_bytes: float) -> str:
   return f"{n_bytes / 1e9:.2f} GB"
 
@@ -319,6 +332,7 @@ TABLES = {"readme-results": ("README.md", readme_results),
           "results-runs": ("RESULTS.md", results_runs),
           "scaling": ("BENCHMARKS.md", scaling),
           "faults": ("BENCHMARKS.md", faults),
+          "export": ("BENCHMARKS.md", export),
           "wmt-scale": ("BENCHMARKS.md", wmt_scale),
           "projection": ("BENCHMARKS.md", projection),
           "wmt-download": ("README.md", wmt_download),

@@ -14,7 +14,7 @@ import sacrebleu
 
 from flax_transformer import Transformer, TransformerConfig
 from flax_transformer.errors import ConfigError
-from flax_transformer.export import ct2
+from flax_transformer.export import ct2, runner
 from flax_transformer.translation.translator import SearchConfig, Translator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,9 +80,9 @@ def test_stablehlo_runner_equals_decode_py_on_test_2016_without_our_packages(
                    f"--output={tmp_path / 'runner.de'}")
   assert translated.returncode == 0, translated.stderr[-3000:]
   assert "loaded: []" in translated.stderr
-  runner = (tmp_path / "runner.de").read_text().splitlines()
-  assert len(runner) == len(decoded) == 1000
-  assert runner == decoded
+  exported = (tmp_path / "runner.de").read_text().splitlines()
+  assert len(exported) == len(decoded) == 1000
+  assert exported == decoded
   assert len(set(decoded)) > 20  # A model that tells sentences apart, so equality means much.
 
 
@@ -96,7 +96,7 @@ def test_ctranslate2_greedy_equals_ours_on_100_validation_sentences(workdir, mul
   out = tmp_path / "ct2"
   config, params = ours.member(0)
   ct2.convert(config, params, ours.tokenizer, out)
-  theirs = ct2.Ct2Translator(out, max_len=config.max_len).translate(sentences, beam_size=1)
+  theirs = runner.Ct2Runner(out).translate(sentences, beam_size=1)
   expected = ours.translate(sentences)
   assert theirs == expected
 
@@ -106,11 +106,13 @@ def test_ctranslate2_beam_bleu_within_0_3_of_decode_py(workdir, test_2016, multi
   sources, decoded = test_2016
   out = tmp_path / "ct2"
   done = run(ROOT / "export.py", f"--workdir={workdir}", f"--out={out}",
-             "--format=ctranslate2")
+             "--format=ctranslate2", f"--max_extra={MAX_EXTRA}")  # Beam 4, alpha 0.6: defaults.
   assert done.returncode == 0, done.stderr[-3000:]
-  config = Translator.from_workdir(workdir).model_config
-  theirs = ct2.Ct2Translator(out, max_len=config.max_len, max_extra=MAX_EXTRA).translate(
-      sources.read_text().splitlines(), beam_size=4, alpha=0.6)
+  translated = run("-c", BLOCKED_RUN, out / "translate.py", f"--input={sources}",
+                   f"--output={tmp_path / 'ct2.de'}")
+  assert translated.returncode == 0, translated.stderr[-3000:]
+  assert "loaded: []" in translated.stderr
+  theirs = (tmp_path / "ct2.de").read_text().splitlines()
   references = [lines(multi30k_dir, "test_2016_flickr.de.gz")]
   ours_bleu = sacrebleu.corpus_bleu(decoded, references).score
   their_bleu = sacrebleu.corpus_bleu(theirs, references).score

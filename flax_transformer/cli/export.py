@@ -29,19 +29,22 @@ def run_export(*, workdir: str, out: str, fmt: str, search: SearchConfig, batch_
                                        batch_tokens=batch_tokens)
   if translator.ensemble:
     raise ConfigError("export: one workdir at a time")
+  record = {"workdir": str(workdir), "checkpoint_steps": list(translator.checkpoint_steps[0]),
+            **{k: v for k, v in provenance.git_commit().items()
+               if k in ("git_commit", "git_dirty")}}
   if fmt == "stablehlo":
     from flax_transformer.export import stablehlo
 
     manifest = stablehlo.export_stablehlo(
-        translator, target, batch_tokens=batch_tokens, platforms=platforms,
-        provenance={"workdir": str(workdir), **{k: v for k, v in provenance.git_commit().items()
-                                                if k in ("git_commit", "git_dirty")}})
+        translator, target, batch_tokens=batch_tokens, platforms=platforms, provenance=record)
     logging.info("Wrote %d beam search shapes for %s to %s; translate with: python %s < in > out",
                  len(manifest["shapes"]), ",".join(platforms), target, target / "translate.py")
   else:
     from flax_transformer.export import ct2
 
     config, params = translator.member(0)
-    ct2.convert(config, params, translator.tokenizer, target, quantization=quantization)
+    ct2.convert(config, params, translator.tokenizer, target, quantization=quantization,
+                search={"beam_size": search.beam_size, "alpha": search.alpha,
+                        "max_extra": search.max_extra}, provenance=record)
     logging.info("Wrote a CTranslate2 model (%s weights, steps %s averaged) to %s", quantization,
                  translator.checkpoint_steps[0], target)

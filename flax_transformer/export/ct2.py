@@ -9,7 +9,7 @@ What the spec must say, and where our model says it:
 - attention projections without biases unless `attention_bias`; self-attention's
   W^Q, W^K, W^V fused, cross-attention's W^K, W^V fused, as CTranslate2 stores them;
 - decoding starts from id 0 (our shifted-right start token), so the vocabulary's
-  piece 0 is the decoder start token; sources end with EOS (`encode_source`).
+  piece 0 is the decoder start token; sources end with EOS (translate.py adds it).
 
 Our kernels are [in, (heads, d_k)] and CTranslate2's linear weights [out, in].
 """
@@ -17,6 +17,8 @@ Our kernels are [in, (heads, d_k)] and CTranslate2's linear weights [out, in].
 from __future__ import annotations
 
 import importlib.util
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from flax import linen as nn
 
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from flax_transformer.errors import ConfigError
+from flax_transformer.export.runner import CT2_FORMAT
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.layers import sinusoidal_position_encoding
 
@@ -150,11 +153,14 @@ def build_spec(config: TransformerConfig, params: dict[str, Any], tokenizer: Tok
 
 
 def convert(config: TransformerConfig, params: dict[str, Any], tokenizer: Tokenizer,
-            out_dir: str | Path, *, quantization: str = "float32") -> Path:
-  """Writes a CTranslate2 model directory (model.bin, vocabularies, config) to `out_dir`.
+            out_dir: str | Path, *, quantization: str = "float32",
+            search: dict[str, Any] | None = None, provenance: dict | None = None) -> Path:
+  """Writes a CTranslate2 model directory to `out_dir`.
 
+  CTranslate2's model.bin, config.json and vocabulary, plus ours: vocab.model,
+  manifest.json (ids, max_len, `search` settings as translate.py's defaults) and
+  translate.py (`runner.py`; ctranslate2 and sentencepiece only).
   quantization: the weights' storage type (CTranslate2 converts at load otherwise).
-  The vocabulary file vocab.model is copied beside it for tokenizing.
   """
   if quantization not in QUANTIZATIONS:
     raise ConfigError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, "
@@ -166,52 +172,10 @@ def convert(config: TransformerConfig, params: dict[str, Any], tokenizer: Tokeni
   spec.optimize(quantization=None if quantization == "float32" else quantization)
   spec.save(str(out))
   (out / "vocab.model").write_bytes(tokenizer.model_bytes())
+  shutil.copyfile(Path(__file__).with_name("runner.py"), out / "translate.py")
+  manifest = {"format": CT2_FORMAT, "quantization": quantization, "max_len": config.max_len,
+              "pad_id": PAD_ID, "eos_id": EOS_ID,
+              "search": search or {"beam_size": 4, "alpha": 0.6, "max_extra": 50},
+              **(provenance or {})}
+  (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
   return out
-
-
-def encode_source(tokenizer: Tokenizer, text: str, max_len: int) -> list[str]:
-  """A sentence as CTranslate2's source tokens: our pieces, EOS-terminated, at most max_len."""
-  return tokenizer.pieces(tokenizer.tokenize(text)[:max_len])
-
-
-def decode_target(tokenizer: Tokenizer, tokens: list[str]) -> str:
-  """CTranslate2's output tokens (EOS not included) -> text."""
-  return tokenizer.detokenize(tokenizer.piece_ids(tokens))
-
-
-class Ct2Translator:
-  """Text in, text out through a converted model, with our search's length limits.
-
-  Sentences are grouped by their longest allowed output (source length + max_extra
-  tokens, EOS included, capped by max_len, as `translator.make_search_fn`), since
-  CTranslate2 takes one max_decoding_length per call; it then stops where our
-  search forces EOS. Its length penalty is its own (length ** alpha), not GNMT's.
-  """
-
-  def __init__(self, model_dir: str | Path, *, max_len: int, compute_type: str = "default",
-               threads: int = 0, max_extra: int = 50, max_batch_size: int = 64):
-    _require_ctranslate2()
-    import ctranslate2
-
-    self.tokenizer = Tokenizer(Path(model_dir) / "vocab.model")
-    self.model = ctranslate2.Translator(str(model_dir), device="cpu", compute_type=compute_type,
-                                        inter_threads=1, intra_threads=threads)
-    self.max_len, self.max_extra, self.max_batch_size = max_len, max_extra, max_batch_size
-
-  def translate(self, lines: list[str], *, beam_size: int = 4, alpha: float = 0.6) -> list[str]:
-    results = [""] * len(lines)
-    groups: dict[int, list[tuple[int, list[str]]]] = {}
-    for i, line in enumerate(lines):
-      if line.strip():
-        tokens = encode_source(self.tokenizer, line, self.max_len)
-        longest = min(len(tokens) + self.max_extra, self.max_len)
-        groups.setdefault(longest, []).append((i, tokens))
-    pad = self.tokenizer.pieces([PAD_ID])
-    for longest, members in sorted(groups.items()):
-      found = self.model.translate_batch(
-          [tokens for _, tokens in members], beam_size=beam_size, length_penalty=alpha,
-          max_decoding_length=longest - 1,  # Tokens before the EOS our search would force.
-          max_batch_size=self.max_batch_size, suppress_sequences=[pad])
-      for (i, _), result in zip(members, found):
-        results[i] = decode_target(self.tokenizer, result.hypotheses[0])
-    return results

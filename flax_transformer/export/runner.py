@@ -1,11 +1,11 @@
-"""Translate with an exported model: jax, numpy and sentencepiece only.
+"""Translate with an exported model, without flax_transformer, flax or orbax.
 
-  python translate.py [--model DIR] [--input FILE|-] [--output FILE|-] [--devices N]
+  python translate.py [--model DIR] [--input FILE|-] [--output FILE|-]
 
-DIR (default: this file's folder) holds what `flax_transformer.export.stablehlo`
-wrote. One output line per input line; an empty line translates to an empty one.
-This file imports nothing of flax_transformer, flax or orbax: copy the folder
-anywhere jax runs. As a library: `Runner(DIR).translate(["A dog runs."])`.
+DIR (default: this file's folder) holds what export.py wrote: StableHLO (needs
+jax, numpy, sentencepiece) or CTranslate2 (needs ctranslate2, sentencepiece).
+One output line per input line; an empty line translates to an empty one. As a
+library: `open_model(DIR).translate(["A dog runs."])`.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 FORMAT = "flax_transformer.stablehlo/1"
+CT2_FORMAT = "flax_transformer.ctranslate2/1"
 
 
 def _use_cpu_cores(count: int) -> None:
@@ -28,26 +29,61 @@ def _use_cpu_cores(count: int) -> None:
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
 
 
-class Runner:
-  """An exported model: `translate(lines) -> lines`."""
+class _Model:
+  """What both formats share: the manifest, the vocabulary, text <-> ids."""
+
+  def __init__(self, folder: Path, formats: tuple[str, ...]):
+    import sentencepiece as spm
+
+    manifest_path = folder / "manifest.json"
+    if not manifest_path.is_file():
+      raise SystemExit(f"error: {manifest_path} not found: --model must be a folder written "
+                       "by export.py")
+    self.manifest = json.loads(manifest_path.read_text())
+    if self.manifest.get("format") not in formats:
+      raise SystemExit(f"error: {manifest_path}: format {self.manifest.get('format')!r}, "
+                       f"expected one of {formats}")
+    self.sp = spm.SentencePieceProcessor(model_file=str(folder / "vocab.model"))
+    self.eos_id, self.pad_id = self.manifest["eos_id"], self.manifest["pad_id"]
+    self.max_len = self.manifest["max_len"]
+    self.truncated = 0
+
+  def ids(self, line: str) -> list[int]:
+    """Source ids, EOS-terminated, cut at max_len (as decode.py)."""
+    ids = self.sp.encode(line) + [self.eos_id]
+    if len(ids) > self.max_len:
+      self.truncated += 1
+      ids = ids[:self.max_len]
+    return ids
+
+  def text(self, ids) -> str:
+    """Output ids up to the first EOS, padding skipped -> one line of text."""
+    out = []
+    for i in ids:
+      if i == self.eos_id:
+        break
+      if i != self.pad_id:
+        out.append(int(i))
+    text = self.sp.decode(out)
+    return " ".join(text.splitlines()) if ("\n" in text or "\r" in text) else text
+
+  def sorted_sources(self, lines: list[str]) -> list[tuple[int, list[int]]]:
+    """(line index, ids) of the non-empty lines, shortest first (stable, as decode.py)."""
+    todo = [(i, self.ids(line)) for i, line in enumerate(lines) if line.strip()]
+    return sorted(todo, key=lambda item: len(item[1]))
+
+
+class Runner(_Model):
+  """An exported StableHLO model: `translate(lines) -> lines` (beam search as exported)."""
 
   def __init__(self, model_dir: str | Path):
     import jax
     import numpy as np
-    import sentencepiece as spm
 
-    self._jax, self._np = jax, np
     start = time.perf_counter()
+    super().__init__(Path(model_dir), (FORMAT,))
+    self._jax, self._np = jax, np
     folder = Path(model_dir)
-    manifest_path = folder / "manifest.json"
-    if not manifest_path.is_file():
-      raise SystemExit(f"error: {manifest_path} not found: --model must be a folder written "
-                       "by export.py --format=stablehlo")
-    self.manifest = json.loads(manifest_path.read_text())
-    if self.manifest.get("format") != FORMAT:
-      raise SystemExit(f"error: {manifest_path}: format {self.manifest.get('format')!r}, this "
-                       f"runner reads {FORMAT!r}")
-    self.sp = spm.SentencePieceProcessor(model_file=str(folder / "vocab.model"))
     with np.load(folder / "params.npz") as data:
       leaves = [data[f"leaf_{i}"] for i in range(self.manifest["num_params"])]
     self.devices = jax.local_devices()
@@ -56,53 +92,80 @@ class Runner:
         bytearray((folder / entry["file"]).read_bytes()))) for entry in self.manifest["shapes"]}
     self.widths = sorted(self._searches)
     self.load_seconds = time.perf_counter() - start
-    self.truncated = 0
-
-  def _ids(self, line: str) -> list[int]:
-    ids = self.sp.encode(line) + [self.manifest["eos_id"]]
-    if len(ids) > self.manifest["max_len"]:
-      self.truncated += 1
-      ids = ids[:self.manifest["max_len"]]
-    return ids
-
-  def _text(self, ids) -> str:
-    out = []
-    for i in ids.tolist():
-      if i == self.manifest["eos_id"]:
-        break
-      if i != self.manifest["pad_id"]:
-        out.append(i)
-    text = self.sp.decode(out)
-    return " ".join(text.splitlines()) if ("\n" in text or "\r" in text) else text
 
   def translate(self, lines: list[str]) -> list[str]:
-    """One translation per line, in order (beam search with the manifest's settings)."""
+    """One translation per line, in order; each batch shaped as one of decode.py's."""
     np = self._np
     results = [""] * len(lines)
-    todo = [i for i, line in enumerate(lines) if line.strip()]
-    ids = {i: self._ids(lines[i]) for i in todo}
-    todo.sort(key=lambda i: len(ids[i]))  # Stable: like decode.py, similar lengths together.
-    chunks = []
-    for i in todo:
-      width = next(w for w in self.widths if w >= len(ids[i]))
-      rows = self._searches[width][0]
-      if not chunks or chunks[-1][0] != width or len(chunks[-1][1]) == rows:
+    chunks: list[tuple[int, list[tuple[int, list[int]]]]] = []
+    for i, ids in self.sorted_sources(lines):
+      width = next(w for w in self.widths if w >= len(ids))
+      if not chunks or chunks[-1][0] != width or len(chunks[-1][1]) == self._searches[width][0]:
         chunks.append((width, []))
-      chunks[-1][1].append(i)
+      chunks[-1][1].append((i, ids))
     pending = []
     for n, (width, members) in enumerate(chunks):
       rows, exported = self._searches[width]
       batch = np.zeros((rows, width), np.int32)
-      for row, i in enumerate(members):
-        batch[row, :len(ids[i])] = ids[i]
+      for row, (_, ids) in enumerate(members):
+        batch[row, :len(ids)] = ids
       device = n % len(self.devices)  # Dispatch is asynchronous: one search per device at once.
       pending.append((members, exported.call(self._params[device],
                                              self._jax.device_put(batch, self.devices[device]))))
     for members, (sequences, _) in pending:
       sequences = np.asarray(sequences)
-      for row, i in enumerate(members):
-        results[i] = self._text(sequences[row])
+      for row, (i, _) in enumerate(members):
+        results[i] = self.text(sequences[row].tolist())
     return results
+
+
+class Ct2Runner(_Model):
+  """A CTranslate2 model written by export.py: `translate(lines) -> lines`.
+
+  Sentences are grouped by their longest allowed output (source length +
+  max_extra tokens, EOS included, capped by max_len, as our search), since
+  CTranslate2 takes one max_decoding_length per call; it then stops where our
+  search forces EOS. Its length penalty is its own: length ** alpha, not GNMT's.
+  """
+
+  def __init__(self, model_dir: str | Path, *, compute_type: str = "default", threads: int = 0,
+               max_batch_size: int = 64):
+    start = time.perf_counter()
+    super().__init__(Path(model_dir), (CT2_FORMAT,))
+    import ctranslate2
+
+    self.model = ctranslate2.Translator(str(model_dir), device="cpu", compute_type=compute_type,
+                                        inter_threads=1, intra_threads=threads)
+    self.max_batch_size = max_batch_size
+    self.load_seconds = time.perf_counter() - start
+
+  def translate(self, lines: list[str], *, beam_size: int | None = None,
+                alpha: float | None = None, max_extra: int | None = None) -> list[str]:
+    """Beam search (default: the manifest's settings; beam_size=1 is greedy)."""
+    search = self.manifest["search"]
+    beam_size = search["beam_size"] if beam_size is None else beam_size
+    alpha = search["alpha"] if alpha is None else alpha
+    max_extra = search["max_extra"] if max_extra is None else max_extra
+    results = [""] * len(lines)
+    groups: dict[int, list[tuple[int, list[int]]]] = {}
+    for i, ids in self.sorted_sources(lines):
+      groups.setdefault(min(len(ids) + max_extra, self.max_len), []).append((i, ids))
+    pad = [self.sp.id_to_piece(self.pad_id)]
+    for longest, members in sorted(groups.items()):
+      found = self.model.translate_batch(
+          [[self.sp.id_to_piece(t) for t in ids] for _, ids in members], beam_size=beam_size,
+          length_penalty=alpha, max_decoding_length=longest - 1,  # Tokens before a forced EOS.
+          max_batch_size=self.max_batch_size, suppress_sequences=[pad])
+      for (i, _), result in zip(members, found):
+        results[i] = self.text([self.sp.piece_to_id(p) for p in result.hypotheses[0]])
+    return results
+
+
+def open_model(model_dir: str | Path, **ct2_options) -> Runner | Ct2Runner:
+  """The runner for what `model_dir` holds (its manifest's format)."""
+  path = Path(model_dir) / "manifest.json"
+  fmt = json.loads(path.read_text()).get("format") if path.is_file() else None
+  return Ct2Runner(model_dir, **ct2_options) if fmt == CT2_FORMAT else Runner(model_dir)
 
 
 def _read_lines(path: str) -> list[str]:
@@ -120,12 +183,16 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--input", default="-")
   parser.add_argument("--output", default="-")
   parser.add_argument("--devices", type=int, default=0,
-                      help="CPU devices, one search each (0 = one per core)")
+                      help="StableHLO: CPU devices, one search each (0 = one per core)")
+  parser.add_argument("--threads", type=int, default=0,
+                      help="CTranslate2: threads (0 = its default)")
+  parser.add_argument("--compute_type", default="default",
+                      help="CTranslate2: int8, float32, ... (default: as converted)")
   args = parser.parse_args(argv)
   _use_cpu_cores(args.devices)
   if args.input != "-" and not Path(args.input).is_file():
     raise SystemExit(f"error: --input {args.input} does not exist")
-  runner = Runner(args.model)
+  runner = open_model(args.model, compute_type=args.compute_type, threads=args.threads)
   lines = _read_lines(args.input)
   start = time.perf_counter()
   out = runner.translate(lines)
@@ -136,10 +203,10 @@ def main(argv: list[str] | None = None) -> None:
   else:
     Path(args.output).write_text(text, encoding="utf-8")
   if runner.truncated:
-    print(f"warning: {runner.truncated} sentence(s) longer than max_len="
-          f"{runner.manifest['max_len']} tokens were truncated", file=sys.stderr)
-  print(f"translated {len(lines)} lines in {seconds:.1f} s on {len(runner.devices)} "
-        f"device(s) (loaded in {runner.load_seconds:.1f} s)", file=sys.stderr)
+    print(f"warning: {runner.truncated} sentence(s) longer than max_len={runner.max_len} "
+          "tokens were truncated", file=sys.stderr)
+  print(f"translated {len(lines)} lines in {seconds:.1f} s (loaded in "
+        f"{runner.load_seconds:.1f} s)", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ Directory written:
   search_<rows>x<width>.stablehlo   jax.export's serialized modules
   params.npz      the parameters, leaf i under "leaf_<i>" (the modules' argument order)
   vocab.model     the sentencepiece vocabulary
-  translate.py    the runner (`runner.py`): jax, numpy and sentencepiece only
+  translate.py    the runner (`runner.py`): jax, numpy and sentencepiece only here
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ import numpy as np
 
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID
 from flax_transformer.errors import ConfigError
+from flax_transformer.export.runner import FORMAT
 from flax_transformer.translation import batching
 from flax_transformer.translation.translator import Translator, make_search_fn
 
-FORMAT = "flax_transformer.stablehlo/1"
 LENGTH_MULTIPLE = 16  # batching.eval_batches' default: the widths decode.py compiles.
 
 
@@ -96,7 +96,6 @@ def export_stablehlo(translator: Translator, out_dir: str | Path, *, batch_token
                  "max_extra": search.max_extra},
       "decode_devices": len(translator.devices),
       "batch_tokens": batch_tokens,
-      "checkpoint_steps": [list(s) for s in translator.checkpoint_steps or ()],
       "jax_version": jax.__version__,
       **(provenance or {}),
   }
