@@ -233,6 +233,12 @@ ROWS += [("BENCHMARKS.md", "ours (hand-written pieces)", CPU_ABLATIONS,
 # first 400 characters, in order.
 SCORES = [("bleu", "{:.1f}"), ("bleu_lowercase", "{:.1f}"), ("chrf", "{:.1f}")]
 SENTENCES = [
+    ("BENCHMARKS.md", "**The StableHLO runner equals decode.py**", "results/export.json",
+     [("rows.1.lines_equal_to_decode_py", "all {} lines")]),
+    ("BENCHMARKS.md", "**CTranslate2 int8 meets the aim**", "results/export.json",
+     [("greedy_validation_100.ctranslate2 int8", "int8 on {}")]),
+    ("BENCHMARKS.md", "**CTranslate2 float32 misses the suite's", "results/export.json",
+     [("rows.2.bleu_minus_decode_py", "{:+.2f}, in")]),
     ("BENCHMARKS.md", "Fits (log-log slope): step time vs batch", "results/scaling.json",
      [("batch_exponent", "**{:.2f}**"), ("length_exponent_fixed_tokens", "**{:.2f}**"),
       ("memory_length_exponent_fixed_tokens", "memory **{:.2f}**")]),

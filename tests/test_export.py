@@ -92,7 +92,8 @@ def test_ctranslate2_greedy_equals_ours_on_100_validation_sentences(workdir, mul
   CTranslate2 to our search's limits; the weights are held by the scores test below,
   and the README job's model by bench/export.py."""
   sentences = lines(multi30k_dir, "val.en.gz", 100)
-  ours = Translator.from_workdir(workdir, search=SearchConfig(beam_size=1))
+  ours = Translator.from_workdir(workdir, search=SearchConfig(beam_size=1),
+                                 devices=jax.devices()[:1])  # One compile, not eight.
   out = tmp_path / "ct2"
   config, params = ours.member(0)
   ct2.convert(config, params, ours.tokenizer, out)
