@@ -125,7 +125,8 @@ class Ct2Runner(_Model):
   Sentences are grouped by their longest allowed output (source length +
   max_extra tokens, EOS included, capped by max_len, as our search), since
   CTranslate2 takes one max_decoding_length per call; it then stops where our
-  search forces EOS. Its length penalty is its own: length ** alpha, not GNMT's.
+  search forces EOS. Its beam search runs without a length penalty and its n-best
+  hypotheses are ranked by ours (GNMT's), which CTranslate2 does not offer.
   """
 
   def __init__(self, model_dir: str | Path, *, compute_type: str = "default", threads: int = 0,
@@ -152,12 +153,17 @@ class Ct2Runner(_Model):
       groups.setdefault(min(len(ids) + max_extra, self.max_len), []).append((i, ids))
     pad = [self.sp.id_to_piece(self.pad_id)]
     for longest, members in sorted(groups.items()):
+      # Unpenalised scores, so its beam can stop early; its n-best is then ranked by
+      # GNMT's penalty, ours (CTranslate2's own divides by length ** alpha).
       found = self.model.translate_batch(
           [[self.sp.id_to_piece(t) for t in ids] for _, ids in members], beam_size=beam_size,
-          length_penalty=alpha, max_decoding_length=longest - 1,  # Tokens before a forced EOS.
+          num_hypotheses=beam_size, length_penalty=0, return_scores=True,
+          max_decoding_length=longest - 1,  # Tokens before a forced EOS.
           max_batch_size=self.max_batch_size, suppress_sequences=[pad])
       for (i, _), result in zip(members, found):
-        results[i] = self.text([self.sp.piece_to_id(p) for p in result.hypotheses[0]])
+        best = max(zip(result.hypotheses, result.scores),
+                   key=lambda h: h[1] / ((5.0 + len(h[0]) + 1) / 6.0) ** alpha)  # EOS counts.
+        results[i] = self.text([self.sp.piece_to_id(p) for p in best[0]])
     return results
 
 
