@@ -182,7 +182,7 @@ def main() -> None:
     greedy[engine] = _read(scratch / f"greedy {engine}.de")
   record = {
       "command": "python bench/export.py " + " ".join(sys.argv[1:]),
-      **{k: v for k, v in provenance.git_commit().items() if k in ("git_commit", "git_dirty")},
+      **provenance.commit(),
       "machine": machine(), "workdir": args.workdir, "sentences": len(reference_out),
       "search": {"beam_size": 4, "alpha": 0.6, "max_extra": 50}, "runs": args.runs,
       "rows": rows,

@@ -40,6 +40,11 @@ def git_commit(directory: Path = REPOSITORY) -> dict:
     return {}
 
 
+def commit() -> dict:
+  """{'git_commit', 'git_dirty'} alone (no diff): for small records such as manifests."""
+  return {k: v for k, v in git_commit().items() if k in ("git_commit", "git_dirty")}
+
+
 def package_versions() -> dict[str, str]:
   versions = {"python": sys.version.split()[0]}
   for name in PACKAGES:

@@ -30,8 +30,7 @@ def run_export(*, workdir: str, out: str, fmt: str, search: SearchConfig, batch_
   if translator.ensemble:
     raise ConfigError("export: one workdir at a time")
   record = {"workdir": str(workdir), "checkpoint_steps": list(translator.checkpoint_steps[0]),
-            **{k: v for k, v in provenance.git_commit().items()
-               if k in ("git_commit", "git_dirty")}}
+            **provenance.commit()}
   if fmt == "stablehlo":
     from flax_transformer.export import stablehlo
 

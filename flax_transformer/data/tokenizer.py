@@ -84,10 +84,6 @@ class Tokenizer:
     """The vocabulary piece of each id (for plots, debugging, CTranslate2's tokens)."""
     return [self._sp.id_to_piece(int(i)) for i in ids]
 
-  def piece_ids(self, pieces: Iterable[str]) -> list[int]:
-    """The id of each vocabulary piece (`pieces`' inverse)."""
-    return [self._sp.piece_to_id(p) for p in pieces]
-
   def detokenize(self, ids: Iterable[int]) -> str:
     """ids -> text; stops at the first EOS, skips padding."""
     return self._sp.decode(trim(ids))

@@ -67,20 +67,21 @@ def _set_norm(spec, norm: dict[str, Any]) -> None:
   spec.beta = np.array(norm["bias"], np.float32)
 
 
-def _set_attention(spec, attention: dict[str, Any], norm: dict[str, Any], *, fused: tuple) -> None:
-  """fused: the projections CTranslate2 keeps in one matrix, after any left alone."""
-  names = ["query", "key", "value"]
-  alone = [n for n in names if n not in fused]
-  linears = [([n], _dense_in_out(attention[n]["kernel"]), _bias(attention, n)) for n in alone]
-  weights = [_dense_in_out(attention[n]["kernel"]) for n in fused]
-  biases = [_bias(attention, n) for n in fused]
-  linears.append((list(fused), np.concatenate(weights),
-                  None if biases[0] is None else np.concatenate(biases)))
-  for linear, (_, weight, bias) in zip(spec.linear, linears):
-    _set_linear(linear, weight, bias)
+def _set_attention(spec, attention: dict[str, Any], norm: dict[str, Any],
+                   groups: tuple[tuple[str, ...], ...]) -> None:
+  """groups: the projections of each of CTranslate2's input linears, in order
+  (self-attention: one fused Q/K/V; cross-attention: Q, then fused K/V)."""
+  for linear, names in zip(spec.linear, groups):
+    biases = [_bias(attention, n) for n in names]
+    _set_linear(linear, np.concatenate([_dense_in_out(attention[n]["kernel"]) for n in names]),
+                None if biases[0] is None else np.concatenate(biases))
   _set_linear(spec.linear[-1], _out_projection(attention["out"]["kernel"]),
               _bias(attention, "out"))
   _set_norm(spec.layer_norm, norm)
+
+
+SELF_ATTENTION = (("query", "key", "value"),)
+CROSS_ATTENTION = (("query",), ("key", "value"))
 
 
 def _set_ffn(spec, ffn: dict[str, Any], norm: dict[str, Any]) -> None:
@@ -100,7 +101,8 @@ def build_spec(config: TransformerConfig, params: dict[str, Any], tokenizer: Tok
   _require_ctranslate2()
   from ctranslate2.specs import transformer_spec
 
-  if config.head_dim_k * config.num_heads != config.d_model or config.d_k != config.d_v:
+  if config.head_dim_k * config.num_heads != config.d_model or (
+      config.head_dim_k != config.head_dim_v):
     raise ConfigError(f"CTranslate2 needs d_k = d_v = d_model / num_heads; this model has "
                       f"d_k={config.head_dim_k}, d_v={config.head_dim_v}, "
                       f"d_model={config.d_model}, num_heads={config.num_heads}")
@@ -131,14 +133,14 @@ def build_spec(config: TransformerConfig, params: dict[str, Any], tokenizer: Tok
   for i, layer in enumerate(encoder.layer):
     ours = params["encoder"][f"layer_{i}"]
     _set_attention(layer.self_attention, ours["self_attention"],
-                   ours["attention_block"]["norm"], fused=("query", "key", "value"))
+                   ours["attention_block"]["norm"], SELF_ATTENTION)
     _set_ffn(layer.ffn, ours["ffn"], ours["ffn_block"]["norm"])
   for i, layer in enumerate(decoder.layer):
     ours = params["decoder"][f"layer_{i}"]
     _set_attention(layer.self_attention, ours["self_attention"],
-                   ours["self_attention_block"]["norm"], fused=("query", "key", "value"))
+                   ours["self_attention_block"]["norm"], SELF_ATTENTION)
     _set_attention(layer.attention, ours["cross_attention"],
-                   ours["cross_attention_block"]["norm"], fused=("key", "value"))
+                   ours["cross_attention_block"]["norm"], CROSS_ATTENTION)
     _set_ffn(layer.ffn, ours["ffn"], ours["ffn_block"]["norm"])
 
   pieces = tokenizer.pieces(range(tokenizer.vocab_size))

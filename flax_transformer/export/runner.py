@@ -175,6 +175,8 @@ def open_model(model_dir: str | Path, **ct2_options) -> Runner | Ct2Runner:
 
 
 def _read_lines(path: str) -> list[str]:
+  # decode.py's reading (data.sources.split_lines_lenient), restated: this file
+  # travels without the package.
   raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
   parts = raw.split(b"\n")
   if parts and parts[-1] == b"":
