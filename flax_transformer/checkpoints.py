@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from flax import linen as nn
+from orbax.checkpoint._src.serialization import tensorstore_utils
 
 from flax_transformer import storage
 from flax_transformer.errors import CheckpointError, CheckpointSaveError
@@ -33,9 +34,17 @@ class Checkpointer:
   def __init__(self, workdir: str | Path, *, max_to_keep: int | None = None,
                asynchronous: bool = True, read_only: bool = False):
     self.directory = Workdir(workdir).checkpoints
+    bucket_options = {}
+    if storage.is_remote(self.directory):
+      storage.forget_listings(self.directory)  # Steps saved by other processes since.
+      _tensorstore_reaches_s3()
+      # Objects cannot be renamed in one step: a checkpoint is complete when its
+      # commit_success.txt is written last (orbax's choice for gs://, made for s3:// too).
+      bucket_options["temporary_path_class"] = ocp.path.atomicity.CommitFileTemporaryPath
     options = ocp.CheckpointManagerOptions(
         max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
-        enable_async_checkpointing=asynchronous, cleanup_tmp_directories=not read_only)
+        enable_async_checkpointing=asynchronous, cleanup_tmp_directories=not read_only,
+        **bucket_options)
     self.manager = ocp.CheckpointManager(
         self.directory, options=options,
         item_handlers={"state": ocp.PyTreeCheckpointHandler(),
@@ -137,6 +146,36 @@ class Checkpointer:
         state=ocp.args.PyTreeRestore(item=target, restore_args=restore_args,
                                      partial_restore=True)))
     return restored["state"]["params"]
+
+
+def _tensorstore_reaches_s3() -> None:
+  """Has orbax hand s3:// checkpoint directories to TensorStore's S3 driver.
+
+  orbax (0.12) builds TensorStore specs for local paths and gs:// only
+  (`tensorstore_utils.build_kvstore_tspec`), and would take s3://B/P for a relative
+  local path. The wrapper asks orbax for the spec of gs://B/P, which keeps its format
+  (OCDBT per process, write options, read coalescing), and swaps the GCS store for
+  the S3 one (`storage.s3_kvstore`).
+  """
+  build = tensorstore_utils.build_kvstore_tspec
+  if getattr(build, "reaches_s3", False):
+    return
+
+  def for_s3(gcs_store: dict) -> dict:
+    rest = {k: v for k, v in gcs_store.items() if k not in ("driver", "bucket", "path")}
+    return {**rest, **storage.s3_kvstore(f"s3://{gcs_store['bucket']}/{gcs_store['path']}")}
+
+  def build_with_s3(directory, *args, **kwargs):
+    directory = str(directory)
+    if not directory.startswith("s3://"):
+      return build(directory, *args, **kwargs)
+    spec = build("gs://" + directory.removeprefix("s3://"), *args, **kwargs)
+    if spec.get("driver") == "ocdbt":
+      return {**spec, "base": for_s3(spec["base"])}
+    return for_s3(spec)
+
+  build_with_s3.reaches_s3 = True
+  tensorstore_utils.build_kvstore_tspec = build_with_s3
 
 
 def _first_line(error: BaseException) -> str:

@@ -4,7 +4,8 @@ A location with a scheme becomes an `etils.epath.Path` (fsspec underneath: gcsfs
 for gs://, s3fs for s3://, each an extra of this package); any other is a local
 `pathlib.Path`. Both offer the same calls (`/`, open, read/write, exists, mkdir,
 iterdir). What object storage lacks (appending, renaming in one step) the callers
-work around through `is_remote`. Orbax reaches buckets itself, through tensorstore.
+work around through `is_remote`. Orbax reaches buckets itself, through tensorstore:
+`s3_kvstore` is where tensorstore finds an S3 bucket's endpoint and region.
 """
 
 from __future__ import annotations
@@ -40,6 +41,35 @@ def as_path(location: str | os.PathLike) -> Any:
   from etils import epath
 
   return epath.Path(text)
+
+
+def s3_kvstore(location: str) -> dict:
+  """TensorStore's kvstore spec for an s3://BUCKET/PREFIX location.
+
+  TensorStore's S3 driver reads credentials from the usual AWS variables and files
+  but not the endpoint, so the one botocore and s3fs use (AWS_ENDPOINT_URL_S3, then
+  AWS_ENDPOINT_URL: an S3-compatible store such as MinIO or Ceph) is passed here, and
+  the region from AWS_REGION / AWS_DEFAULT_REGION when set.
+  """
+  bucket, _, prefix = location.removeprefix("s3://").partition("/")
+  spec = {"driver": "s3", "bucket": bucket, "path": prefix.strip("/") + "/" if prefix else ""}
+  endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+  if endpoint:
+    spec["endpoint"] = endpoint
+  region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+  if region:
+    spec["aws_region"] = region
+  return spec
+
+
+def forget_listings(location) -> None:
+  """Drops what fsspec remembers of a bucket's listings, so objects that another
+  process wrote since are seen (a no-op for local paths)."""
+  text = os.fspath(location) if isinstance(location, (str, os.PathLike)) else str(location)
+  if is_remote(text):
+    from etils.epath import backend
+
+    backend.fsspec_backend.fs(text).invalidate_cache()  # The filesystem epath.Path uses.
 
 
 def is_remote(path) -> bool:

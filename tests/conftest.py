@@ -1,6 +1,10 @@
 """Shared fixtures: the real Multi30k files and a vocabulary trained on them once."""
 
 import os
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -33,12 +37,81 @@ def multi30k_tokenizer(multi30k_dir, tmp_path_factory):
                                    vocab_size=4000)
 
 
+def train_command(workdir, multi30k_dir, *overrides) -> list[str]:
+  """train.py on the tiny config: no BLEU, no evaluation, a checkpoint every 10 steps;
+  later overrides win."""
+  return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/tiny.py"),
+          f"--workdir={workdir}", f"--config.manual_dir={multi30k_dir}",
+          "--config.bleu_every_steps=0", "--config.eval_every_steps=1000",
+          "--config.checkpoint_every_steps=10", *overrides]
+
+
+def cpu_env() -> dict:
+  """The environment of a plain single-host run: one CPU device."""
+  return dict(os.environ, XLA_FLAGS="")
+
+
+def final_params(workdir):
+  """(step, parameters) of the newest checkpoint in `workdir`, raw as saved."""
+  import orbax.checkpoint as ocp
+
+  from flax_transformer.checkpoints import Checkpointer
+
+  checkpointer = Checkpointer(workdir, read_only=True)
+  step = checkpointer.steps()[-1]
+  restored = checkpointer.manager.restore(
+      step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore()))
+  return step, restored["state"]["params"]
+
+
+def wait_for_checkpoint(workdir, minimum_step, process, timeout=120) -> None:
+  """Returns once `process` has completed a checkpoint of `minimum_step` or later in
+  `workdir` (a directory or a bucket)."""
+  from flax_transformer import storage
+  from flax_transformer.workdir import Workdir
+
+  checkpoints = Workdir(workdir).checkpoints
+  remote = storage.is_remote(checkpoints)
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    storage.forget_listings(checkpoints)  # The run's new objects, not a stale listing.
+    # Local checkpoints appear complete (renamed); in a bucket, with their commit file.
+    complete = (lambda p: (p / "commit_success.txt").exists()) if remote else bool
+    steps = [int(p.name) for p in checkpoints.iterdir()
+             if p.name.isdigit() and complete(p)] if checkpoints.exists() else []
+    if steps and max(steps) >= minimum_step:
+      return
+    assert process.poll() is None, process.stderr.read()
+    time.sleep(0.2)
+  raise TimeoutError(f"no checkpoint of step {minimum_step} or later in {checkpoints}")
+
+
+# Long enough that a test sees a checkpoint of step 20 and kills the run before its end.
+RUN_STEPS = 200
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(tmp_path_factory, multi30k_dir):
+  """A RUN_STEPS-step tiny run start to end: (its workdir, final step, final parameters), what
+  interrupted and resumed runs must reach bit for bit."""
+  workdir = tmp_path_factory.mktemp("straight")
+  subprocess.run(train_command(workdir, multi30k_dir, f"--config.num_train_steps={RUN_STEPS}"),
+                 env=cpu_env(), check=True, capture_output=True)
+  return (workdir, *final_params(workdir))
+
+
 def pytest_configure(config):
   # Every sharding feature is tested on 8 simulated CPU devices; set before jax starts.
   flags = os.environ.get("XLA_FLAGS", "")
   if "xla_force_host_platform_device_count" not in flags:
     os.environ["XLA_FLAGS"] = (flags + " --xla_force_host_platform_device_count=8").strip()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  # One compilation cache for the session, new each run: tests that build the same
+  # step in another Trainer load it instead of compiling it again (a run that trains
+  # in-process moves jax to its workdir's cache, as train.py does).
+  from flax_transformer import compilation
+
+  compilation.enable_cache(tempfile.mkdtemp(prefix="flax_transformer_test_xla_"))
   config.addinivalue_line("markers", "devices(n): needs n devices (the CPU's 8 simulated ones)")
   if os.environ["JAX_PLATFORMS"] != "cpu":
     # On a GPU (JAX_PLATFORMS=cuda), float32 matmuls default to TF32 (10-bit

@@ -1,9 +1,11 @@
-"""A workdir in a bucket: the files training and translation write and read, against
-servers the tests start on localhost (a GCS emulator, gcp-storage-emulator, reached
-through gcsfs; an S3-compatible one, moto's server mode, reached through s3fs), as real
-buckets would be; and the errors for what cannot work."""
+"""A workdir in a bucket: the files training and translation write and read, and the
+checkpoints orbax writes through TensorStore, against servers the tests start on
+localhost (a GCS emulator, gcp-storage-emulator, reached through gcsfs and TensorStore's
+gcs driver; an S3-compatible one, moto's server mode, reached through s3fs and
+TensorStore's s3 driver), as real buckets would be; and the errors for what cannot work."""
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -12,6 +14,9 @@ import time
 import numpy as np
 import pytest
 
+import jax
+
+from conftest import RUN_STEPS, ROOT, cpu_env, final_params, train_command, wait_for_checkpoint
 from flax_transformer import storage
 from flax_transformer.errors import ConfigError
 
@@ -30,19 +35,26 @@ def start_server(command: list[str], port: int) -> subprocess.Popen:
       socket.create_connection(("127.0.0.1", port), timeout=1).close()
       return server
     except OSError:
-      assert time.time() < deadline and server.poll() is None, f"{command[2]} did not start"
+      assert time.time() < deadline and server.poll() is None, f"{command[1:3]} did not start"
       time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
 def gcs_bucket():
-  """gs://test-bucket on an emulator; gcsfs finds it through STORAGE_EMULATOR_HOST."""
+  """gs://test-bucket on an emulator (gcp-storage-emulator, with GCS's generation
+  preconditions: tests/gcs_emulator.py); gcsfs finds it through STORAGE_EMULATOR_HOST,
+  TensorStore through TENSORSTORE_GCS_HTTP_URL."""
   port = free_port()
-  server = start_server([sys.executable, "-m", "gcp_storage_emulator", "start",
-                         "--host=127.0.0.1", f"--port={port}", "--in-memory",
-                         "--default-bucket=test-bucket"], port)
+  server = start_server([sys.executable, str(ROOT / "tests/gcs_emulator.py"), str(port)], port)
   monkeypatch = pytest.MonkeyPatch()
-  monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+  for key, value in {
+      "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}",  # gcsfs
+      "TENSORSTORE_GCS_HTTP_URL": f"http://127.0.0.1:{port}",  # TensorStore (orbax)
+      "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",  # TensorStore asks for no credentials.
+      # gcsfs asks GCS's control plane (gRPC, which the emulator lacks) for the bucket's
+      # layout, retrying for a minute before it falls back to the plain JSON API.
+      "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}.items():
+    monkeypatch.setenv(key, value)
   yield "gs://test-bucket"
   monkeypatch.undo()
   server.kill()
@@ -51,7 +63,8 @@ def gcs_bucket():
 
 @pytest.fixture(scope="module")
 def s3_bucket():
-  """s3://test-bucket on moto's server; s3fs (botocore) finds it through AWS_ENDPOINT_URL."""
+  """s3://test-bucket on moto's server; s3fs (botocore) and TensorStore (through
+  storage.s3_kvstore) find it through AWS_ENDPOINT_URL."""
   port = free_port()
   server = start_server([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
                          str(port)], port)
@@ -118,3 +131,54 @@ def test_workdir_files_in_a_bucket(bucket, request, multi30k_tokenizer):
   events = [p.name for p in run.tensorboard.iterdir()]
   assert len(events) == 2 and all(name.startswith("events.out.tfevents") for name in events)
   assert all(len((run.tensorboard / name).read_bytes()) > 0 for name in events)
+
+
+def test_s3_locations_reach_tensorstore_with_the_aws_endpoint(monkeypatch):
+  monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
+  monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://minio:9000")  # The S3 one wins.
+  monkeypatch.setenv("AWS_REGION", "eu-west-1")
+  assert storage.s3_kvstore("s3://b/runs/x/") == {
+      "driver": "s3", "bucket": "b", "path": "runs/x/", "endpoint": "http://minio:9000",
+      "aws_region": "eu-west-1"}
+
+
+@pytest.mark.parametrize("bucket", ["gcs_bucket", "s3_bucket"])
+def test_training_in_a_bucket_killed_resumes_bit_exactly_and_decodes(
+    bucket, request, tmp_path, multi30k_dir, uninterrupted, local_translations):
+  """train.py with its workdir in the bucket, kill -9 after a checkpoint, the same
+  command again: the final parameters are those of the uninterrupted local run, and
+  decode.py translates from the bucket as from that run's directory."""
+  workdir = f"{request.getfixturevalue(bucket)}/trained"
+  command = train_command(workdir, multi30k_dir, f"--config.num_train_steps={RUN_STEPS}")
+  process = subprocess.Popen(command, env=cpu_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+  wait_for_checkpoint(workdir, 20, process)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  assert not (ROOT / "gs:").exists() and not (ROOT / "s3:").exists()
+  resumed = subprocess.run(command, env=cpu_env(), capture_output=True, text=True)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "Resumed from the checkpoint of step" in resumed.stderr
+  step, params = final_params(workdir)
+  _, expected_step, expected = uninterrupted
+  assert step == expected_step == RUN_STEPS
+  for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(expected)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+  from_bucket = decode(workdir, tmp_path)
+  assert from_bucket == local_translations and len(from_bucket.splitlines()) == 2
+
+
+def decode(workdir, tmp_path) -> str:
+  """decode.py's output for two sentences."""
+  source = tmp_path / "in.en"
+  source.write_text("A man rides a bike.\nTwo dogs play in the snow.\n")
+  result = subprocess.run([sys.executable, str(ROOT / "decode.py"), f"--workdir={workdir}",
+                           f"--input={source}"], env=cpu_env(), capture_output=True, text=True)
+  assert result.returncode == 0, result.stderr[-2000:]
+  return result.stdout
+
+
+@pytest.fixture(scope="module")
+def local_translations(uninterrupted, tmp_path_factory):
+  return decode(uninterrupted[0], tmp_path_factory.mktemp("decode"))

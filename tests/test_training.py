@@ -11,7 +11,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 import pytest
 
 from configs import tiny
@@ -20,6 +19,7 @@ from flax_transformer.training import sharding
 from flax_transformer.training import steps as training
 from flax_transformer.checkpoints import Checkpointer
 from flax_transformer.workdir import METRICS_FILE
+from conftest import RUN_STEPS, cpu_env, final_params, train_command, wait_for_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -302,50 +302,9 @@ def test_mesh_errors_name_the_key():
 
 # --- The command line: kill -9, SIGTERM, bad configs ----------------------------
 
-def train_command(workdir, multi30k_dir, *overrides):
-  return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/tiny.py"),
-          f"--workdir={workdir}", f"--config.manual_dir={multi30k_dir}",
-          "--config.bleu_every_steps=0", "--config.eval_every_steps=1000",
-          "--config.checkpoint_every_steps=10", *overrides]
-
-
-def cpu_env():
-  env = dict(os.environ)
-  env["XLA_FLAGS"] = ""  # One device, like a plain single-host run.
-  return env
-
-
-def final_params(workdir):
-  checkpointer = Checkpointer(workdir, read_only=True)
-  step = checkpointer.steps()[-1]
-  restored = checkpointer.manager.restore(  # Raw arrays, as saved.
-      step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore()))
-  return step, restored["state"]["params"]
-
-
-def wait_for_checkpoint(workdir, minimum_step, process, timeout=120):
-  deadline = time.time() + timeout
-  while time.time() < deadline:
-    ckpt = Path(workdir) / "checkpoints"
-    steps = [int(p.name) for p in ckpt.glob("*") if p.name.isdigit()] if ckpt.exists() else []
-    if steps and max(steps) >= minimum_step:
-      return
-    assert process.poll() is None, process.stderr.read()
-    time.sleep(0.2)
-  raise TimeoutError("no checkpoint appeared")
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory, multi30k_dir):
-  workdir = tmp_path_factory.mktemp("straight")
-  subprocess.run(train_command(workdir, multi30k_dir, "--config.num_train_steps=60"),
-                 env=cpu_env(), check=True, capture_output=True)
-  return final_params(workdir)
-
-
 def test_kill_minus_nine_then_resume_reaches_the_same_parameters(tmp_path, multi30k_dir,
                                                                  uninterrupted):
-  command = train_command(tmp_path, multi30k_dir, "--config.num_train_steps=60")
+  command = train_command(tmp_path, multi30k_dir, f"--config.num_train_steps={RUN_STEPS}")
   process = subprocess.Popen(command, env=cpu_env(), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
   wait_for_checkpoint(tmp_path, 20, process)
@@ -353,8 +312,8 @@ def test_kill_minus_nine_then_resume_reaches_the_same_parameters(tmp_path, multi
   process.wait()
   subprocess.run(command, env=cpu_env(), check=True, capture_output=True)
   step, params = final_params(tmp_path)
-  expected_step, expected = uninterrupted
-  assert step == expected_step == 60
+  _, expected_step, expected = uninterrupted
+  assert step == expected_step == RUN_STEPS
   for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(expected)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
