@@ -7,7 +7,9 @@ beam 4, alpha 0.6, max_extra 50, on this machine's cores. The workdir is exporte
 with export.py (StableHLO; CTranslate2 float32 and int8). Each engine runs in its
 own process, alternating over --runs rounds: its load time (process start to a
 model ready, imports included), a first pass over test 2016 (compiles included),
-a second pass (sentences/s), its peak RSS. Then: BLEU of each first pass (sacrebleu,
+a second pass (sentences/s), its peak RSS. CTranslate2 runs twice per round: as the
+runner does (a 1-thread worker per core) and with one worker whose threads share each
+batch. Then: BLEU of each first pass (sacrebleu,
 default 13a), lines identical to decode.py's, the real decode.py command's output
 against the runner's, and greedy outputs on 100 validation sentences, ours against
 CTranslate2's.
@@ -29,7 +31,11 @@ START = time.perf_counter()  # A worker's load time counts from here: imports in
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
-ENGINES = ("decode.py", "stablehlo runner", "ctranslate2 float32", "ctranslate2 int8")
+# CTranslate2 as the runner runs it (one 1-thread worker per core), and with its
+# threads sharing each batch instead (one worker, a thread per core).
+SHARED = ", 1 worker x all threads"
+ENGINES = ("decode.py", "stablehlo runner", "ctranslate2 float32", "ctranslate2 int8",
+           "ctranslate2 float32" + SHARED, "ctranslate2 int8" + SHARED)
 
 
 def _worker(args) -> None:
@@ -56,7 +62,8 @@ def _worker(args) -> None:
       model = runner.Runner(args.model)
       translate = model.translate
     else:
-      model = runner.Ct2Runner(args.model, threads=len(os.sched_getaffinity(0)))
+      shared = dict(workers=1, threads=len(os.sched_getaffinity(0)))
+      model = runner.Ct2Runner(args.model, **(shared if args.worker.endswith(SHARED) else {}))
       translate = lambda x: model.translate(x, beam_size=args.beam_size)  # noqa: E731
   load_s = time.perf_counter() - START
   start = time.perf_counter()
@@ -138,6 +145,8 @@ def main() -> None:
                        / 2 ** 20}
     models[engine] = str(scratch / folder)
 
+  for engine in ENGINES[4:]:
+    models[engine] = models[engine.removesuffix(SHARED)]
   runs: dict[str, list[dict]] = {engine: [] for engine in ENGINES}
   for run in range(args.runs):
     for engine in ENGINES:

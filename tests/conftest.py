@@ -1,6 +1,7 @@
 """Shared fixtures: the real Multi30k files and a vocabulary trained on them once."""
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -111,7 +112,8 @@ def pytest_configure(config):
   # in-process moves jax to its workdir's cache, as train.py does).
   from flax_transformer import compilation
 
-  compilation.enable_cache(tempfile.mkdtemp(prefix="flax_transformer_test_xla_"))
+  config.xla_cache = tempfile.mkdtemp(prefix="flax_transformer_test_xla_")
+  compilation.enable_cache(config.xla_cache)
   config.addinivalue_line("markers", "devices(n): needs n devices (the CPU's 8 simulated ones)")
   if os.environ["JAX_PLATFORMS"] != "cpu":
     # On a GPU (JAX_PLATFORMS=cuda), float32 matmuls default to TF32 (10-bit
@@ -121,6 +123,11 @@ def pytest_configure(config):
     import jax
 
     jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def pytest_unconfigure(config):
+  if getattr(config, "xla_cache", None):
+    shutil.rmtree(config.xla_cache, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -21,6 +21,16 @@ REQUIRED = ["device", "jax_version", "date", "readme_job_wall_s", "readme_job_te
             "decode_base_speedup_vs_peer_batch8", "decode_base_speedup_vs_peer_batch128"]
 
 
+def bench_accelerator():
+  """bench/accelerator.py as a module."""
+  sys.path.insert(0, str(ROOT / "bench"))
+  try:
+    import accelerator
+  finally:
+    sys.path.remove(str(ROOT / "bench"))
+  return accelerator
+
+
 def test_tiny_run_measures_every_section_and_a_second_launch_loads_from_the_cache(
     tmp_path, multi30k_dir):
   out = tmp_path / "accelerator.json"
@@ -85,11 +95,7 @@ def test_tiny_run_measures_every_section_and_a_second_launch_loads_from_the_cach
 
 
 def test_device_and_cpu_outputs_are_compared_line_by_line():
-  sys.path.insert(0, str(ROOT / "bench"))
-  try:
-    import accelerator
-  finally:
-    sys.path.remove(str(ROOT / "bench"))
+  accelerator = bench_accelerator()
   same = accelerator.compare_outputs(["ein Hund", "zwei Männer"], ["ein Hund", "zwei Männer"])
   assert same["decode_test2016_same_output_as_cpu"] is True
   one = accelerator.compare_outputs(["ein Hund", "zwei Männer"], ["ein Hund", "zwei Frauen"])
@@ -109,11 +115,7 @@ def test_ablations_replace_existing_pieces_with_the_same_math():
   import jax.numpy as jnp
   import numpy as np
 
-  sys.path.insert(0, str(ROOT / "bench"))
-  try:
-    import accelerator
-  finally:
-    sys.path.remove(str(ROOT / "bench"))
+  accelerator = bench_accelerator()
   patches = accelerator.ablation_patches()
   assert set(patches["all_plain"]) == {k for name, p in patches.items() if name != "all_plain"
                                        for k in p}
