@@ -146,8 +146,9 @@ def test_s3_locations_reach_tensorstore_with_the_aws_endpoint(monkeypatch):
 def test_training_in_a_bucket_killed_resumes_bit_exactly_and_decodes(
     bucket, request, tmp_path, multi30k_dir, uninterrupted, local_translations):
   """train.py with its workdir in the bucket, kill -9 after a checkpoint, the same
-  command again: the final parameters are those of the uninterrupted local run, and
-  decode.py translates from the bucket as from that run's directory."""
+  command again: the final parameters are those of the uninterrupted local run,
+  decode.py translates from the bucket as from that run's directory, and checkpoint
+  averaging reads and writes the bucket."""
   workdir = f"{request.getfixturevalue(bucket)}/trained"
   command = train_command(workdir, multi30k_dir, f"--config.num_train_steps={RUN_STEPS}")
   process = subprocess.Popen(command, env=cpu_env(), stdout=subprocess.PIPE,
@@ -167,6 +168,18 @@ def test_training_in_a_bucket_killed_resumes_bit_exactly_and_decodes(
 
   from_bucket = decode(workdir, tmp_path)
   assert from_bucket == local_translations and len(from_bucket.splitlines()) == 2
+
+  # average_checkpoints.py's work, bucket to bucket: the mean of the last two.
+  from flax_transformer import checkpoints
+  from flax_transformer.workdir import read_run
+
+  averaged = f"{workdir}-avg2"
+  assert checkpoints.write_averaged(workdir, averaged, last=2) == [RUN_STEPS - 10, RUN_STEPS]
+  model_config, _ = read_run(averaged)
+  read_back, _ = checkpoints.load_params(averaged, model_config)
+  expected, _ = checkpoints.load_params(uninterrupted[0], model_config, average_last=2)
+  for a, b in zip(jax.tree_util.tree_leaves(read_back), jax.tree_util.tree_leaves(expected)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def decode(workdir, tmp_path) -> str:

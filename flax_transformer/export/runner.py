@@ -141,9 +141,8 @@ class Ct2Runner(_Model):
     import ctranslate2
 
     # `workers` translators (CTranslate2's inter_threads; 0 = one per core) of `threads`
-    # threads each take the batches in turn. At d_model 256, one thread per batch and a
-    # batch per core beat threads sharing a batch: 2 workers x 1 thread translated 1.3x
-    # (float32) and 3.2x (int8) the sentences/s of 1 x 2 on 2 cores (BENCHMARKS, Export).
+    # threads each take the batches in turn. At d_model 256 a batch per core, one
+    # thread each, beat threads sharing each batch, int8 most (BENCHMARKS.md, Export).
     self.model = ctranslate2.Translator(
         str(model_dir), device="cpu", compute_type=compute_type,
         inter_threads=workers or _cores(), intra_threads=threads)
