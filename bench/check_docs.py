@@ -394,11 +394,11 @@ SENTENCES += [
 LOGS = [
     ("BENCHMARKS.md", "**Tests on the GPU**",
      "results/device_runs/2026-11-27_h100_5ecb8c5/tests.log", r"(\d+) passed in", "({} passed;"),
-    ("README.md", "The suite (", "results/ci/2026-11-27_fresh_clone_191.log",
+    ("README.md", "The suite (", "results/ci/2026-11-27_fresh_clone_203.log",
      r"(\d+) passed", "{} tests"),
-    ("README.md", "The suite (", "results/ci/2026-11-27_fresh_clone_191.log",
+    ("README.md", "The suite (", "results/ci/2026-11-27_fresh_clone_203.log",
      r"passed, \d+ warnings in ([\d.]+)s", lambda s: f"passed in {float(s) / 60:.1f} minutes"),
-    ("README.md", "The suite (", "results/ci/2026-11-27_fresh_clone_191.log",
+    ("README.md", "The suite (", "results/ci/2026-11-27_fresh_clone_203.log",
      r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\d+:[\d.]+)",
      lambda t: f"{int(t.split(':')[0]) + float(t.split(':')[1]) / 60:.1f} minutes with the venv"),
 ]

@@ -20,10 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from flax import linen as nn
-from orbax.checkpoint._src.serialization import tensorstore_utils
 
 from flax_transformer import storage
-from flax_transformer.errors import CheckpointError, CheckpointSaveError
+from flax_transformer.errors import CheckpointError, CheckpointSaveError, ConfigError
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.model import Transformer
 from flax_transformer.workdir import Workdir, read_run
@@ -157,7 +156,14 @@ def _tensorstore_reaches_s3() -> None:
   (OCDBT per process, write options, read coalescing), and swaps the GCS store for
   the S3 one (`storage.s3_kvstore`).
   """
-  build = tensorstore_utils.build_kvstore_tspec
+  try:  # orbax's internals: a version without them says so instead of writing elsewhere.
+    from orbax.checkpoint._src.serialization import tensorstore_utils
+
+    build = tensorstore_utils.build_kvstore_tspec
+  except (ImportError, AttributeError) as e:
+    raise ConfigError(f"s3:// checkpoints need orbax-checkpoint's tensorstore_utils."
+                      f"build_kvstore_tspec, which orbax-checkpoint {ocp.__version__} lacks "
+                      f"({e}); use a gs:// or local workdir, or orbax-checkpoint 0.12") from None
   if getattr(build, "reaches_s3", False):
     return
 
