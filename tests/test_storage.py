@@ -147,8 +147,9 @@ def test_training_in_a_bucket_killed_resumes_bit_exactly_and_decodes(
     bucket, request, tmp_path, multi30k_dir, uninterrupted, local_translations):
   """train.py with its workdir in the bucket, kill -9 after a checkpoint, the same
   command again: the final parameters are those of the uninterrupted local run,
-  decode.py translates from the bucket as from that run's directory, and checkpoint
-  averaging reads and writes the bucket."""
+  decode.py translates from the bucket as from that run's directory, checkpoint
+  averaging reads and writes the bucket, and a step without its commit file (a save
+  cut short) is not listed."""
   workdir = f"{request.getfixturevalue(bucket)}/trained"
   command = train_command(workdir, multi30k_dir, f"--config.num_train_steps={RUN_STEPS}")
   process = subprocess.Popen(command, env=cpu_env(), stdout=subprocess.PIPE,
@@ -171,7 +172,7 @@ def test_training_in_a_bucket_killed_resumes_bit_exactly_and_decodes(
 
   # average_checkpoints.py's work, bucket to bucket: the mean of the last two.
   from flax_transformer import checkpoints
-  from flax_transformer.workdir import read_run
+  from flax_transformer.workdir import Workdir, read_run
 
   averaged = f"{workdir}-avg2"
   assert checkpoints.write_averaged(workdir, averaged, last=2) == [RUN_STEPS - 10, RUN_STEPS]
@@ -180,6 +181,10 @@ def test_training_in_a_bucket_killed_resumes_bit_exactly_and_decodes(
   expected, _ = checkpoints.load_params(uninterrupted[0], model_config, average_last=2)
   for a, b in zip(jax.tree_util.tree_leaves(read_back), jax.tree_util.tree_leaves(expected)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+  # A save cut short in a bucket (its commit file not yet written) is no checkpoint.
+  (Workdir(workdir).checkpoints / str(RUN_STEPS) / "commit_success.txt").unlink()
+  assert checkpoints.Checkpointer(workdir, read_only=True).steps()[-1] == RUN_STEPS - 10
 
 
 def decode(workdir, tmp_path) -> str:
