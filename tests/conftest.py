@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -99,6 +100,71 @@ def uninterrupted(tmp_path_factory, multi30k_dir):
   subprocess.run(train_command(workdir, multi30k_dir, f"--config.num_train_steps={RUN_STEPS}"),
                  env=cpu_env(), check=True, capture_output=True)
   return (workdir, *final_params(workdir))
+
+
+# --- Buckets on localhost: a GCS emulator, an S3-compatible server ---------------------
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def start_server(command: list[str], port: int) -> subprocess.Popen:
+  server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  deadline = time.time() + 30
+  while True:
+    try:
+      socket.create_connection(("127.0.0.1", port), timeout=1).close()
+      return server
+    except OSError:
+      assert time.time() < deadline and server.poll() is None, f"{command[1:3]} did not start"
+      time.sleep(0.2)
+
+
+# Session-wide: gcsfs and s3fs keep their clients (and the endpoints they were made
+# with) for the life of the process, so each server must outlive every test using it.
+@pytest.fixture(scope="session")
+def gcs_bucket():
+  """gs://test-bucket on an emulator (gcp-storage-emulator, with GCS's generation
+  preconditions: tests/gcs_emulator.py); gcsfs finds it through STORAGE_EMULATOR_HOST,
+  TensorStore through TENSORSTORE_GCS_HTTP_URL."""
+  port = free_port()
+  server = start_server([sys.executable, str(ROOT / "tests/gcs_emulator.py"), str(port)], port)
+  monkeypatch = pytest.MonkeyPatch()
+  for key, value in {
+      "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}",  # gcsfs
+      "TENSORSTORE_GCS_HTTP_URL": f"http://127.0.0.1:{port}",  # TensorStore (orbax)
+      "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",  # TensorStore asks for no credentials.
+      # gcsfs asks GCS's control plane (gRPC, which the emulator lacks) for the bucket's
+      # layout, retrying for a minute before it falls back to the plain JSON API.
+      "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}.items():
+    monkeypatch.setenv(key, value)
+  yield "gs://test-bucket"
+  monkeypatch.undo()
+  server.kill()
+  server.wait()
+
+
+@pytest.fixture(scope="session")
+def s3_bucket():
+  """s3://test-bucket on moto's server; s3fs (botocore) and TensorStore (through
+  storage.s3_kvstore) find it through AWS_ENDPOINT_URL."""
+  port = free_port()
+  server = start_server([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+                         str(port)], port)
+  monkeypatch = pytest.MonkeyPatch()
+  for key, value in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+                     "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                     "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    monkeypatch.setenv(key, value)
+  from flax_transformer import storage
+
+  storage.as_path("s3://test-bucket").mkdir()  # Creates the bucket.
+  yield "s3://test-bucket"
+  monkeypatch.undo()
+  server.kill()
+  server.wait()
 
 
 def pytest_configure(config):

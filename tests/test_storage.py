@@ -1,15 +1,12 @@
 """A workdir in a bucket: the files training and translation write and read, and the
 checkpoints orbax writes through TensorStore, against servers the tests start on
-localhost (a GCS emulator, gcp-storage-emulator, reached through gcsfs and TensorStore's
-gcs driver; an S3-compatible one, moto's server mode, reached through s3fs and
-TensorStore's s3 driver), as real buckets would be; and the errors for what cannot work."""
+localhost (conftest's gcs_bucket and s3_bucket), as real buckets would be; and the
+errors for what cannot work."""
 
 import json
 import signal
-import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -19,65 +16,6 @@ import jax
 from conftest import RUN_STEPS, ROOT, cpu_env, final_params, train_command, wait_for_checkpoint
 from flax_transformer import storage
 from flax_transformer.errors import ConfigError
-
-
-def free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
-
-def start_server(command: list[str], port: int) -> subprocess.Popen:
-  server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  deadline = time.time() + 30
-  while True:
-    try:
-      socket.create_connection(("127.0.0.1", port), timeout=1).close()
-      return server
-    except OSError:
-      assert time.time() < deadline and server.poll() is None, f"{command[1:3]} did not start"
-      time.sleep(0.2)
-
-
-@pytest.fixture(scope="module")
-def gcs_bucket():
-  """gs://test-bucket on an emulator (gcp-storage-emulator, with GCS's generation
-  preconditions: tests/gcs_emulator.py); gcsfs finds it through STORAGE_EMULATOR_HOST,
-  TensorStore through TENSORSTORE_GCS_HTTP_URL."""
-  port = free_port()
-  server = start_server([sys.executable, str(ROOT / "tests/gcs_emulator.py"), str(port)], port)
-  monkeypatch = pytest.MonkeyPatch()
-  for key, value in {
-      "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}",  # gcsfs
-      "TENSORSTORE_GCS_HTTP_URL": f"http://127.0.0.1:{port}",  # TensorStore (orbax)
-      "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator",  # TensorStore asks for no credentials.
-      # gcsfs asks GCS's control plane (gRPC, which the emulator lacks) for the bucket's
-      # layout, retrying for a minute before it falls back to the plain JSON API.
-      "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}.items():
-    monkeypatch.setenv(key, value)
-  yield "gs://test-bucket"
-  monkeypatch.undo()
-  server.kill()
-  server.wait()
-
-
-@pytest.fixture(scope="module")
-def s3_bucket():
-  """s3://test-bucket on moto's server; s3fs (botocore) and TensorStore (through
-  storage.s3_kvstore) find it through AWS_ENDPOINT_URL."""
-  port = free_port()
-  server = start_server([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
-                         str(port)], port)
-  monkeypatch = pytest.MonkeyPatch()
-  for key, value in {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-                     "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                     "AWS_DEFAULT_REGION": "us-east-1"}.items():
-    monkeypatch.setenv(key, value)
-  storage.as_path("s3://test-bucket").mkdir()  # Creates the bucket.
-  yield "s3://test-bucket"
-  monkeypatch.undo()
-  server.kill()
-  server.wait()
 
 
 def test_local_and_bucket_locations():

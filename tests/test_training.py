@@ -19,7 +19,8 @@ from flax_transformer.training import sharding
 from flax_transformer.training import steps as training
 from flax_transformer.checkpoints import Checkpointer
 from flax_transformer.workdir import METRICS_FILE
-from conftest import RUN_STEPS, cpu_env, final_params, train_command, wait_for_checkpoint
+from conftest import (RUN_STEPS, cpu_env, final_params, free_port, train_command,
+                      wait_for_checkpoint)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -363,14 +364,6 @@ def test_bad_recipe_choices_are_config_errors(multi30k_dir, key, value, message)
     check_config(tiny_config(multi30k_dir, **{key: value}))
 
 
-def free_port():
-  import socket
-
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
-
-
 def test_two_processes_of_4_devices_match_one_of_8(tmp_path, multi30k_dir):
   """20 steps of jax.distributed over two processes with 4 CPU devices each, against
   one process with 8 devices fed the same global batches: the same mesh (data: 8), the
@@ -423,10 +416,16 @@ def test_two_processes_of_4_devices_match_one_of_8(tmp_path, multi30k_dir):
   np.testing.assert_allclose(two_process, single, rtol=1e-5, atol=0)
 
 
-def test_slurm_job_is_detected_without_flags(tmp_path, multi30k_dir):
-  """Two tasks of a SLURM job step (as srun sets them up): one run over two processes."""
+def test_slurm_job_is_detected_without_flags_and_writes_one_bucket(s3_bucket, multi30k_dir):
+  """Two tasks of a SLURM job step (as srun sets them up): one run over two processes,
+  its workdir in an S3 bucket (the README's recipe), both processes' checkpoint shards
+  in it."""
+  from flax_transformer.training import metrics
+  from flax_transformer.workdir import Workdir
+
   steps = 4
-  command = train_command(tmp_path, multi30k_dir, f"--config.num_train_steps={steps}",
+  workdir = f"{s3_bucket}/slurm"
+  command = train_command(workdir, multi30k_dir, f"--config.num_train_steps={steps}",
                           "--config.log_every_steps=1")
   slurm = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "localhost", "SLURM_NTASKS": "2",
            "SLURM_STEP_NUM_NODES": "1", "JAX_COORDINATOR_PORT": str(free_port())}
@@ -440,7 +439,11 @@ def test_slurm_job_is_detected_without_flags(tmp_path, multi30k_dir):
   assert "Cluster detected by jax.distributed: process 0 of 2" in outputs[0]
   assert "Cluster detected by jax.distributed: process 1 of 2" in outputs[1]
   assert "2 process(es)" in outputs[0]
-  assert [r["step"] for r in read_metrics(tmp_path)] == list(range(1, steps + 1))
+  assert [r["step"] for r in metrics.read_metrics(Workdir(workdir))] == list(range(1, steps + 1))
+  assert Checkpointer(workdir, read_only=True).steps() == [steps]
+  state = Workdir(workdir).checkpoints / str(steps) / "state"
+  assert {p.name for p in state.iterdir() if p.name.startswith("ocdbt.process_")} == {
+      "ocdbt.process_0", "ocdbt.process_1"}
 
 
 
