@@ -1,4 +1,6 @@
-"""Shared fixtures: the real Multi30k files and a vocabulary trained on them once."""
+"""Shared fixtures: the real Multi30k files and a vocabulary trained on them once; the
+train.py command the tests launch and one uninterrupted reference run; buckets on
+localhost; the session's compilation cache and device count."""
 
 import os
 import shutil
