@@ -398,6 +398,8 @@ LOGS = [
      r"(\d+) passed", "{} tests"),
     ("README.md", "The suite (", "results/ci/2026-11-27_fresh_clone_203.log",
      r"passed, \d+ warnings in ([\d.]+)s", lambda s: f"passed in {float(s) / 60:.1f} minutes"),
+    ("README.md", "The same run at 401d813", "results/ci/2026-11-27_fresh_clone_203_401d813.log",
+     r"passed, \d+ warnings in ([\d.]+)s", lambda s: f"took {float(s) / 60:.1f} minutes"),
     ("README.md", "The suite (", "results/ci/2026-11-27_fresh_clone_203.log",
      r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\d+:[\d.]+)",
      lambda t: f"{int(t.split(':')[0]) + float(t.split(':')[1]) / 60:.1f} minutes with the venv"),
