@@ -4,6 +4,7 @@ localhost; the session's compilation cache and device count."""
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -70,24 +71,44 @@ def final_params(workdir):
 
 def wait_for_checkpoint(workdir, minimum_step, process, timeout=120) -> None:
   """Returns once `process` has completed a checkpoint of `minimum_step` or later in
-  `workdir` (a directory or a bucket)."""
+  `workdir` (a directory or a bucket), as a reader (orbax, through Checkpointer) sees it."""
   from flax_transformer import storage
+  from flax_transformer.checkpoints import Checkpointer
   from flax_transformer.workdir import Workdir
 
   checkpoints = Workdir(workdir).checkpoints
-  remote = storage.is_remote(checkpoints)
   deadline = time.time() + timeout
   while time.time() < deadline:
-    storage.forget_listings(checkpoints)  # The run's new objects, not a stale listing.
-    # Local checkpoints appear complete (renamed); in a bucket, with their commit file.
-    complete = (lambda p: (p / "commit_success.txt").exists()) if remote else bool
-    steps = [int(p.name) for p in checkpoints.iterdir()
-             if p.name.isdigit() and complete(p)] if checkpoints.exists() else []
-    if steps and max(steps) >= minimum_step:
+    storage.forget_listings(checkpoints)  # A bucket's new objects, not a stale listing.
+    steps = Checkpointer(workdir, read_only=True).steps() if checkpoints.exists() else []
+    if steps and steps[-1] >= minimum_step:
       return
     assert process.poll() is None, process.stderr.read()
     time.sleep(0.2)
   raise TimeoutError(f"no checkpoint of step {minimum_step} or later in {checkpoints}")
+
+
+def kill_resume_and_compare(workdir, multi30k_dir, uninterrupted) -> None:
+  """train.py for RUN_STEPS in `workdir` (a directory or a bucket), `kill -9` once a
+  checkpoint of step 20 is complete, the same command again: it must resume and end
+  with the uninterrupted run's parameters, bit for bit."""
+  import jax
+  import numpy as np
+
+  command = train_command(workdir, multi30k_dir, f"--config.num_train_steps={RUN_STEPS}")
+  process = subprocess.Popen(command, env=cpu_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+  wait_for_checkpoint(workdir, 20, process)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  resumed = subprocess.run(command, env=cpu_env(), capture_output=True, text=True)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert "Resumed from the checkpoint of step" in resumed.stderr
+  step, params = final_params(workdir)
+  _, expected_step, expected = uninterrupted
+  assert step == expected_step == RUN_STEPS
+  for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(expected)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 # Long enough that a test sees a checkpoint of step 20 and kills the run before its end.

@@ -4,7 +4,6 @@ localhost (conftest's gcs_bucket and s3_bucket), as real buckets would be; and t
 errors for what cannot work."""
 
 import json
-import signal
 import subprocess
 import sys
 
@@ -13,7 +12,7 @@ import pytest
 
 import jax
 
-from conftest import RUN_STEPS, ROOT, cpu_env, final_params, train_command, wait_for_checkpoint
+from conftest import RUN_STEPS, ROOT, cpu_env, kill_resume_and_compare
 from flax_transformer import storage
 from flax_transformer.errors import ConfigError
 
@@ -89,21 +88,8 @@ def test_training_in_a_bucket_killed_resumes_bit_exactly_and_decodes(
   averaging reads and writes the bucket, and a step without its commit file (a save
   cut short) is not listed."""
   workdir = f"{request.getfixturevalue(bucket)}/trained"
-  command = train_command(workdir, multi30k_dir, f"--config.num_train_steps={RUN_STEPS}")
-  process = subprocess.Popen(command, env=cpu_env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-  wait_for_checkpoint(workdir, 20, process)
-  process.send_signal(signal.SIGKILL)
-  process.wait()
+  kill_resume_and_compare(workdir, multi30k_dir, uninterrupted)
   assert not (ROOT / "gs:").exists() and not (ROOT / "s3:").exists()
-  resumed = subprocess.run(command, env=cpu_env(), capture_output=True, text=True)
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert "Resumed from the checkpoint of step" in resumed.stderr
-  step, params = final_params(workdir)
-  _, expected_step, expected = uninterrupted
-  assert step == expected_step == RUN_STEPS
-  for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(expected)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
   from_bucket = decode(workdir, tmp_path)
   assert from_bucket == local_translations and len(from_bucket.splitlines()) == 2

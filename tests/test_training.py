@@ -1,10 +1,8 @@
 """Training: the recipe, sharding equivalence, metrics, resuming, signals, bad configs."""
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,8 +17,7 @@ from flax_transformer.training import sharding
 from flax_transformer.training import steps as training
 from flax_transformer.checkpoints import Checkpointer
 from flax_transformer.workdir import METRICS_FILE
-from conftest import (RUN_STEPS, cpu_env, final_params, free_port, train_command,
-                      wait_for_checkpoint)
+from conftest import cpu_env, free_port, kill_resume_and_compare, train_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -305,18 +302,7 @@ def test_mesh_errors_name_the_key():
 
 def test_kill_minus_nine_then_resume_reaches_the_same_parameters(tmp_path, multi30k_dir,
                                                                  uninterrupted):
-  command = train_command(tmp_path, multi30k_dir, f"--config.num_train_steps={RUN_STEPS}")
-  process = subprocess.Popen(command, env=cpu_env(), stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
-  wait_for_checkpoint(tmp_path, 20, process)
-  process.send_signal(signal.SIGKILL)
-  process.wait()
-  subprocess.run(command, env=cpu_env(), check=True, capture_output=True)
-  step, params = final_params(tmp_path)
-  _, expected_step, expected = uninterrupted
-  assert step == expected_step == RUN_STEPS
-  for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(expected)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  kill_resume_and_compare(tmp_path, multi30k_dir, uninterrupted)
 
 
 def test_sigterm_saves_and_exits_cleanly(tmp_path, multi30k_dir):
