@@ -16,6 +16,7 @@ import bisect
 import collections
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -222,7 +223,9 @@ ROWS += [("BENCHMARKS.md", f"2026-11-23 | {run}", f"results/decode_runs/decode_{
 
 CPU_ABLATIONS = "results/accelerator_runs/2026-11-26_cpu_ablations/accelerator.json"
 ROWS += [("BENCHMARKS.md", "ours (hand-written pieces)", CPU_ABLATIONS,
-          [("small_f32_with_ablations.ours_ms", "{:.1f}")])] + [
+          [("small_f32_with_ablations.ours_ms", "{:.1f}"),
+           (lambda r: r["small_f32_with_ablations"]["ours_ms"] / r["small_f32_with_ablations"][
+               "ours_ms"], "{:.2f}")])] + [
     ("BENCHMARKS.md", name, CPU_ABLATIONS,
      [(f"small_f32_ablations.{name}.ms", "{:.1f}"),
       (f"small_f32_ablations.{name}.over_ours", "{:.2f}")])
@@ -391,6 +394,175 @@ SENTENCES += [
 
 # (doc, sentence start, log file, regex with one group, format): a count or time the
 # sentence quotes from a log (the test suite's count from CI's log).
+# Figures that compare runs: the key function gets the records of every file named.
+def results(*names):
+  return tuple(f"results/multi30k_{name}.json" for name in names)
+
+
+def spread(records):
+  bleus = [r["bleu"] for r in records]
+  return max(bleus) - min(bleus)
+
+
+SENTENCES += [
+    ("RESULTS.md", "The decode the project reports (last 5 averaged) leans",
+     (EXACT + "decode_validation_biased.log", EXACT + "decode_validation_paper_exact.log"),
+     [(lambda logs: sacrebleu_line("BLEU")(logs[0]) - sacrebleu_line("BLEU")(logs[1]),
+       "by {:.2f} BLEU")]),
+    ("RESULTS.md", "for the second time a validation lead did not carry over",
+     results("en-de_d03_6000steps", "en-de_6000steps", "en-de_4000steps"),
+     [(spread, "within {:.1f} BLEU")]),
+    ("RESULTS.md", "Against the same models at beam 4, alpha 0.6",
+     results("en-de_bpd0.05_10000steps_b8_a1.4", "en-de_bpd0.05_10000steps",
+             "en-de_bpd0.02_7000steps_b8_a1.4", "en-de_bpd0.02_7000steps",
+             "en-fr_bpd0.02_7000steps_b4_a1.4", "en-fr_bpd0.02_7000steps"),
+     [(lambda r: max(abs(r[i]["bleu"] - r[i + 1]["bleu"]) for i in (0, 2, 4)),
+       "by more than {:.1f}")]),
+    ("RESULTS.md", "Validation, last 10 averaged (`decode_validation.log`)",
+     results("en-de_best_config", "en-de_bpd0.02_9000steps"),
+     [(lambda r: r[1]["bleu"] - r[0]["bleu"], "scored {:.1f} BLEU below"),
+     ]),
+    ("RESULTS.md", "It trained alone in", results("en-de_best_config"),
+     [("0.train_wall_s", lambda s: f"alone in {s / 60:.1f} minutes")]),
+    ("RESULTS.md", "Validation, last 10 averaged (`decode_validation.log`)",
+     EXACT + "paired_bs_validation.txt",
+     [(lambda t: re.findall(r"\([\d.]+ ± ([\d.]+)\)", t),
+       lambda ci: f"+-{ci[0]}-{ci[2]} BLEU")]),
+    ("RESULTS.md", "Validation, last 5 averaged (`decode_validation.log`)",
+     results("en-fr_best_config", "en-fr_bpd0.02_7000steps"),
+     [(lambda r: r[1]["bleu"] - r[0]["bleu"], "scored {:.1f} BLEU below"),
+     ]),
+    ("RESULTS.md", "It trained in", results("en-fr_best_config"),
+     [("0.train_wall_s", lambda s: f"trained in {s / 60:.1f} minutes")]),
+]
+
+
+# The train-step runs' prose: ranges and medians over a host's five runs (BENCHMARKS).
+def step_files(host: str, malloc: str = "tuned_malloc") -> tuple[str, ...]:
+  return tuple(STEP_RUNS[host].format(malloc, run) for run in range(1, 6))
+
+
+H23, H24 = "Five runs on the 2026-11-23 host", "Five runs on the 2026-11-24 host"
+SMALL, BASE = 0, 1
+
+
+def field(config: int, key: str, runs=slice(None)):
+  """One result field of a run's JSON, over the runs given (a list)."""
+  return lambda records: [r["results"][config][key] for r in records[runs]]
+
+
+def malloc_gain(config: int):
+  """System-malloc step time over tuned-malloc step time, run by run (the tuned runs
+  first, then the system ones, in the same order)."""
+  return lambda records: [b["results"][config]["ms_per_step"] / a["results"][config]["ms_per_step"]
+                          for a, b in zip(records[:5], records[5:])]
+
+
+def span(fmt: str, unit: str = ""):
+  """'lo-hi' of a list of values, each formatted."""
+  return lambda xs: f"{fmt.format(min(xs))}-{fmt.format(max(xs))}{unit}"
+
+
+def median(key_function):
+  return lambda records: statistics.median(key_function(records))
+
+
+# The 2026-11-23 host's float32 peak in theory: 2 cores x 32 FLOP per cycle x 2.45 GHz
+# (its JSON files predate the clock field; the clock is the one /proc/cpuinfo gave).
+H23_PEAK = 2 * 32 * 2.45
+
+
+def gb(xs) -> str:
+  """A range of peak RSS figures in GB, one figure when both ends round alike."""
+  lo, hi = GB(min(xs)), GB(max(xs))
+  return f"{lo} GB" if lo == hi else f"{lo}-{hi} GB"
+GB = lambda mb: f"{mb / 1000:.1f}"  # noqa: E731  (the docs' GB are 1000 MB)
+TORCH_RUNS = tuple(TORCH.format(run) for run in ("run1", "run2", "run3"))
+EAGER_RUNS = tuple(TORCH.format(run) for run in ("eager_run1", "eager_run2"))
+BOTH_HOSTS = step_files(H23) + step_files(H24)
+SENTENCES += [
+    ("BENCHMARKS.md", "This kind of machine does not always come up", BOTH_HOSTS + TORCH_RUNS, [
+        (lambda r: field(SMALL, "matmul_peak_gflops_per_s", slice(0, 5))(r), span("{:.0f}")),
+        (lambda r: H23_PEAK, "= {:.0f} GFLOP/s in theory"),
+        (field(SMALL, "matmul_peak_gflops_per_s", slice(5, 10)), span("{:.0f}")),
+        (field(SMALL, "matmul_peak_gflops_per_s", slice(10, 13)), span("{:.0f}"))]),
+    ("BENCHMARKS.md", "Here the small aim is met", step_files(H24) + step_files(H24, "system_malloc"), [
+        (median(field(SMALL, "ms_per_step", slice(0, 5))), "median {:.0f} ms"),
+        (field(SMALL, "ms_per_step", slice(1, 5)), span("{:.0f}")),
+        (lambda r: r[0]["results"][SMALL]["ms_per_step"], "first run's {:.0f}"),
+        (median(field(BASE, "ms_per_step", slice(0, 5))), "({:.0f} ms)"),
+        (lambda r: r[0]["results"][BASE]["flops_per_step"] / 0.95 / 1e9, "needs {:.0f} GFLOP/s"),
+        (lambda r: r[0]["results"][BASE]["flops_per_step"] / 0.95 / 1e9 / statistics.median(
+            field(BASE, "matmul_peak_gflops_per_s", slice(0, 5))(r)), "{:.0%}"),
+        (median(field(BASE, "matmul_peak_gflops_per_s", slice(0, 5))), "({:.0f})"),
+        (median(field(BASE, "fraction_of_matmul_peak", slice(0, 5))), "sustains {:.0%}"),
+        (malloc_gain(SMALL), span("{:.2f}", "x")), (malloc_gain(BASE), span("{:.2f}", "x")),
+    ]),
+    ("BENCHMARKS.md", "in the run beside each; peak RSS", step_files(H24) + step_files(H24, "system_malloc"), [
+        (field(SMALL, "peak_rss_mb", slice(0, 5)), gb),
+        (field(BASE, "peak_rss_mb", slice(0, 5)), gb),
+        (lambda r: (gb(field(SMALL, "peak_rss_mb")(r[5:])), gb(field(BASE, "peak_rss_mb")(r[5:]))),
+         lambda xs: f"{xs[0][:-3]} and {xs[1]} without")]),
+    ("BENCHMARKS.md", "Against the aims, from the files above only", BOTH_HOSTS, [
+        (median(field(SMALL, "ms_per_step", slice(5, 10))), "(median {:.0f})"),
+        (median(field(SMALL, "ms_per_step", slice(0, 5))), "({:.0f})"),
+        (lambda r: (statistics.median(field(BASE, "ms_per_step", slice(5, 10))(r)),
+                    statistics.median(field(BASE, "ms_per_step", slice(0, 5))(r))),
+         lambda ms: f"({ms[0]:.0f}, {ms[1]:.0f})"),
+    ]),
+    ("BENCHMARKS.md", "**>= 50% of the matmul peak: met**", BOTH_HOSTS, [
+        (field(SMALL, "fraction_of_matmul_peak"), lambda xs: f"small {min(xs):.0%}-{max(xs):.0%}".replace("%-", "-")),
+        (field(BASE, "fraction_of_matmul_peak"), lambda xs: f"base {min(xs):.0%}-{max(xs):.0%}".replace("%-", "-")),
+        (field(SMALL, "speedup_vs_torch"), span("{:.2f}", "x small")),
+        (field(BASE, "speedup_vs_torch"), span("{:.2f}", "x base"))]),
+    ("BENCHMARKS.md", "**Against torch at the same arithmetic", TORCH_RUNS, [
+        (field(SMALL, "matmul_peak_gflops_per_s"), span("{:.0f}", " GFLOP/s"))]),
+    ("BENCHMARKS.md", "On this host eager torch is torch's faster mode", TORCH_RUNS + EAGER_RUNS, [
+        (lambda r: field(SMALL, "speedup_vs_torch")(r[3:]) + field(BASE, "speedup_vs_torch")(r[3:]),
+         span("{:.2f}", "x faster")),
+        (field(SMALL, "ms_per_step"), span("{:.0f}", " ms/step")),
+        (field(BASE, "ms_per_step"), span("{:.0f}", " (aim")),
+        (lambda r: field(SMALL, "fraction_of_matmul_peak")(r[:3]) + field(BASE, "fraction_of_matmul_peak")(r[:3]),
+         lambda xs: f"{100 * min(xs):.0f}-{max(xs):.0%} of the matmul peak")]),
+    ("BENCHMARKS.md", "Why the absolute aims cannot be met", step_files(H23), [
+        (lambda r: r[0]["results"][SMALL]["flops_per_step"] / 1e9, "counts {:.1f} GFLOP"),
+        (lambda r: r[0]["results"][BASE]["flops_per_step"] / 1e9, "and {:.0f} GFLOP"),
+    ]),
+    ("BENCHMARKS.md", "The aim of 700 ms for small needs", step_files(H23), [
+        (lambda r: r[0]["results"][SMALL]["flops_per_step"] / 0.7 / 1e9, "needs {:.0f} GFLOP/s"),
+        (median(field(SMALL, "matmul_peak_gflops_per_s")), "rate ({:.0f})"),
+        (lambda r: r[0]["results"][SMALL]["flops_per_step"] / 0.7 / 1e9 / H23_PEAK, "and {:.0%}"),
+        (lambda r: H23_PEAK, "theoretical {:.0f};"),
+        (lambda r: r[0]["results"][BASE]["flops_per_step"] / 0.95 / 1e9, "needs {:.0f} GFLOP/s"),
+        (lambda r: max(field(SMALL, "matmul_peak_gflops_per_s")(r)), "(at most {:.0f})")]),
+    ("BENCHMARKS.md", "At the theoretical peak the floors are", step_files(H23), [
+        (lambda r: r[0]["results"][SMALL]["flops_per_step"] / H23_PEAK / 1e6, "{:.0f} ms (small)"),
+        (lambda r: r[0]["results"][BASE]["flops_per_step"] / H23_PEAK / 1e6, "{:.0f} ms (base)")]),
+    ("BENCHMARKS.md", "Peak RSS (process maximum", step_files(H23) + step_files(H23, "system_malloc"),
+     [(lambda r, c=c, runs=runs: field(c, "peak_rss_mb", runs)(r),
+       lambda xs: f"{round(min(xs), -1):.0f}-{round(max(xs), -1):.0f}")
+      for runs in (slice(0, 5), slice(5, 10)) for c in (SMALL, BASE)]),
+    ("BENCHMARKS.md", "One at a time each piece is within this run's noise", CPU_ABLATIONS, [
+        (lambda r: r["small_f32_with_ablations"]["ours_runs_ms"] + [
+            x for name in ("plain_tied_projection", "autodiff_cross_entropy", "bernoulli_dropout")
+            for x in r["small_f32_ablations"][name]["runs_ms"]], span("{:.0f}", " ms")),
+        ("small_f32_ablations.all_plain.over_ours", "cost {:.2f}x")]),
+    ("BENCHMARKS.md", "In the train-step runs above (the system-malloc column",
+     step_files(H23) + step_files(H23, "system_malloc") + step_files(H24)
+     + step_files(H24, "system_malloc"), [
+        (lambda r: malloc_gain(SMALL)(r[:10]), span("{:.2f}", "x (small)")),
+        (lambda r: malloc_gain(BASE)(r[:10]), span("{:.2f}", "x (base)")),
+        (lambda r: malloc_gain(SMALL)(r[10:]), span("{:.2f}", "x")),
+        (lambda r: malloc_gain(BASE)(r[10:]), span("{:.2f}", "x on"))]),
+    ("BENCHMARKS.md", "`peak_rss_mb`: small", step_files(H23) + step_files(H23, "system_malloc")
+     + step_files(H24) + step_files(H24, "system_malloc"), [
+        (lambda r: field(SMALL, "peak_rss_mb")(r[5:10] + r[15:]), lambda xs: f"small {gb(xs)}"),
+        (lambda r: field(SMALL, "peak_rss_mb")(r[:5] + r[10:15]), gb),
+        (lambda r: field(BASE, "peak_rss_mb")(r[5:10] + r[15:]), lambda xs: f"base {gb(xs)}"),
+        (lambda r: field(BASE, "peak_rss_mb")(r[:5] + r[10:15]), gb)]),
+]
+
+
 LOGS = [
     ("BENCHMARKS.md", "**Tests on the GPU**",
      "results/device_runs/2026-11-27_h100_5ecb8c5/tests.log", r"(\d+) passed in", "({} passed;"),
@@ -563,6 +735,9 @@ def check(root: Path, docs: dict[str, Doc] | None = None) -> tuple[list[str], li
     return docs[name]
 
   def load(path):
+    if isinstance(path, tuple):  # Several files: their records, in order.
+      records = [load(p) for p in path]
+      return None if None in records else records
     if path.startswith("config:"):  # A setting: the config file's value.
       return load_config(root, path[len("config:"):])
     try:
@@ -604,7 +779,8 @@ def check(root: Path, docs: dict[str, Doc] | None = None) -> tuple[list[str], li
       span = quoted_at(expected, d.flat[at:at + 400])
       if span is None:
         key = key if isinstance(key, str) else "a ratio"
-        mismatches.append(f"{name}: {start!r}...: {key} from {path} is {expected!r}, not "
+        source = path if isinstance(path, str) else f"{path[0]} and {len(path) - 1} more"
+        mismatches.append(f"{name}: {start!r}...: {key} from {source} is {expected!r}, not "
                           "in the sentence")
       else:
         d.cover_flat(at + span[0], at + span[1])
@@ -688,6 +864,48 @@ NON_FIGURES = [
     (r"\bkill -9\b", "a signal's number"),
     (r"\bexit(?:s|ed)? \d+\b", "an exit status"),
 ]
+# Settings and labels: what a run or benchmark was asked to do, or which row, step or
+# sentence a figure belongs to; nothing measured (each run's JSON `command` and
+# `overrides`, or the bench's own flags, record the settings). Matched in the text and
+# in its whitespace-flattened form, so a phrase may break across lines. A number
+# NON_FIGURES or SETTINGS covers is exempt.
+NUM = r"~?\d+(?:\.\d+)?k?"
+SERIES = rf"{NUM}(?:(?:-|\.\.| and | or | to |, ){NUM})*"  # '0.6-1.7', '4 and 8', '7000 to 9000'
+SETTINGS = [
+    (r"(?m)^\|(?: [^|\n]*\|)?(?: step| run) \|[^\n]*$",
+     "a by-step or by-run table's header: the steps or runs its columns are"),
+    (r"(?m)^\|(?: \d{4}-\d{2}-\d{2} \|)? \d+ \|", "a row's key: its run or step"),
+    (r"(?m)^\d+\. |!\[[^\]]*\]|\b[Ss]entence \d+\b", "a list item's or a figure's number"),
+    (rf"\b(?:[Dd]ropout|BPE-dropout|[Ll]abel smoothing|eps_ls =|[Aa]lphas?|[Bb]eams?|[Ww]armup|"
+     rf"max_extra|[Vv]ocab|vocabulary|d_model|d_ff|M =|source \+)[- ]{SERIES}",
+     "a training, search or shape setting"),
+    (rf"\b(?:[Ss]teps?|at|by|from|to|legs of) {SERIES}[- ]steps?\b(?!/)|\b[Ss]teps? {SERIES}\b|"
+     rf"\bstep-\d+\b|\b{SERIES}[- ]steps?\b(?!/)|\bstopped at \d+\b",
+     "a step count or a position on the schedule"),
+    (rf"\b(?:[Ll]ast|[Aa]veraging|the default) {SERIES}\b|\b\d+(?: or \d+)? checkpoints\b",
+     "how many checkpoints were averaged (a setting)"),
+    (r"\b\d+ heads\b|\b\d+\+\d+ layers\b|\b\d+k (?:sentencepiece )?vocabulary\b|"
+     r"\ba \d+k (?:vocabulary|one)\b|\b\d+k runs\b|\b\d+k-token\b|\b\d+k-way\b|\b\d+ classes\b",
+     "the model's or a batch's size (a setting)"),
+    (r"\b[Tt]est[- ]2016\b|\b\d+[- ]sentences?\b(?! ?/)|\b\d+k-pair\b",
+     "a data set's name or size"),
+    (r"\b\d+(?:-core| (?:CPU )?cores?)\b|\b\d+ float32 FLOP per cycle\b|\bAVX-512\b|\b\d+\.\d+ GHz\b|\b\d+ GB, no accelerator\b",
+     "the machine's description"),
+    (r"\b\d+-(?:bit|D)\b", "a data width or a rank"),
+    (r"\[\d+ x \d+\]|\b\d+(?: x \d+)+(?= tokens| slots|[;,)]| draw)", "a tensor or batch shape"),
+    (r"\b[Mm]edians? of \d+\b|\btimings of \d+\b", "how often a benchmark repeats (a setting)"),
+    (r"\b[Aa]im (?:of )?\d+(?:\.\d+)?[x%]?|[<>]= \d+(?:\.\d+)?(?: ?[x%]| s| min| GB)?",
+     "an aim: the issue's target, not a measurement"),
+    (r"\breached 30 and 35\b|\b95% (?:bootstrap )?intervals?\b",
+     "a threshold or a confidence level (a setting)"),
+    (r"\bPython \d+\.\d+\b|\bCUDA \d+\b|\bH100 80GB\b|\bSHA-256\b", "a name or a version"),
+    (rf"\b[Ee]very {SERIES}\b|\b{SERIES} chunks\b|\b\d+-character\b|\bcapped at \d+ kB\b|"
+     rf"\ba repeated \d+ MB allocation\b|\b\d+\^3\b|\b\d+ sources x \d+ tokens\b|"
+     rf"\b\d+ minutes of device time\b|\{{0, 1/\(1-rate\)\}}",
+     "a cadence, a size or a budget a bench or test was given (a setting), or a formula"),
+    (r"\b\d+ (?:simulated |host )?(?:CPU |input )?(?:devices?|workers?|GPUs|P100s|H100s)\b",
+     "a device or worker count (a setting or the machine)"),
+]
 
 
 UNTRACED = "bench/untraced_figures.txt"
@@ -701,8 +919,11 @@ def uncovered(docs: dict[str, Doc], rendered: dict[str, list[tuple[int, int]]]
   for name in DOCS:
     doc = docs[name]
     spans = list(doc.covered) + list(rendered.get(name, []))
-    for pattern, _ in NON_FIGURES:
+    for pattern, _ in NON_FIGURES + SETTINGS:
       spans += [m.span() for m in re.finditer(pattern, doc.text, re.S)]
+    for pattern, _ in SETTINGS:  # Also where a phrase breaks across lines.
+      spans += [(doc.offsets[m.start()], doc.offsets[m.end() - 1] + 1)
+                for m in re.finditer(pattern, doc.flat) if m.end() > m.start()]
     spans.sort()
     starts = [a for a, _ in spans]
     for number in NUMBER.finditer(doc.text):

@@ -73,7 +73,11 @@ def test_a_changed_rendered_figure_fails(copy):
     # A setting in README prose (against configs/multi30k.py).
     ("README.md", "beam-search\nBLEU every 400", "beam-search\nBLEU every 500", "bleu_every_steps"),
     # A number no check covers yet: pinned, so its change is named too.
-    ("RESULTS.md", "d_model 256", "d_model 257", "257"),
+    ("BENCHMARKS.md", "need 307 MFLOP", "need 308 MFLOP", "308"),
+    # A checked figure comparing two runs' JSON files (their BLEU difference).
+    ("RESULTS.md", "it scored 0.6 BLEU below", "it scored 0.9 BLEU below", "scored 0.6 BLEU below"),
+    # A range over five runs' JSON files.
+    ("BENCHMARKS.md", "1.26-1.53x (small)", "1.26-1.63x (small)", "1.26-1.53x (small)"),
     # A new figure added to prose without a check.
     ("README.md", "Curves (from", "Curves (3.5x smoother than before, from", "3.5"),
 ])
@@ -89,3 +93,11 @@ def test_a_figure_is_matched_whole_not_inside_another():
   assert check_docs.quoted_at("39.0", "scored 139.0 BLEU") is None
   assert check_docs.quoted_at("4", "ran 4.5x faster") is None
   assert check_docs.quoted_at("39.0", "scored 39.0, then") == (7, 11)
+
+
+def test_settings_are_exempt_and_measurements_are_not():
+  doc = check_docs.Doc("With dropout 0.2, beam 4 and the last 5 averaged, the 4000-step run "
+                       "scored 38.5 BLEU in 12.3 minutes at step 3600 on 2 cores.\n")
+  found = check_docs.uncovered({"README.md": doc, "RESULTS.md": check_docs.Doc(""),
+                                "BENCHMARKS.md": check_docs.Doc("")}, {})
+  assert [entry.split("\t")[0] for _, _, entry in found] == ["38.5", "12.3"]
