@@ -1110,7 +1110,7 @@ SETTINGS = [
     (r"\b[Tt]est[- ]2016\b|\b\d+[- ]sentences?\b(?! ?/)|\b\d+k-pair\b|\b\d+ translations\b|"
      r"\b\d+ (?:validation |test )sentences\b|\bpast \d+ words\b|\bat pair [\d,]+|\bUTF-8\b",
      "a data set's name or size"),
-    (r"\b\d+(?:-core| (?:CPU |host )?cores?)\b|\b\d+ GB\)|\b\d+ float32 FLOP per cycle\b|\bAVX-512\b|\b\d+\.\d+ GHz\b|\b\d+ GB, no accelerator\b",
+    (r"\b\d+ cores, \d+ GB\)|\b\d+(?:-core| (?:CPU |host )?cores?)\b|\b\d+ float32 FLOP per cycle\b|\bAVX-512\b|\b\d+\.\d+ GHz\b|\b\d+ GB, no accelerator\b",
      "the machine's description"),
     (r"\b\d+-(?:bit|D)\b", "a data width or a rank"),
     (r"\[\d+ x \d+\]|\b\d+(?: x \d+)+(?= tokens| slots|[;,)]| draw| =| \|)|"
@@ -1119,7 +1119,7 @@ SETTINGS = [
      r"\bn = \d+\b", "a tensor or batch shape"),
     (rf"\b[Bb]atch(?:es)? (?:of )?{SERIES}\b|\baim's \d+\b", "a batch size (a setting)"),
     (r"\b[Mm]edians? of \d+\b|\btimings of \d+\b", "how often a benchmark repeats (a setting)"),
-    (r"\b[Aa]im (?:of )?\d+(?:\.\d+)?[x%]?|[<>]=? \d+(?:\.\d+)?(?: ?[x%]| s| min| GB)?|"
+    (r"\b[Aa]im (?:of )?\d+(?:\.\d+)?[x%]?|[<>]= \d+(?:\.\d+)?(?: ?[x%]| s| min| GB)?|> 0\b|"
      r"\baim\*\* \(at least \d+x|\blosing at most \d+(?:\.\d+)? BLEU\b|"
      r"\*\*First batch within \d+ s\*\*|\bBLEU(?: of that job)? within \d+(?:\.\d+)? of the CPU run\b|"
      r"^\| within \d+(?:\.\d+)?x|\b\d+(?:\.\d+)? bound\b",
