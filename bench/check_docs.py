@@ -168,6 +168,15 @@ def logged(step: int, key: str):
   return pick
 
 
+RERUN = "results/best_en-de_rerun_attempt_2026-11-27/"
+
+
+def step_times(text: str) -> list[float]:
+  """The step times (s) a metrics.jsonl logged, in order."""
+  return [r["step_time_s"] for r in map(json.loads, filter(str.strip, text.splitlines()))
+          if "step_time_s" in r]
+
+
 def sacrebleu_line(metric: str):
   """The score of a decode log's sacreBLEU line ('BLEU = 38.78  (...)')."""
   return lambda text: float(re.search(rf"^{metric} = ([\d.]+)", text, re.M).group(1))
@@ -388,8 +397,15 @@ SENTENCES += [
      [(lambda r: (r["caught"], r["total"]), lambda c: f"{c[0]} of {c[1]} mutants caught"),
       (lambda r: r["unmutated"]["seconds"] + sum(m["seconds"] for m in r["mutants"]),
        lambda s: f"about {s / 60:.0f} minutes")]),
-    ("RESULTS.md", "It was not re-run:", "results/multi30k_en-de_best_config.json",
+    ("RESULTS.md", "It was not re-run to the end", "results/multi30k_en-de_best_config.json",
      [("train_wall_s", lambda s: f"{s / 60:.0f} minutes of both cores")]),
+    ("RESULTS.md", "session's host ran the step in",
+     (RERUN + "metrics.jsonl", "results/best_en-de_2026-11-26/metrics.jsonl", RERUN + "train.log"), [
+        (lambda t: statistics.median(step_times(t[0])), "in {:.2f} s"),
+        (lambda t: statistics.median(step_times(t[1])[:len(step_times(t[0]))]), "against {:.2f} s"),
+        (lambda t: re.findall(r"ETA (\w+)", t[2])[-1], "ETA read {}"),
+        (lambda t: (logged(500, "loss")(t[0]), logged(500, "loss")(t[1])),
+         lambda x: f"{x[0]:.4f} here, {x[1]:.4f} there")]),
     ("README.md", "It simulates", "tests/conftest.py",
      [(lambda t: re.search(r"device_count=(\d+)", t).group(1), "simulates {} devices")]),
 ]
