@@ -800,13 +800,13 @@ SENTENCES += [
 LOGS = [
     ("BENCHMARKS.md", "**Tests on the GPU**",
      "results/device_runs/2026-11-27_h100_5ecb8c5/tests.log", r"(\d+) passed in", "({} passed;"),
-    ("README.md", "The suite (", "results/ci/2026-11-27_fresh_clone_203.log",
+    ("README.md", "The suite (", "results/ci/2026-11-27_fresh_clone_206_def9b3b.log",
      r"(\d+) passed", "{} tests"),
-    ("README.md", "The suite (", "results/ci/2026-11-27_fresh_clone_203.log",
+    ("README.md", "The suite (", "results/ci/2026-11-27_fresh_clone_206_def9b3b.log",
      r"passed, \d+ warnings in ([\d.]+)s", lambda s: f"passed in {float(s) / 60:.1f} minutes"),
-    ("README.md", "The same run at 401d813", "results/ci/2026-11-27_fresh_clone_203_401d813.log",
+    ("README.md", "An earlier run at 401d813", "results/ci/2026-11-27_fresh_clone_203_401d813.log",
      r"passed, \d+ warnings in ([\d.]+)s", lambda s: f"took {float(s) / 60:.1f} minutes"),
-    ("README.md", "The suite (", "results/ci/2026-11-27_fresh_clone_203.log",
+    ("README.md", "The suite (", "results/ci/2026-11-27_fresh_clone_206_def9b3b.log",
      r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\d+:[\d.]+)",
      lambda t: f"{int(t.split(':')[0]) + float(t.split(':')[1]) / 60:.1f} minutes with the venv"),
 ]
