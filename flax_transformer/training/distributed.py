@@ -87,13 +87,21 @@ def run_watched(work: Callable[[], None]) -> None:
   try:
     work()
   except BaseException as e:
-    if isinstance(e, (jax.errors.JaxRuntimeError, errors.CheckpointSaveError)):
+    if (isinstance(e, (jax.errors.JaxRuntimeError, errors.CheckpointSaveError))
+        and not is_out_of_memory(e)):
       # A collective failed: most likely a peer died. Say so rather than the error.
       deadline = time.monotonic() + HEARTBEAT_TIMEOUT_S + 2 * PEER_POLL_S
       _exit_when_a_peer_is_lost(lambda: time.monotonic() < deadline)
     _leave(running, timeout_s=30.0)  # Errors raised everywhere (a bad config) leave too.
     raise
   _leave(running, barrier=True)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+  """Whether `error` is XLA's out-of-memory (status RESOURCE_EXHAUSTED): this process's own
+  failure, raised at once rather than held while the peers are checked."""
+  return isinstance(error, jax.errors.JaxRuntimeError) and (
+      str(error).startswith("RESOURCE_EXHAUSTED") or "Out of memory" in str(error))
 
 
 def _client():
@@ -129,21 +137,33 @@ def _exit_when_a_peer_is_lost(keep_watching: Callable[[], bool]) -> None:
   survivors itself only after its heartbeat timeout, with a native stack dump (or,
   had the collective failed, they would wait in its shutdown barrier as long). Here
   the coordination service (recoverable mode: it reports a dead task instead of
-  aborting everyone) is asked every PEER_POLL_S which processes are alive.
+  aborting everyone) is asked every PEER_POLL_S which processes are alive. A client
+  that lacks the call or takes other arguments (jax's private API changed) ends the
+  watch with a warning: that is no lost process.
   """
   while keep_watching():
-    lost, detail = _lost_peers()
+    try:
+      lost, detail = _lost_peers()
+    except (AttributeError, TypeError) as e:
+      logging.warning("Not watching for lost processes: jax.distributed's client no longer "
+                      "answers get_live_nodes as expected (%s: %s)", type(e).__name__, e)
+      return
     if lost and keep_watching():
       _exit_lost(lost, detail)
     time.sleep(PEER_POLL_S)
 
 
 def _lost_peers() -> tuple[list[int], str]:
-  """The processes the coordination service no longer counts as alive, and why."""
+  """The processes the coordination service no longer counts as alive, and why.
+
+  Only the client's own error (JaxRuntimeError: the service, on process 0, is
+  unreachable) means process 0 is lost; anything else propagates.
+  """
   everyone = list(range(jax.process_count()))
+  client = _client()
   try:
-    return sorted(set(everyone) - set(_client().get_live_nodes(everyone))), "no heartbeat"
-  except Exception as e:  # noqa: BLE001 -- the coordinator (process 0) is unreachable.
+    return sorted(set(everyone) - set(client.get_live_nodes(everyone))), "no heartbeat"
+  except jax.errors.JaxRuntimeError as e:
     return [0], (str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
 
 
