@@ -3,6 +3,7 @@
 import gzip
 import json
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 
 from flax_transformer.data import pipeline as data
 from flax_transformer.data import sources
+from flax_transformer.data import token_cache
 from flax_transformer.data import tokenizer
 from flax_transformer.translation import batching
 
@@ -296,6 +298,75 @@ def test_long_pairs_are_filtered_from_training_only():
           for i in example_ids(b)]
   # Example i has 1 + i % 7 target tokens: only those with <= 4 remain.
   assert sorted(seen) == [i for i in range(30) if 1 + i % 7 <= 4]
+
+
+# --- Token cache ------------------------------------------------------------------
+
+def assert_ids_equal(ids, pairs, tok):
+  """Every pair's cached ids are those of tokenizing it now."""
+  assert len(ids) == len(pairs)
+  for i, (source, target) in enumerate(pairs):
+    np.testing.assert_array_equal(ids[i]["inputs"], tok.tokenize(source))
+    np.testing.assert_array_equal(ids[i]["targets"], tok.tokenize(target))
+
+
+def test_token_cache_keeps_each_direction_apart(multi30k_dir, multi30k_tokenizer, tmp_path,
+                                                monkeypatch):
+  """One vocabulary, EN->DE then DE->EN through training_ids (the cache's threshold
+  lowered): two caches, each equal to tokenizing on the fly."""
+  from configs import multi30k as multi30k_config
+
+  monkeypatch.setattr(data, "PRETOKENIZE_MAX_PAIRS", 100)
+  tokenize = data.TokenizePair(multi30k_tokenizer)
+  folders = {}
+  for source_lang, target_lang in (("en", "de"), ("de", "en")):
+    config = multi30k_config.get_config()
+    config.manual_dir, config.token_cache_dir = multi30k_dir, str(tmp_path / "tokens")
+    config.source_lang, config.target_lang = source_lang, target_lang
+    config.train_split = "validation"  # 1,014 pairs: fast.
+    pairs = sources.load_pairs(config, config.train_split)
+    ids = data.training_ids(config, pairs, tokenize)
+    assert isinstance(ids, token_cache.TokenizedPairs)
+    assert_ids_equal(ids, pairs, multi30k_tokenizer)
+    folders[source_lang] = ids
+  assert len({ids.folder for ids in folders.values()}) == 2
+  for source_lang, ids in folders.items():  # meta.json names the files, in their order.
+    assert ids.meta["key"]["corpus"]["files"][0]["path"].endswith(f"val.{source_lang}.gz")
+
+
+def test_token_cache_key_follows_the_files_and_is_checked(tmp_path, multi30k_tokenizer):
+  src, tgt = tmp_path / "a.en", tmp_path / "a.de"
+  write(src, b"A dog runs.\nTwo men talk.\n")
+  write(tgt, b"Ein Hund rennt.\nZwei Manner reden.\n")
+  first = token_cache.cached(sources.read_parallel_files(src, tgt), multi30k_tokenizer,
+                             tmp_path / "tokens")
+  write(src, b"A cat sleeps.\nTwo women sing.\n")  # Same files, same count, new text.
+  pairs = sources.read_parallel_files(src, tgt)
+  second = token_cache.cached(pairs, multi30k_tokenizer, tmp_path / "tokens")
+  assert second.folder != first.folder
+  assert_ids_equal(second, pairs, multi30k_tokenizer)
+  # A folder whose meta.json holds another key (a collision, a copied folder) is refused.
+  with pytest.raises(sources.DataError, match=r"a\.de-2-.*: token cache of another corpus.*"
+                     r"differs in corpus, sample_sha256"):
+    token_cache.TokenizedPairs(first.folder, key=second.meta["key"])
+
+
+def test_token_cache_pickles_as_its_folder(multi30k_dir, multi30k_tokenizer, tmp_path):
+  """grain pickles the dataset for each input worker: the ids must not travel with it
+  (each worker maps the files), whatever the corpus's size."""
+  sizes = {}
+  for split in ("validation", "train"):
+    pairs = sources.multi30k(split, "en", "de", manual_dir=multi30k_dir)
+    ids = token_cache.cached(pairs, multi30k_tokenizer, tmp_path / "tokens")
+    blob = pickle.dumps(ids)
+    sizes[split] = len(blob)
+    copy = pickle.loads(blob)
+    assert len(copy) == len(ids) and copy.meta == ids.meta
+    for i in (0, 1, len(ids) // 2, len(ids) - 1):
+      for side in ("inputs", "targets"):
+        np.testing.assert_array_equal(copy[i][side], ids[i][side])
+  assert ids.meta["tokens"]["inputs"] > 300_000  # The training split's ids: over 600 KB.
+  assert max(sizes.values()) < 1000 and abs(sizes["train"] - sizes["validation"]) < 20
 
 
 # --- Eval batches ----------------------------------------------------------------

@@ -126,18 +126,18 @@ def test_50k_pairs_through_the_input_path(multi30k_dir, tmp_path):
   tok = tokenizer_lib.train_tokenizer(data.vocabulary_sentences(pairs, 10_000),
                                       tmp_path / "vocab.model", vocab_size=2000)
 
-  ids = token_cache.cached(pairs, tok, "wmt14:train", tmp_path / "tokens")
+  ids = token_cache.cached(pairs, tok, tmp_path / "tokens")
   assert len(ids) == len(pairs)
   rng = np.random.default_rng(0)
   for i in rng.choice(len(pairs), 500, replace=False).tolist() + [0, len(pairs) - 1]:
     source, target = pairs[i]
     np.testing.assert_array_equal(ids[i]["inputs"], tok.tokenize(source))
     np.testing.assert_array_equal(ids[i]["targets"], tok.tokenize(target))
-  again = token_cache.cached(pairs, tok, "wmt14:train", tmp_path / "tokens")
+  again = token_cache.cached(pairs, tok, tmp_path / "tokens")
   assert again.folder == ids.folder and again.meta == ids.meta  # Mapped, not rebuilt.
   other = tokenizer_lib.train_tokenizer(data.vocabulary_sentences(pairs, 5_000),
                                         tmp_path / "vocab2.model", vocab_size=1500)
-  assert token_cache.cached(pairs, other, "wmt14:train", tmp_path / "tokens").folder != ids.folder
+  assert token_cache.cached(pairs, other, tmp_path / "tokens").folder != ids.folder
 
   batching = data.TrainBatching(rows=24, max_source_length=256, max_target_length=256)
   cached_stream = iter(data.train_dataset(ids, batching, seed=3))

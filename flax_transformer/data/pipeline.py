@@ -52,20 +52,21 @@ class TokenizePair:
 PRETOKENIZE_MAX_PAIRS = 1_000_000  # Above this, ids go to a token cache on disk (memory).
 
 
-def pretokenized(pairs: Sequence, tokenize: TokenizePair, *, name: str = "",
+def pretokenized(pairs: Sequence, tokenize: TokenizePair, *,
                  cache_dir: str = "") -> Sequence[dict[str, np.ndarray]] | None:
   """Every pair's ids, formed once, where that gives the same stream as `tokenize`.
 
   A deterministic segmentation (no subword sampling): the pipeline then only
   shuffles and packs, and tokenizing leaves every step's critical path. Up to
   PRETOKENIZE_MAX_PAIRS pairs are held in memory; larger corpora (WMT) go to a
-  memory-mapped token cache in `cache_dir` (data.token_cache), keyed by `name`,
-  built once with every core and reused by later launches. None with sampling.
+  memory-mapped token cache in `cache_dir` (data.token_cache), keyed by what
+  decides the ids (token_cache.key_fields), built once with every core and reused
+  by later launches. None with sampling.
   """
   if tokenize.sampling_alpha > 0:
     return None
   if len(pairs) > PRETOKENIZE_MAX_PAIRS:
-    return token_cache.cached(pairs, tokenize.tokenizer, name or "corpus", cache_dir)
+    return token_cache.cached(pairs, tokenize.tokenizer, cache_dir)
   start = time.perf_counter()
   out = [tokenize(pair) for pair in read_pairs(pairs, range(len(pairs)))]
   logging.info("Tokenized %d training pairs once in %.1f s", len(out),
@@ -74,9 +75,8 @@ def pretokenized(pairs: Sequence, tokenize: TokenizePair, *, name: str = "",
 
 
 def training_ids(config, pairs: Sequence, tokenize: TokenizePair):
-  """`pretokenized` for the config's training split (its token cache and key)."""
-  return pretokenized(pairs, tokenize, cache_dir=config.token_cache_dir,
-                      name=f"{config.dataset_name}:{config.train_split}:{config.data_dir}")
+  """`pretokenized` for the config's training split, in its token cache."""
+  return pretokenized(pairs, tokenize, cache_dir=config.token_cache_dir)
 
 
 def _fits(max_source_length: int, max_target_length: int):

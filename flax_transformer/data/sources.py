@@ -21,12 +21,18 @@ from flax_transformer.errors import DataError
 
 
 class TextPairs(Sequence):
-  """In-memory (source, target) pairs."""
+  """In-memory (source, target) pairs.
 
-  def __init__(self, sources: list[str], targets: list[str], name: str = "text"):
+  `identity`: what decides the pairs (JSON-able; e.g. the files read, `file_identity`),
+  part of the token cache's key.
+  """
+
+  def __init__(self, sources: list[str], targets: list[str], name: str = "text",
+               identity: dict | None = None):
     if len(sources) != len(targets):
       raise DataError(f"{name}: {len(sources)} source lines but {len(targets)} target lines")
     self.sources, self.targets, self.name = sources, targets, name
+    self.identity = identity
 
   def __len__(self):
     return len(self.sources)
@@ -87,7 +93,14 @@ def read_parallel_files(source_path, target_path) -> TextPairs:
   if len(sources) != len(targets):
     raise DataError(f"line counts differ: {source_path} has {len(sources)} lines, "
                     f"{target_path} has {len(targets)}")
-  return TextPairs(sources, targets, name=f"{source_path} | {target_path}")
+  return TextPairs(sources, targets, name=f"{source_path} | {target_path}",
+                   identity={"files": [file_identity(source_path), file_identity(target_path)]})
+
+
+def file_identity(path: str | os.PathLike) -> dict:
+  """A file as the token cache's key knows it: absolute path, bytes and mtime (ns)."""
+  stat = Path(path).stat()
+  return {"path": os.path.abspath(path), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
 # --- Multi30k -----------------------------------------------------------------
@@ -240,6 +253,9 @@ class TfdsPairs(Sequence):
     self._source = tfds.data_source(name, split=split, data_dir=data_dir)
     self.source_lang, self.target_lang = source_lang, target_lang
     self.name = f"{name}:{split}"
+    # WMT14's one config serves both directions: the languages' order is part of it.
+    self.identity = {"tfds": builder.info.full_name, "data_dir": os.fspath(builder.data_dir),
+                     "split": split, "source_lang": source_lang, "target_lang": target_lang}
 
   def __len__(self):
     return len(self._source)
