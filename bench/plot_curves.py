@@ -1,4 +1,4 @@
-"""Loss and BLEU curves of training runs, from their metrics.jsonl, as one PNG.
+"""Loss and BLEU curves of training runs, from their logged metrics, as one PNG.
 
 python bench/plot_curves.py --out results/curves.png WORKDIR [WORKDIR ...]
 """
@@ -6,18 +6,19 @@ python bench/plot_curves.py --out results/curves.png WORKDIR [WORKDIR ...]
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 
 def read(workdir: str) -> list[dict]:
-  with open(Path(workdir) / "metrics.jsonl", encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
+  """Every launch's logged steps, a local workdir's or a bucket's (either layout)."""
+  from flax_transformer.training.metrics import read_metrics
+
+  return read_metrics(workdir)
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__)
-  parser.add_argument("workdirs", nargs="+", help="training workdirs (their metrics.jsonl)")
+  parser.add_argument("workdirs", nargs="+", help="training workdirs (local or gs://, s3://)")
   parser.add_argument("--out", required=True, help="the PNG to write")
   args = parser.parse_args()
 

@@ -3,7 +3,8 @@
   <workdir>/run.json        the model config, vocabulary size and every launch (RUN_FILE)
   <workdir>/vocab.model     the shared sentencepiece vocabulary (VOCAB_FILE)
   <workdir>/checkpoints/    orbax checkpoints of state and data iterator (CHECKPOINT_DIR)
-  <workdir>/metrics.jsonl   one JSON object per logged step (METRICS_FILE)
+  <workdir>/metrics.jsonl   one JSON object per logged step (METRICS_FILE; local workdirs)
+  <workdir>/metrics/        the same lines in a bucket, one object per flush (METRICS_DIR)
   <workdir>/tensorboard/    TensorBoard event files (TENSORBOARD_DIR)
   <workdir>/profile/        jax.profiler traces, when asked for (PROFILE_DIR)
 
@@ -32,6 +33,7 @@ RUN_FILE = "run.json"
 VOCAB_FILE = "vocab.model"
 CHECKPOINT_DIR = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
+METRICS_DIR = "metrics"
 TENSORBOARD_DIR = "tensorboard"
 PROFILE_DIR = "profile"
 
@@ -56,6 +58,7 @@ class Workdir:
   vocab_file = property(lambda self: self.root / VOCAB_FILE)
   checkpoints = property(lambda self: self.root / CHECKPOINT_DIR)
   metrics_file = property(lambda self: self.root / METRICS_FILE)
+  metrics_dir = property(lambda self: self.root / METRICS_DIR)
   tensorboard = property(lambda self: self.root / TENSORBOARD_DIR)
   profile = property(lambda self: self.root / PROFILE_DIR)
 

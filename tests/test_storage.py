@@ -124,3 +124,101 @@ def decode(workdir, tmp_path) -> str:
 @pytest.fixture(scope="module")
 def local_translations(uninterrupted, tmp_path_factory):
   return decode(uninterrupted[0], tmp_path_factory.mktemp("decode"))
+
+
+# --- Metrics in a bucket: each flush adds objects, none is rewritten -------------------
+
+def bucket_objects(prefix: str) -> dict[str, tuple[int, int]]:
+  """{object name: (size in bytes, generation)} under gs://... `prefix`, listed afresh."""
+  import fsspec
+
+  fs = fsspec.filesystem("gs")
+  fs.invalidate_cache()
+  return {path.rsplit("/", 1)[1]: (int(info["size"]), int(info["generation"]))
+          for path, info in fs.find(prefix, detail=True).items()}
+
+
+def event_steps(data: bytes) -> list[int]:
+  """The steps of the scalar summaries in one TensorBoard event file (TFRecords:
+  length, its CRC, an Event proto, its CRC)."""
+  import struct
+
+  from tensorboardX.proto import event_pb2
+
+  steps, at = [], 0
+  while at < len(data):
+    (length,) = struct.unpack("<Q", data[at:at + 8])
+    event = event_pb2.Event.FromString(data[at + 12:at + 12 + length])
+    at += 12 + length + 4
+    if any(v.HasField("simple_value") for v in event.summary.value):
+      steps.append(event.step)
+  return steps
+
+
+def test_metrics_flushes_to_a_bucket_add_objects_of_their_own_size(gcs_bucket):
+  """Each flush writes only what was logged since the last, as new objects: the bytes
+  uploaded per flush stay those of one flush however long the run, and no object
+  written before is replaced (its generation unchanged)."""
+  from flax_transformer.training import metrics
+  from flax_transformer.workdir import Workdir
+
+  run = Workdir(f"{gcs_bucket}/flushes")
+  writer = metrics.create_writer(run)
+  writer.write_hparams({"d_model": 32})
+  seen, added = {}, []
+  for flush in range(6):
+    for step in range(10 * flush + 1, 10 * flush + 11):
+      writer.write_scalars(step, {"loss": 2.5, "wall_s": 1000.0 + step})
+    writer.flush()
+    now = bucket_objects(f"{gcs_bucket}/flushes")
+    assert {name: now[name] for name in seen} == seen  # Nothing rewritten.
+    new = set(now) - set(seen)
+    # One metrics object and one event file per flush.
+    assert sorted(name.startswith("events.out.tfevents.") for name in new) == [False, True], new
+    added.append(sum(now[name][0] for name in new))
+    seen = now
+  writer.close()
+  assert bucket_objects(f"{gcs_bucket}/flushes") == seen  # Closing after a flush adds nothing.
+  # The first flush carries the hparams too; every later one costs the same.
+  assert len(set(added[1:])) == 1 and added[0] > added[1], added
+  assert [r["step"] for r in metrics.read_metrics(run)] == list(range(1, 61))
+  events = sorted(run.tensorboard.iterdir(), key=lambda p: p.name)
+  assert [s for e in events for s in event_steps(e.read_bytes())] == [
+      s for s in range(1, 61) for _ in ("loss", "wall_s")]
+
+
+def test_two_launches_writing_metrics_to_one_bucket_keep_every_line(gcs_bucket):
+  """Two writers on one workdir in a bucket (a relaunch while the first still logs),
+  flushing in turn: every line of both is read back, each launch's in order, the
+  earlier launch first; both launches' TensorBoard events are kept too."""
+  from flax_transformer.training import metrics
+  from flax_transformer.workdir import Workdir
+
+  run = Workdir(f"{gcs_bucket}/two_launches")
+  first, second = metrics.create_writer(run), metrics.create_writer(run)
+  for step in (1, 2, 3):
+    first.write_scalars(step, {"loss": 1.0, "wall_s": float(step)})
+    first.flush()
+    second.write_scalars(100 + step, {"loss": 2.0, "wall_s": float(step)})
+    second.flush()
+  first.close()
+  second.close()
+  assert [r["step"] for r in metrics.read_metrics(run)] == [1, 2, 3, 101, 102, 103]
+  steps = [s for e in run.tensorboard.iterdir() for s in event_steps(e.read_bytes())]
+  assert sorted(set(steps)) == [1, 2, 3, 101, 102, 103] and len(steps) == 12
+
+
+def test_metrics_of_a_bucket_workdir_from_before_the_per_flush_objects(gcs_bucket):
+  """A bucket workdir whose metrics.jsonl an older version wrote whole: its lines come
+  first, then the resumed run's objects; wall time continues from its last line."""
+  from flax_transformer.training import metrics
+  from flax_transformer.workdir import Workdir
+
+  run = Workdir(f"{gcs_bucket}/old_layout")
+  storage.write_whole(run.metrics_file, '{"step": 1, "wall_s": 5.0}\n{"step": 2, "wall_s": 9.0}\n')
+  assert metrics.previous_wall_time(run) == 9.0
+  writer = metrics.create_writer(run)
+  writer.write_scalars(3, {"wall_s": 12.0})
+  writer.close()
+  assert [r["step"] for r in metrics.read_metrics(run)] == [1, 2, 3]
+  assert metrics.previous_wall_time(run) == 12.0

@@ -1,4 +1,8 @@
-"""Where training metrics go: TensorBoard and `metrics.jsonl` (process 0 only).
+"""Where training metrics go: TensorBoard and JSON lines (process 0 only).
+
+Both only ever add files or append: a local workdir's `metrics.jsonl` and event file
+grow; in a bucket, where objects cannot be appended to, each flush writes new objects
+holding only what was logged since the last (`JsonlWriter`, `TensorBoardWriter`).
 
 clu's metric writers would be the natural choice, but `clu.metric_writers`
 imports TensorFlow when imported; this project has no TensorFlow dependency,
@@ -8,11 +12,14 @@ so TensorBoard files are written through tensorboardX behind the same
 
 from __future__ import annotations
 
+import concurrent.futures
+import datetime
 import json
 import math
 import os
 import shutil
 import uuid
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -28,38 +35,53 @@ def _plain(value: Any):
   return value
 
 
-class JsonlWriter:
-  """Appends one JSON object per `write_scalars` call: {"step": s, **scalars}.
+def launch_stamp() -> str:
+  """Names this launch's metric objects so that they sort by start time (UTC, to the
+  microsecond; the random tail keeps two launches of one instant apart)."""
+  now = datetime.datetime.now(datetime.timezone.utc)
+  return f"{now:%Y%m%dT%H%M%S.%fZ}-{uuid.uuid4().hex[:4]}"
 
-  A local file is opened for appending, so a resumed run continues it. An object in
-  a bucket cannot be appended to: its text so far is kept and the object replaced
-  whole at each flush (one line per logged step: small).
+
+class JsonlWriter:
+  """One JSON object per `write_scalars` call: {"step": s, **scalars}.
+
+  Local workdir: appended to `metrics.jsonl`, so a resumed run continues it. Bucket (an
+  object cannot be appended to): each flush writes the lines since the last one as a
+  new object `metrics/<launch stamp>-<flush number>.jsonl`, names that sort in write
+  order. A flush then costs its own lines, not the run's, and two launches on one
+  workdir never replace each other's lines; `read_metrics` reads both layouts.
   """
 
-  def __init__(self, path: str | os.PathLike):
-    self.path = storage.as_path(path)
-    self.path.parent.mkdir(parents=True, exist_ok=True)
-    if storage.is_remote(self.path):
-      self._text = self.path.read_text() if self.path.exists() else ""
-      self._file = None
+  def __init__(self, workdir: str | os.PathLike | Workdir, stamp: str | None = None):
+    workdir = Workdir(workdir)
+    self.remote = storage.is_remote(workdir.root)
+    if self.remote:
+      self.directory, self.stamp = workdir.metrics_dir, stamp or launch_stamp()
+      self._lines, self._flushes = [], 0
     else:
+      self.path = workdir.metrics_file
+      self.path.parent.mkdir(parents=True, exist_ok=True)
       self._file = open(self.path, "a", encoding="utf-8")
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
-    record = {"step": int(step), **{k: _plain(v) for k, v in scalars.items()}}
-    if self._file is None:
-      self._text += json.dumps(record) + "\n"
+    line = json.dumps({"step": int(step), **{k: _plain(v) for k, v in scalars.items()}}) + "\n"
+    if self.remote:
+      self._lines.append(line)
     else:
-      self._file.write(json.dumps(record) + "\n")
+      self._file.write(line)
 
   def flush(self) -> None:
-    if self._file is None:
-      storage.write_whole(self.path, self._text)
-    else:
+    if not self.remote:
       self._file.flush()
+      return
+    if self._lines:
+      self._flushes += 1
+      storage.write_whole(self.directory / f"{self.stamp}-{self._flushes:06d}.jsonl",
+                          "".join(self._lines))
+      self._lines = []
 
   def close(self) -> None:
-    if self._file is None:
+    if self.remote:
       self.flush()
     else:
       self._file.close()
@@ -68,37 +90,56 @@ class JsonlWriter:
 class TensorBoardWriter:
   """TensorBoard event files through tensorboardX (no TensorFlow needed).
 
-  For a logdir in a bucket the events go to a local directory first and each flush
-  uploads its files whole (tensorboardX's own bucket writers need TensorFlow's or
-  boto's file layers, and fail without them).
+  For a logdir in a bucket the events go to a local directory first (tensorboardX's
+  own bucket writers need TensorFlow's or boto's file layers, and fail without them),
+  and each flush closes its event file, uploads it and starts the next: every upload
+  is a new object holding only the events since the last (TensorBoard reads all the
+  event files of a directory, in name order). Locally one file per launch grows.
   """
 
-  def __init__(self, logdir: str | os.PathLike):
-    from tensorboardX import SummaryWriter
-
+  def __init__(self, logdir: str | os.PathLike, stamp: str | None = None):
     self.logdir = storage.as_path(logdir)
+    self.remote = storage.is_remote(self.logdir)
     self._local = storage.local_dir_for(self.logdir, prefix="tensorboard-")
-    # Event files are named by the second and host: a launch's own suffix keeps a quick
-    # relaunch from replacing the last one's upload.
-    self._writer = SummaryWriter(self._local, filename_suffix=(
-        f".{uuid.uuid4().hex[:8]}" if storage.is_remote(self.logdir) else ""))
+    self.stamp, self._files = stamp or launch_stamp(), 0
+    self._writer = None
+
+  def _current(self):
+    if self._writer is None:
+      from tensorboardX import SummaryWriter
+
+      # Event files are named by the second and host: the launch and file number keep
+      # one flush, or a quick relaunch, from replacing another's upload.
+      self._files += 1
+      self._writer = SummaryWriter(self._local, filename_suffix=(
+          f".{self.stamp}-{self._files:06d}" if self.remote else ""))
+    return self._writer
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
     for key, value in scalars.items():
-      self._writer.add_scalar(key, float(np.asarray(value)), global_step=int(step))
+      self._current().add_scalar(key, float(np.asarray(value)), global_step=int(step))
 
   def write_hparams(self, hparams: Mapping[str, Any]) -> None:
-    self._writer.add_text("hparams", json.dumps(dict(hparams), default=str, indent=1))
+    self._current().add_text("hparams", json.dumps(dict(hparams), default=str, indent=1))
 
   def flush(self) -> None:
-    self._writer.flush()
-    storage.upload_tree(self._local, self.logdir)
+    if self._writer is None:
+      return
+    if not self.remote:
+      self._writer.flush()
+      return
+    self._writer.close()
+    self._writer = None
+    for f in Path(self._local).iterdir():  # Only the file just closed: the others are gone.
+      storage.copy_file(f, self.logdir / f.name)
+      f.unlink()
 
   def close(self) -> None:
-    self._writer.close()
-    storage.upload_tree(self._local, self.logdir)
-    if storage.is_remote(self.logdir):
+    if self.remote:
+      self.flush()
       shutil.rmtree(self._local, ignore_errors=True)
+    elif self._writer is not None:
+      self._writer.close()
 
 
 class MultiWriter:
@@ -126,20 +167,36 @@ class MultiWriter:
 
 
 def create_writer(workdir: str | os.PathLike, process_index: int = 0) -> MultiWriter:
-  """Process 0 writes TensorBoard and metrics.jsonl; other processes write nothing."""
+  """Process 0 writes TensorBoard and the metrics lines; other processes write nothing."""
   if process_index != 0:
     return MultiWriter([])
+  workdir, stamp = Workdir(workdir), launch_stamp()
+  return MultiWriter([JsonlWriter(workdir, stamp), TensorBoardWriter(workdir.tensorboard, stamp)])
+
+
+def metrics_files(workdir: str | os.PathLike) -> list:
+  """The files holding `workdir`'s metric lines, in write order: `metrics.jsonl` (a local
+  workdir's, or a bucket's from before the per-flush objects), then `metrics/*.jsonl`
+  by name (launch start time, then flush number)."""
   workdir = Workdir(workdir)
-  return MultiWriter([JsonlWriter(workdir.metrics_file), TensorBoardWriter(workdir.tensorboard)])
+  storage.forget_listings(workdir.root)  # Objects another launch wrote since.
+  files = [workdir.metrics_file] if workdir.metrics_file.exists() else []
+  if workdir.metrics_dir.exists():
+    files += sorted(workdir.metrics_dir.glob("*.jsonl"), key=lambda p: p.name)
+  return files
 
 
 def read_metrics(workdir: str | os.PathLike) -> list[dict[str, Any]]:
-  """The logged steps of every run in `workdir` so far, oldest first; a line cut by a
-  crash is skipped (the rest of the file still counts)."""
-  path = Workdir(workdir).metrics_file
+  """The logged steps of every run in `workdir` so far, oldest first (each launch's
+  lines together, launches by start time); a line cut by a crash is skipped (the rest
+  of the file still counts)."""
+  files = metrics_files(workdir)
+  # A bucket holds an object per flush: fetched side by side, not one round trip each.
+  with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+    texts = list(pool.map(lambda p: p.read_text(encoding="utf-8"), files))
   records = []
-  if path.exists():
-    for line in path.read_text(encoding="utf-8").splitlines():
+  for text in texts:
+    for line in text.splitlines():
       try:
         records.append(json.loads(line))
       except ValueError:
