@@ -3,7 +3,8 @@
 A location with a scheme becomes an `etils.epath.Path` (fsspec underneath: gcsfs
 for gs://, s3fs for s3://, each an extra of this package); any other is a local
 `pathlib.Path`. Both offer the same calls (`/`, open, read/write, exists, mkdir,
-iterdir). What object storage lacks (appending, renaming in one step) the callers
+iterdir); buckets stay on fsspec with TensorFlow installed too (`EPATH_USE_TF`
+below). What object storage lacks (appending, renaming in one step) the callers
 work around through `is_remote`. Orbax reaches buckets itself, through tensorstore:
 `s3_kvstore` is where tensorstore finds an S3 bucket's endpoint and region.
 """
@@ -22,6 +23,12 @@ from flax_transformer.errors import ConfigError
 # scheme -> (the fsspec client it needs, the extra that installs it)
 CLIENTS = {"gs": ("gcsfs", "gcs"), "s3": ("s3fs", "s3")}
 
+# etils picks tf.io.gfile for every bucket path once it finds TensorFlow installed,
+# unless EPATH_USE_TF says no; it decides at the first bucket path in the process and
+# keeps that. Said here, before any: gcsfs and s3fs (what the extras install, the
+# endpoints and credentials the tests exercise) for every epath.Path, orbax's too.
+os.environ.setdefault("EPATH_USE_TF", "false")
+
 
 def as_path(location: str | os.PathLike) -> Any:
   """A pathlib.Path for a local location; an epath.Path for gs://... or s3://...."""
@@ -39,8 +46,16 @@ def as_path(location: str | os.PathLike) -> Any:
     raise ConfigError(f"{text}: {scheme}:// paths need {client}; install it with "
                       f"pip install 'flax-transformer[{extra}]'")
   from etils import epath
+  from etils.epath import backend
 
-  return epath.Path(text)
+  path = epath.Path(text)
+  # Private to etils (tests/test_private_apis.py checks it is there).
+  if getattr(path, "_backend", backend.fsspec_backend) is not backend.fsspec_backend:
+    raise ConfigError(f"{text}: etils sends {scheme}:// through TensorFlow's tf.io.gfile "
+                      f"(EPATH_USE_TF={os.environ.get('EPATH_USE_TF', '')!r}, or decided before "
+                      "flax_transformer.storage was imported); this package reads and writes "
+                      f"buckets through {client}: set EPATH_USE_TF=false")
+  return path
 
 
 def s3_kvstore(location: str) -> dict:

@@ -18,7 +18,22 @@ from flax_transformer.errors import ConfigError
 
 
 def test_local_and_bucket_locations():
-  assert not storage.is_remote(storage.as_path("runs/a"))
+  """What --workdir becomes: a local directory stays a pathlib.Path; a bucket keeps
+  its scheme through joins and str() (pathlib would make gs:/bucket, a local folder)
+  and goes through fsspec, the client its extra installs; anything else is refused."""
+  from pathlib import Path
+
+  from etils.epath import backend
+
+  for local in ("runs/a", Path("runs/a"), "/tmp/runs/a/"):
+    path = storage.as_path(local) / "checkpoints"
+    assert isinstance(path, Path) and not storage.is_remote(path)
+    assert str(path) == str(local).rstrip("/") + "/checkpoints"
+  for bucket in ("gs://bucket/run", "s3://bucket/run/"):
+    path = storage.as_path(bucket) / "checkpoints" / "100"
+    assert storage.is_remote(path) and str(path) == bucket.rstrip("/") + "/checkpoints/100"
+    assert path._backend is backend.fsspec_backend  # noqa: SLF001
+    assert str(storage.as_path(path)) == str(path)  # Made again from a path: the same.
   with pytest.raises(ConfigError, match=r"unsupported storage scheme hdfs://"):
     storage.as_path("hdfs://cluster/run")
 

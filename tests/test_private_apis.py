@@ -1,0 +1,56 @@
+"""The private parts of jax, orbax and etils the code reaches into are there, with the
+attributes it uses: a version bump that removes one fails here, not in a user's run.
+
+- jax: `jax._src.distributed.global_state.client` (training/distributed.py: the
+  coordination service's barrier and live-node list; jax has no public API for them).
+- orbax: `tensorstore_utils.build_kvstore_tspec` (checkpoints.py wraps it to reach
+  S3) and the gs:// spec layout the wrapper rewrites.
+- etils: `epath.Path._backend`, which storage.as_path checks, and
+  `backend.fsspec_backend.fs`, whose listings storage.forget_listings drops.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+from conftest import ROOT, cpu_env, free_port
+
+
+def test_jax_distributed_client_has_the_calls_training_makes():
+  """A one-process jax.distributed run in a subprocess (initialize is once per
+  process): the client distributed._client() returns answers both calls."""
+  script = textwrap.dedent(f"""
+      import jax
+      from flax_transformer.training import distributed
+      jax.distributed.initialize("127.0.0.1:{free_port()}", num_processes=1, process_id=0)
+      client = distributed._client()
+      client.wait_at_barrier("private_api_test", 10_000)
+      # A list in older jax, {{node: incarnation}} in newer: the code takes its set.
+      print("live", sorted(set(client.get_live_nodes([0]))))
+      jax.distributed.shutdown()
+      """)
+  result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=cpu_env(),
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert "live [0]" in result.stdout
+
+
+def test_orbax_builds_the_gcs_specs_the_s3_wrapper_rewrites():
+  from orbax.checkpoint._src.serialization import tensorstore_utils
+
+  ocdbt = tensorstore_utils.build_kvstore_tspec("gs://bucket/run/checkpoints/5/state")
+  assert ocdbt["driver"] == "ocdbt"
+  assert ocdbt["base"] == {"driver": "gcs", "bucket": "bucket", "path": "run/checkpoints/5/state"}
+  plain = tensorstore_utils.build_kvstore_tspec("gs://bucket/run", "x", use_ocdbt=False)
+  assert plain == {"driver": "gcs", "bucket": "bucket", "path": "run/x"}
+
+
+def test_etils_backend_attributes_storage_uses(gcs_bucket):
+  from etils.epath import backend
+
+  from flax_transformer import storage
+
+  path = storage.as_path(f"{gcs_bucket}/private-api")
+  assert path._backend is backend.fsspec_backend  # noqa: SLF001
+  assert callable(backend.fsspec_backend.fs(str(path)).invalidate_cache)
+  storage.forget_listings(path)
