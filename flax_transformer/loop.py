@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -102,12 +103,17 @@ class StopRequest:
     self.received = None  # The signal this process got (several processes: not yet agreed).
 
   def install(self, start_step: int) -> None:
+    self.previous = {}  # The handlers `uninstall` puts back.
     for sig in (signal.SIGINT,) if self.several else (signal.SIGTERM, signal.SIGINT):
-      signal.signal(sig, self._handle)
+      self.previous[sig] = signal.signal(sig, self._handle)
     if self.several:
       # The sync point is one past the furthest step any process reported: report the
       # start, or a notice before the first step would name a step this run never sees.
       self.requested(start_step)
+
+  def uninstall(self) -> None:
+    for sig, handler in self.previous.items():
+      signal.signal(sig, handler)
 
   def _handle(self, signum, frame):
     if self.received is not None:  # Second signal: stop now.
@@ -361,6 +367,7 @@ class Run:
   meter: StepMeter
   state: Any
   start_step: int
+  opened: contextlib.ExitStack  # Releases the above's threads, files and signal handlers.
 
   saved_at: float = dataclasses.field(default_factory=time.monotonic)  # Or started.
 
@@ -374,21 +381,35 @@ class Run:
     self.saved_at = time.monotonic()
 
   def close(self, after_error: bool = False) -> None:
-    """Waits for the last save and closes checkpoints and metrics. After an error,
-    on every exit path, a failure here is logged, not raised over the first one."""
+    """Waits for the last save, then releases everything setup_run opened (checkpoints,
+    metrics, the input pipeline's threads and workers, signal handlers). After an
+    error, on every exit path, a failure here is logged, not raised over the first one."""
     try:
-      self.checkpointer.wait()
-      self.checkpointer.close()
+      try:
+        self.checkpointer.wait()
+      finally:
+        self.opened.close()  # Every callback runs even if one raises.
     except Exception as e:  # noqa: BLE001
       if not after_error:
         raise
-      logging.warning("Closing the checkpoints after an error failed too: %s", e)
-    finally:
-      self.writer.close()
+      logging.warning("Closing the run after an error failed too: %s", e)
 
 
 def setup_run(config, workdir: workdir_lib.Workdir, launch: dict | None = None) -> Run:
-  """Checks the config, builds mesh, data, model, evaluation; restores or initialises."""
+  """Checks the config, builds mesh, data, model, evaluation; restores or initialises.
+
+  If any of it fails (a bad config, every checkpoint damaged), what was opened so far
+  is released before the error propagates; otherwise `Run.close` releases it.
+  """
+  with contextlib.ExitStack() as opened:
+    run = _build_run(config, workdir, launch, opened)
+    run.opened = opened.pop_all()
+    return run
+
+
+def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
+               opened: contextlib.ExitStack) -> Run:
+  """setup_run's work; each resource's release is pushed onto `opened` as it is acquired."""
   workdir.root.mkdir(parents=True, exist_ok=True)
   check_config(config)
   compilation.enable_cache(config.compilation_cache_dir)
@@ -446,12 +467,14 @@ def setup_run(config, workdir: workdir_lib.Workdir, launch: dict | None = None) 
           process_index=process_index, process_count=process_count,
           tokenize=tokenize if train_ids is None else None),
       place_local, workers=workers, device_buffer=config.prefetch_batches))
+  opened.callback(train_iter.close)  # Its prefetch threads and worker processes.
   logging.info("Input pipeline: %d worker process(es), %d batch(es) prefetched to the devices",
                workers, config.prefetch_batches)
   evaluation = Evaluation(config, model_config, trainer, tokenizer, place, dp_size)
   if config.compile_ahead:  # While the parameters initialise and the train step compiles.
     evaluation.compile_ahead()
   checkpointer = Checkpointer(workdir, max_to_keep=config.keep_checkpoints)
+  opened.callback(checkpointer.close)
   start_step, state = checkpointer.restore_latest(trainer.abstract_state, train_iter)
   if state is None:
     start_step, state = 0, trainer.init_state(config.seed)
@@ -459,16 +482,18 @@ def setup_run(config, workdir: workdir_lib.Workdir, launch: dict | None = None) 
   else:
     logging.info("Resumed from the checkpoint of step %d", start_step)
   writer = create_writer(workdir, process_index)
+  opened.callback(writer.close)
   if start_step == 0:
     writer.write_hparams({"model": model_config.to_dict(), **config.to_dict()})
   stop = StopRequest(checkpointer)
   stop.install(start_step)
+  opened.callback(stop.uninstall)
   # Analytic (XLA's own count differs between backends): gflops_per_s and MFU in the log.
   step_flops = train_step_flops(model_config, global_rows, config.max_source_length,
                                 config.max_target_length)
   meter = StepMeter(config, step_flops, start_step, previous_wall_time(workdir))
   return Run(config, workdir, trainer, train_iter, checkpointer, evaluation, writer, stop,
-             meter, state, start_step)
+             meter, state, start_step, opened)
 
 
 def train_and_evaluate(config, workdir: str, launch: dict | None = None) -> dict[str, Any]:
@@ -477,6 +502,7 @@ def train_and_evaluate(config, workdir: str, launch: dict | None = None) -> dict
   launch: how this start was asked for (train.py: config file, overrides, argv), for
   the workdir's run record.
   """
+  # setup_run releases what it opened if it fails; from here on, run.close does.
   run = setup_run(config, workdir_lib.Workdir(workdir), launch)
   try:
     state, step, last = run.state, run.start_step, {}

@@ -1,9 +1,12 @@
 """Faults lose at most the work since the last checkpoint; bad input gets a clear word."""
 
 import logging
+import multiprocessing
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -15,6 +18,7 @@ from flax_transformer.checkpoints import CheckpointError, Checkpointer
 from flax_transformer.checkpoints import average_params
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # configs/
 
 
 def state_at(step):
@@ -85,6 +89,73 @@ def test_average_is_the_elementwise_mean(three_checkpoints):
   # The newest two only, in either order.
   mean = average_params(Checkpointer(three_checkpoints, read_only=True), [30, 20], target)
   np.testing.assert_allclose(mean["w"], np.full((4, 3), 650.0), rtol=1e-6)
+
+
+def held(root) -> dict:
+  """This process's threads (native ones too), its open files under `root` and its child
+  processes."""
+  files = []
+  for fd in os.listdir("/proc/self/fd"):
+    try:
+      target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # The listing's own descriptor, closed by now.
+      continue
+    if target.startswith(str(root)):
+      files.append(target)
+  return {"threads": len(os.listdir("/proc/self/task")), "files": sorted(files),
+          "children": len(multiprocessing.active_children())}
+
+
+def assert_releases(root, fail, error, match, times=2):
+  """`fail()` raises `error` and leaves nothing open under `root`, no thread and no
+  process. The first call warms up what stays for the process's life (jax's backend,
+  TensorStore's pools); each later one must end holding what it started with, once the
+  threads that closing starts (orbax's) end."""
+  with pytest.raises(error, match=match):
+    fail()
+  for _ in range(times - 1):
+    before = held(root)
+    assert not before["files"]
+    # Held as a caller holds it while reporting: its frames keep their locals alive,
+    # so what the code did not close is still open, not collected first.
+    with pytest.raises(error, match=match) as caught:
+      fail()
+    deadline = time.monotonic() + 10
+    while held(root) != before and time.monotonic() < deadline:
+      time.sleep(0.05)
+    assert held(root) == before, caught.value
+
+
+def tiny_setup_config(multi30k_dir):
+  from configs import tiny
+
+  config = tiny.get_config()
+  config.manual_dir, config.compile_ahead = multi30k_dir, False
+  config.data_workers = 0  # Worker processes need absl's parsed flags (train.py's).
+  return config
+
+
+def test_setup_run_failing_on_damaged_checkpoints_leaves_nothing_open(tmp_path, multi30k_dir):
+  from flax_transformer.loop import setup_run
+  from flax_transformer.workdir import Workdir
+
+  checkpointer = Checkpointer(tmp_path, asynchronous=False)
+  checkpointer.save(10, state_at(10), force=True)  # Not this model's state: cannot load.
+  checkpointer.close()
+  assert_releases(tmp_path, lambda: setup_run(tiny_setup_config(multi30k_dir),
+                                              Workdir(tmp_path)), CheckpointError, "none of the 1 checkpoints")
+
+
+def test_setup_run_failing_after_opening_metrics_closes_them(tmp_path, multi30k_dir):
+  from flax_transformer.loop import setup_run
+  from flax_transformer.workdir import Workdir
+
+  # metrics.jsonl opens; TensorBoard's folder cannot be made where a file is in the way.
+  (tmp_path / "tensorboard").write_text("in the way")
+  handlers = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+  assert_releases(tmp_path, lambda: setup_run(tiny_setup_config(multi30k_dir),
+                                              Workdir(tmp_path)), OSError, "tensorboard")
+  assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers
 
 
 TRAIN_ENV = dict(os.environ, XLA_FLAGS="")
