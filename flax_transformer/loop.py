@@ -22,7 +22,7 @@ import sacrebleu
 
 from flax_transformer import compilation, provenance, storage
 from flax_transformer.data import pipeline as data_lib
-from flax_transformer.data.sources import load_pairs
+from flax_transformer.data.sources import load_pairs, prepare as prepare_data
 from flax_transformer.errors import CheckpointSaveError, ConfigError, NonFiniteLossError
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.training import distributed, host_allocator
@@ -431,6 +431,8 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
                host_allocator.describe(), os.environ.get("XLA_FLAGS", "") or "(none)",
                config.prng_impl, "on" if jax.config.jax_threefry_gpu_kernel_lowering else "off",
                config.cross_entropy_backward)
+  for line in prepare_data(config, process_index, process_count):  # Process 0's, once.
+    logging.info("Data: %s", line)
   train_pairs = load_pairs(config, config.train_split)
   logging.info("Training pairs: %d (%s)", len(train_pairs), config.dataset_name)
   tokenizer = data_lib.build_tokenizer(config, workdir.vocab_file, train_pairs, process_index)

@@ -3,15 +3,22 @@ statmt.org's, read back, and trained on with configs/base.py."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+import tarfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from flax_transformer.data import sources
+from flax_transformer.data import wmt
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -166,3 +173,226 @@ def test_prepare_data_reports_the_prepared_splits(wmt14):
   assert result.returncode == 0, result.stderr[-2000:]
   assert "wmt14_translate/de-en: prepared in" in result.stdout
   assert "train 600, validation 100, test 100" in result.stdout
+
+
+# --- Downloads, unpacking, several processes -----------------------------------------
+
+@contextlib.contextmanager
+def http_server(respond):
+  """A real HTTP server on localhost, in threads; `respond(handler)` answers each GET."""
+
+  class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+      respond(self)
+      self.close_connection = True
+
+    def log_message(self, *args):
+      pass
+
+  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  try:
+    yield f"http://127.0.0.1:{server.server_address[1]}/{{file}}"
+  finally:
+    server.shutdown()
+    server.server_close()
+
+
+def run_together(*calls) -> list[BaseException]:
+  """Runs each call in its own thread at once; the exceptions they raised."""
+  errors = []
+
+  def run(call):
+    try:
+      call()
+    except BaseException as e:  # noqa: BLE001 (reported by the test)
+      errors.append(e)
+
+  threads = [threading.Thread(target=run, args=(call,)) for call in calls]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join(60)
+  return errors
+
+
+@pytest.mark.parametrize("framing", ["chunked", "content-length"])
+def test_a_download_cut_short_is_one_line_and_leaves_nothing(multi30k_dir, tmp_path, framing):
+  """The server closes the connection after 1000 bytes: http.client raises IncompleteRead
+  (no OSError) for a chunked body and simply ends a Content-Length one."""
+  body = Path(multi30k_dir, "val.de.gz").read_bytes()
+
+  def respond(handler):
+    handler.send_response(200)
+    if framing == "chunked":
+      handler.send_header("Transfer-Encoding", "chunked")
+      handler.end_headers()
+      handler.wfile.write(b"%x\r\n" % len(body) + body[:1000])
+    else:
+      handler.send_header("Content-Length", str(len(body)))
+      handler.end_headers()
+      handler.wfile.write(body[:1000])
+
+  with http_server(respond) as url:
+    with pytest.raises(sources.DataError, match=r"cannot download http://127\.0\.0\.1:\d+/val\.de"
+                       r"\.gz \((IncompleteRead|the connection ended after 1000 of \d+ bytes).*"
+                       r"config\.manual_dir"):
+      sources.fetch_multi30k_file("val.de.gz", tmp_path, url)
+  assert os.listdir(tmp_path) == []  # No partial file left behind.
+
+
+def test_concurrent_downloads_of_one_file_do_not_clobber(multi30k_dir, tmp_path):
+  """Two processes (here threads) fetch the same file into one folder at once: both
+  succeed and the file is whole."""
+  body = Path(multi30k_dir, "val.de.gz").read_bytes()
+  both_asked = threading.Barrier(2, timeout=20)
+  pauses = [1.0, 0.3]  # Both are writing their first half; one ends while the other writes.
+
+  def respond(handler):
+    both_asked.wait()
+    pause = pauses.pop()
+    handler.send_response(200)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body[:len(body) // 2])
+    handler.wfile.flush()
+    time.sleep(pause)
+    handler.wfile.write(body[len(body) // 2:])
+
+  with http_server(respond) as url:
+    fetch = lambda: sources.fetch_multi30k_file("val.de.gz", tmp_path, url)  # noqa: E731
+    assert run_together(fetch, fetch) == []
+  assert os.listdir(tmp_path) == ["val.de.gz"]
+  assert (tmp_path / "val.de.gz").read_bytes() == body
+
+
+def test_concurrent_extractions_of_one_archive_do_not_clobber(tmp_path):
+  archive = tmp_path / "training-parallel-nc-v9.tgz"
+  names = [f"nc/part{i // 100}/f{i}.txt" for i in range(1500)]
+  with tarfile.open(archive, "w:gz") as tar:
+    for name in names:
+      data = (name * 20).encode()
+      info = tarfile.TarInfo(name)
+      info.size = len(data)
+      tar.addfile(info, __import__("io").BytesIO(data))
+  extracted = tmp_path / "extracted"
+  start = threading.Barrier(2, timeout=20)
+
+  def extract():
+    start.wait()
+    wmt.extract_archives([archive], extracted)
+
+  assert run_together(extract, extract) == []
+  target = wmt.extraction_dir(extracted, archive)
+  assert os.listdir(extracted) == [target.name]  # No partial folder left behind.
+  found = sorted(str(p.relative_to(target)) for p in target.rglob("*.txt"))
+  assert found == sorted(names)
+  assert all((target / n).read_text() == n * 20 for n in names[::97])
+
+
+@pytest.mark.parametrize("python_filter", [True, False], ids=["data_filter", "before_3.10.12"])
+@pytest.mark.parametrize("member", ["../escaped.txt", "link"])
+def test_an_archive_member_leaving_its_folder_is_refused(tmp_path, monkeypatch, python_filter,
+                                                         member):
+  if not python_filter:  # tarfile as on Python before 3.10.12: no filters, everything extracted.
+    monkeypatch.delattr(tarfile, "data_filter")
+    extractall = tarfile.TarFile.extractall
+    monkeypatch.setattr(tarfile.TarFile, "extractall", lambda self, path=".", members=None, *,
+                        numeric_owner=False: extractall(self, path, members,
+                                                        numeric_owner=numeric_owner,
+                                                        filter="fully_trusted"))
+  archive = tmp_path / "evil.tgz"
+  with tarfile.open(archive, "w:gz") as tar:
+    info = tarfile.TarInfo(member)
+    if member == "link":
+      info.type, info.linkname = tarfile.SYMTYPE, "../../outside"
+    else:
+      info.size = 2
+    tar.addfile(info, __import__("io").BytesIO(b"x\n") if info.size else None)
+  extracted = tmp_path / "a" / "b"
+  with pytest.raises(sources.DataError, match=rf"evil\.tgz: cannot unpack .*'?{member}'?.*"
+                     "delete it"):
+    wmt.extract_archives([archive], extracted)
+  assert not (tmp_path / "a" / "escaped.txt").exists() and not (tmp_path / "a" / "link").exists()
+  assert not list(extracted.iterdir()) if extracted.exists() else True
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is not None,
+                    reason="with TensorFlow installed tfds spills to disk itself")
+def test_only_the_shuffle_spill_is_reported_as_a_large_split(tmp_path):
+  from tensorflow_datasets.core import shuffle
+
+  with pytest.raises(sources.DataError, match=r"needs TensorFlow, which is not installed \("
+                     r"test_only_the_shuffle.* at .*test_wmt\.py:\d+ imports it\)"):
+    with wmt.in_memory_shuffle():
+      import tensorflow  # noqa: F401  (any other code that needs TensorFlow)
+  with pytest.raises(sources.DataError, match="a split is larger than .* spills it to disk"):
+    with wmt.in_memory_shuffle():
+      shuffle.MAX_MEM_BUFFER_SIZE = 100  # This split outgrows the in-memory limit.
+      shuffler = shuffle.Shuffler(tmp_path, hash_salt="salt")
+      for i in range(5):
+        shuffler.add(i, b"x" * 50)
+
+
+@pytest.fixture(scope="module")
+def counted_builder():
+  """A registered tfds translation builder ('prepare_once_translate') that records the
+  data_dir of each preparation it runs."""
+  import tensorflow_datasets as tfds
+
+  prepared = []
+
+  class PrepareOnceTranslate(tfds.core.GeneratorBasedBuilder):
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+      return tfds.core.DatasetInfo(
+          builder=self, features=tfds.features.Translation(languages=("de", "en")))
+
+    def _split_generators(self, dl_manager):
+      prepared.append(os.fspath(self.data_dir_root))
+      return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+      for i in range(4):
+        yield i, {"en": f"sentence {i}", "de": f"Satz {i}"}
+
+  return prepared
+
+
+def test_only_process_0_prepares_while_the_others_wait(counted_builder, tmp_path):
+  from configs import default
+
+  def config(data_dir):
+    config = default.get_config()
+    config.dataset_name, config.eval_dataset_name = "prepare_once_translate", ""
+    config.data_dir = str(data_dir)
+    return config
+
+  shared, local = tmp_path / "shared", tmp_path / "host1_local"
+  # Process 1 alone: it waits for process 0 first, and prepares nothing before.
+  nobody = threading.Barrier(2, timeout=0.5)
+  with pytest.raises(threading.BrokenBarrierError):
+    sources.prepare(config(shared), 1, 2, barrier=lambda name: nobody.wait())
+  assert counted_builder == []
+
+  lines = {}
+
+  def process(index, data_dir, barrier):
+    return lambda: lines.__setitem__(index, sources.prepare(
+        config(data_dir), index, 2, barrier=lambda name: barrier.wait()))
+
+  # One data_dir both see: process 0 prepares it, once; process 1 then finds it.
+  both = threading.Barrier(2, timeout=60)
+  assert run_together(process(1, shared, both), process(0, shared, both)) == []
+  assert counted_builder == [str(shared)]
+  assert lines[0] == lines[1] and "(train 4)" in lines[1][0]
+  # Process 1's data_dir is its host's own and unprepared: it prepares its copy after the wait.
+  both = threading.Barrier(2, timeout=60)
+  assert run_together(process(1, local, both), process(0, shared, both)) == []
+  assert counted_builder == [str(shared), str(local)]
+  assert lines[1][0].startswith(f"prepare_once_translate: prepared in {local}")
+  sources.prepare(config(local))  # One process: no barrier; nothing left to prepare.
+  assert counted_builder == [str(shared), str(local)]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import importlib.util
 import itertools
 import logging
@@ -29,9 +30,9 @@ import os
 import shutil
 import tarfile
 import time
-import urllib.request
 from pathlib import Path
 
+from flax_transformer.data.sources import download, partial_path
 from flax_transformer.errors import DataError
 
 
@@ -75,27 +76,6 @@ def download_size(builder) -> int:
   return sum(registered_size(builder, url) or 0 for url in archive_urls(builder))
 
 
-def _fetch(url: str, target: Path, expected_size: int | None) -> None:
-  partial = target.with_name(target.name + ".partial")
-  logging.info("Downloading %s (%s)", url,
-               f"{expected_size / 1e9:.2f} GB" if expected_size else "size unknown")
-  start, done, last_log = time.time(), 0, 0.0
-  try:
-    with urllib.request.urlopen(url, timeout=120) as response, open(partial, "wb") as out:
-      for block in iter(lambda: response.read(1 << 22), b""):
-        out.write(block)
-        done += len(block)
-        if expected_size and time.time() - last_log > 30:
-          last_log = time.time()
-          rate = done / max(1e-9, last_log - start)
-          logging.info("  %s: %.0f%%, %.1f MB/s, ETA %.0f s", target.name,
-                       100 * done / expected_size, rate / 1e6, (expected_size - done) / rate)
-  except OSError as e:
-    raise DataError(f"cannot download {url} ({e}); without internet, put the file "
-                    f"{target.name} in {target.parent} (config.manual_dir)") from None
-  os.replace(partial, target)
-
-
 def fetch_archives(builder, manual_dir: Path, download: bool) -> list[Path]:
   """Every archive of `builder` in `manual_dir`, downloading the missing ones."""
   paths = []
@@ -105,7 +85,10 @@ def fetch_archives(builder, manual_dir: Path, download: bool) -> list[Path]:
       if not download:
         raise DataError(f"{path}: missing, and downloading is off (fetch it from {url})")
       manual_dir.mkdir(parents=True, exist_ok=True)
-      _fetch(url, path, registered_size(builder, url))
+      size = registered_size(builder, url)
+      logging.info("Downloading %s (%s)", url, f"{size / 1e9:.2f} GB" if size else "size unknown")
+      download(url, path, expected_size=size, hint=f"without internet, put the file "
+               f"{path.name} in {path.parent} (config.manual_dir)")
     paths.append(path)
   return paths
 
@@ -119,21 +102,57 @@ def extraction_dir(extract_dir: Path, archive: Path) -> Path:
 
 
 def extract_archives(archives: list[Path], extract_dir: Path) -> None:
-  """Unpacks each tar archive (gzipped or not) once, as tfds's extractor would."""
+  """Unpacks each tar archive (gzipped or not) once, as tfds's extractor would.
+
+  Each call unpacks into a folder of its own (`partial_path`) renamed at the end, so
+  processes unpacking the same archive at once neither mix nor remove each other's
+  files: the first rename wins, the others drop their copy.
+  """
   for archive in archives:
     target = extraction_dir(extract_dir, archive)
     if target.exists():
       continue
     start = time.time()
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
+    partial = partial_path(target)
     try:
       with tarfile.open(archive) as tar:
-        tar.extractall(partial, filter="data")
+        extract_all(tar, partial)
     except (tarfile.TarError, OSError, EOFError) as e:
+      shutil.rmtree(partial, ignore_errors=True)
       raise DataError(f"{archive}: cannot unpack ({e}); delete it to download it again") from None
-    os.replace(partial, target)
+    try:
+      os.replace(partial, target)
+    except OSError:
+      if not target.is_dir():
+        raise
+      shutil.rmtree(partial, ignore_errors=True)  # Another process's extraction won.
     logging.info("Unpacked %s in %.1f s", archive.name, time.time() - start)
+
+
+def extract_all(tar: tarfile.TarFile, folder: Path) -> None:
+  """Every member of `tar` into `folder`, refusing (tarfile.TarError) any that would land
+  or point outside it: tarfile's 'data' filter where Python has one (3.10.12 and later),
+  the same checks here where it does not (absolute names, '..', links leaving the
+  folder, devices)."""
+  if hasattr(tarfile, "data_filter"):
+    tar.extractall(folder, filter="data")
+    return
+  root = os.path.realpath(folder)
+
+  def inside(path: str) -> bool:
+    return os.path.commonpath([root, os.path.realpath(path)]) == root
+
+  for member in tar.getmembers():
+    where = os.path.join(root, member.name)
+    if os.path.isabs(member.name) or not inside(where):
+      raise tarfile.TarError(f"member {member.name!r} would be written outside {folder}")
+    if member.issym() or member.islnk():
+      base = os.path.dirname(where) if member.issym() else root
+      if os.path.isabs(member.linkname) or not inside(os.path.join(base, member.linkname)):
+        raise tarfile.TarError(f"link {member.name!r} -> {member.linkname!r} leaves {folder}")
+    elif not (member.isfile() or member.isdir()):
+      raise tarfile.TarError(f"member {member.name!r} is a device or pipe")
+  tar.extractall(folder)
 
 
 @contextlib.contextmanager
@@ -152,11 +171,28 @@ def in_memory_shuffle():
   except ModuleNotFoundError as e:
     if e.name != "tensorflow":
       raise
-    raise DataError(f"a split is larger than {limit / 1e9:.1f} GB (half this host's memory): "
-                    "tfds then spills it to disk through TensorFlow; prepare on a host with "
-                    "more memory, or install tensorflow-cpu for the preparation") from None
+    file, line, function = _needed_tensorflow(e)
+    if file == shuffle.__file__:
+      raise DataError(f"a split is larger than {limit / 1e9:.1f} GB (half this host's memory): "
+                      "tfds then spills it to disk through TensorFlow; prepare on a host with "
+                      "more memory, or install tensorflow-cpu for the preparation") from None
+    raise DataError(f"preparing the data needs TensorFlow, which is not installed ({function} "
+                    f"at {file}:{line} imports it); install tensorflow-cpu") from None
   finally:
     shuffle.MAX_MEM_BUFFER_SIZE = before
+
+
+def _needed_tensorflow(error: ModuleNotFoundError) -> tuple[str, int, str]:
+  """(file, line, function) of the code that imported TensorFlow: the frame that entered
+  the import machinery (importlib, or a lazy module whose attribute access imports)."""
+  machinery = (os.path.dirname(importlib.__file__) + os.sep, "<frozen", "lazy_imports")
+  needer, tb = None, error.__traceback__
+  while tb is not None:
+    code = tb.tb_frame.f_code
+    if any(m in code.co_filename for m in machinery):
+      break
+    needer, tb = (code.co_filename, tb.tb_lineno, code.co_name), tb.tb_next
+  return needer or ("?", 0, "?")
 
 
 def prepare(builder, manual_dir: str = "", *, download: bool = True,
