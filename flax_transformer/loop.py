@@ -504,11 +504,14 @@ def train_and_evaluate(config, workdir: str, launch: dict | None = None) -> dict
   launch: how this start was asked for (train.py: config file, overrides, argv), for
   the workdir's run record.
   """
+  began = time.monotonic()
   # setup_run releases what it opened if it fails; from here on, run.close does.
   run = setup_run(config, workdir_lib.Workdir(workdir), launch)
   try:
     state, step, last = run.state, run.start_step, {}
     batch = next(run.train_iter)  # Already on the devices (`data.pipeline.prefetched`).
+    logging.info("First training batch on the devices in %.1f s (from the start of setup)",
+                 time.monotonic() - began)
     run.trainer.compile_train_step(state, batch)
     run.meter.restart(step)
     profile = Profile(config, run.workdir, step)

@@ -1,0 +1,194 @@
+"""A scale soak: train.py on the 4.5M-pair synthetic WMT corpus, killed once, resumed, finished.
+
+python bench/soak.py --scratch /tmp/ws [--steps 300] [--kill_at 150] [--workers -1 8]
+                     [--json results/soak.json]
+
+--scratch is bench/wmt_scale.py's folder: the corpus prepared as array_record
+(`data/`), the 37k vocabulary (`vocab.model`) and the token cache (`tokens/`, built
+by the first launch if missing). For each worker count, a small model
+(configs/tiny.py's shape, the corpus's 37k vocabulary, 64-token rows) is trained:
+  reference   --steps steps, start to end, in its own workdir;
+  killed      the same command in a second workdir, `kill -9` once the checkpoint of
+              --kill_at is complete;
+  resumed     the same command again in that workdir, to the end.
+Each launch's process tree (train.py and its input workers) is sampled every
+0.25 s for its summed RSS and PSS (proportional set size: the pages of the
+memory-mapped token cache that every process maps count once in the PSS sum, in
+full in each process's RSS). The first-batch time is the training log's
+"First training batch" line. Exact: the resumed run's final parameters equal
+the reference's, bit for bit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from common import ROOT, print_table, write_json  # noqa: E402
+
+import psutil
+
+
+def command(args, workdir: Path, workers: int) -> list[str]:
+  scratch = args.scratch
+  return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/tiny.py"),
+          f"--workdir={workdir}", "--config.dataset_name=wmt14_translate/de-en",
+          f"--config.data_dir={scratch / 'data'}", "--config.manual_dir=",
+          f"--config.vocab_path={scratch / 'vocab.model'}",
+          f"--config.token_cache_dir={scratch / 'tokens'}", "--config.eval_dataset_name=",
+          "--config.model.max_len=64", "--config.max_source_length=64",
+          "--config.max_target_length=64", "--config.batch_tokens=2048",
+          f"--config.num_train_steps={args.steps}", "--config.log_every_steps=50",
+          "--config.checkpoint_every_steps=50", "--config.eval_every_steps=100000",
+          "--config.num_eval_steps=1", "--config.bleu_every_steps=0",
+          f"--config.data_workers={workers}"]
+
+
+class TreeSampler:
+  """Peak summed RSS and PSS of a process and all its descendants."""
+
+  def __init__(self, pid: int, every_s: float = 0.25):
+    self.root, self.every_s = psutil.Process(pid), every_s
+    self.peak_rss = self.peak_pss = self.peak_main_rss = 0
+    self.max_processes = 0
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, daemon=True)
+    self._thread.start()
+
+  def _run(self):
+    while not self._stop.is_set():
+      try:
+        tree = [self.root, *self.root.children(recursive=True)]
+      except psutil.Error:
+        return
+      rss = pss = 0
+      for p in tree:
+        try:
+          info = p.memory_full_info()
+        except psutil.Error:
+          continue
+        rss, pss = rss + info.rss, pss + info.pss
+        if p is self.root:
+          self.peak_main_rss = max(self.peak_main_rss, info.rss)
+      self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
+      self.max_processes = max(self.max_processes, len(tree))
+      time.sleep(self.every_s)
+
+  def stop(self) -> dict:
+    self._stop.set()
+    self._thread.join()
+    return {"peak_tree_rss_mb": self.peak_rss / 2**20, "peak_tree_pss_mb": self.peak_pss / 2**20,
+            "peak_main_rss_mb": self.peak_main_rss / 2**20, "processes": self.max_processes}
+
+
+FIRST_BATCH = re.compile(r"First training batch .* in ([0-9.]+) s")
+
+
+def launch(args, workdir: Path, workers: int, log: Path, kill_at: int | None = None) -> dict:
+  """One train.py launch; with kill_at, SIGKILL once that step's checkpoint is complete."""
+  start = time.time()
+  with open(log, "w") as out:
+    process = subprocess.Popen(command(args, workdir, workers), stdout=out,
+                               stderr=subprocess.STDOUT, env=dict(os.environ, XLA_FLAGS=""))
+    sampler = TreeSampler(process.pid)
+    if kill_at is not None:
+      while not (workdir / "checkpoints" / str(kill_at) / "_CHECKPOINT_METADATA").exists():
+        if process.poll() is not None:
+          raise SystemExit(f"{log}: ended (exit {process.returncode}) before step {kill_at}")
+        time.sleep(0.2)
+      for child in psutil.Process(process.pid).children(recursive=True):
+        child.kill()  # As a machine's loss takes the workers too.
+      process.send_signal(signal.SIGKILL)
+    code = process.wait()
+  record = {"returncode": code, "wall_s": time.time() - start, **sampler.stop(), "log": str(log)}
+  found = FIRST_BATCH.search(log.read_text())
+  record["first_batch_s"] = float(found.group(1)) if found else None
+  if kill_at is None and code != 0:
+    raise SystemExit(f"{log}: exit {code}\n" + log.read_text()[-3000:])
+  return record
+
+
+def final_params(workdir: Path):
+  import orbax.checkpoint as ocp
+
+  from flax_transformer.checkpoints import Checkpointer
+
+  checkpointer = Checkpointer(workdir, read_only=True)
+  step = checkpointer.steps()[-1]
+  restored = checkpointer.manager.restore(
+      step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore()))
+  checkpointer.close()
+  return step, restored["state"]["params"]
+
+
+def bit_equal(a: Path, b: Path) -> bool:
+  import jax
+  import numpy as np
+
+  (step_a, pa), (step_b, pb) = final_params(a), final_params(b)
+  leaves_a, leaves_b = jax.tree_util.tree_leaves(pa), jax.tree_util.tree_leaves(pb)
+  return step_a == step_b and len(leaves_a) == len(leaves_b) and all(
+      np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(leaves_a, leaves_b))
+
+
+def soak(args, workers: int) -> dict:
+  base = args.scratch / f"soak_workers{workers}"
+  if base.exists():
+    import shutil
+    shutil.rmtree(base)
+  base.mkdir(parents=True)
+  runs = {"reference": launch(args, base / "reference", workers, base / "reference.log")}
+  runs["killed"] = launch(args, base / "interrupted", workers, base / "killed.log",
+                          kill_at=args.kill_at)
+  runs["resumed"] = launch(args, base / "interrupted", workers, base / "resumed.log")
+  resumed_log = (base / "resumed.log").read_text()
+  found = re.search(r"Resumed from the checkpoint of step (\d+)", resumed_log)
+  return {"workers": workers, "runs": runs, "resumed_from_step": int(found.group(1)) if found
+          else None, "bit_exact": bit_equal(base / "reference", base / "interrupted")}
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--scratch", type=Path, required=True,
+                      help="bench/wmt_scale.py's folder (data/, vocab.model, tokens/)")
+  parser.add_argument("--steps", type=int, default=300)
+  parser.add_argument("--kill_at", type=int, default=150, help="a multiple of 50")
+  parser.add_argument("--workers", type=int, nargs="+", default=[-1],
+                      help="config.data_workers of each soak (-1: the default, automatic)")
+  parser.add_argument("--json")
+  args = parser.parse_args()
+  for needed in ("data", "vocab.model"):
+    if not (args.scratch / needed).exists():
+      raise SystemExit(f"{args.scratch / needed} missing: run bench/wmt_scale.py --scratch "
+                       f"{args.scratch} --stages generate prepare vocab first")
+
+  from flax_transformer import provenance
+  from flax_transformer.data import pipeline
+
+  results = [soak(args, w) for w in args.workers]
+  rows = []
+  for result in results:
+    for name, run in result["runs"].items():
+      rows.append({"workers": result["workers"], "launch": name,
+                   "first batch s": run["first_batch_s"], "wall s": run["wall_s"],
+                   "processes": run["processes"], "peak tree RSS MB": run["peak_tree_rss_mb"],
+                   "peak tree PSS MB": run["peak_tree_pss_mb"],
+                   "bit-exact": result["bit_exact"] if name == "resumed" else ""})
+  print_table(rows, list(rows[0]))
+  write_json(args.json, {
+      "command": "python bench/soak.py " + " ".join(sys.argv[1:]),
+      "train_command": " ".join(command(args, Path("WORKDIR"), -1)[1:]),
+      "auto_workers_here": pipeline.auto_workers(-1), "cores": os.cpu_count(),
+      "steps": args.steps, "kill_at": args.kill_at, "soaks": results, **provenance.commit()})
+
+
+if __name__ == "__main__":
+  main()
