@@ -9,9 +9,13 @@ import subprocess
 import sys
 import textwrap
 
+import collections
+
 import grain
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flax_transformer.data import pipeline as data
 from flax_transformer.data import sources
@@ -367,6 +371,83 @@ def test_token_cache_pickles_as_its_folder(multi30k_dir, multi30k_tokenizer, tmp
         np.testing.assert_array_equal(copy[i][side], ids[i][side])
   assert ids.meta["tokens"]["inputs"] > 300_000  # The training split's ids: over 600 KB.
   assert max(sizes.values()) < 1000 and abs(sizes["train"] - sizes["validation"]) < 20
+
+
+@pytest.fixture(scope="module")
+def sentence_pool(multi30k_dir):
+  """Real sentences to draw corpora from: Multi30k validation's English and German."""
+  pairs = sources.multi30k("validation", "en", "de", manual_dir=multi30k_dir)
+  return [text for pair in pairs for text in pair]
+
+
+def segments(batch) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+  """Packed rows -> each pair's (input ids, target ids), through the segment ids, checking
+  that positions restart at 0 in every segment."""
+  out = []
+  for row in range(batch["inputs"].shape[0]):
+    pair = []
+    for side in ("inputs", "targets"):
+      seg, pos = batch[f"{side}_segmentation"][row], batch[f"{side}_positions"][row]
+      pair.append({s: batch[side][row][seg == s] for s in set(seg[seg > 0].tolist())})
+      for s in pair[-1]:
+        assert (pos[seg == s] == np.arange((seg == s).sum())).all()
+    assert pair[0].keys() == pair[1].keys()
+    out += [(tuple(pair[0][s].tolist()), tuple(pair[1][s].tolist())) for s in sorted(pair[0])]
+  return out
+
+
+text = st.text(alphabet="abcxyz äöüß.,'-", max_size=40)
+
+
+@settings(max_examples=10, deadline=None)
+@given(choices=st.data(), rows=st.integers(1, 5), source_length=st.integers(3, 40),
+       target_length=st.integers(3, 40), seed=st.integers(0, 2**16), k=st.integers(0, 5))
+def test_pairs_to_ids_to_packed_batches_to_resumed_iterator(
+    choices, rows, source_length, target_length, seed, k, multi30k_tokenizer, sentence_pool,
+    tmp_path_factory):
+  """The seams where data changes form, for random small corpora in both directions with
+  one vocabulary: token cache ids = on-the-fly ids; the packed batches of both are equal;
+  each pair that fits appears once an epoch and unpacks to its ids; an iterator restored
+  after k batches goes on as the uninterrupted one."""
+  tok = multi30k_tokenizer
+  sentence = st.one_of(st.sampled_from(sentence_pool), text)
+  forward = choices.draw(st.lists(st.tuples(sentence, sentence), min_size=1, max_size=30))
+  cache_dir = tmp_path_factory.mktemp("tokens")
+  batching = data.TrainBatching(rows=rows, max_source_length=source_length,
+                                max_target_length=target_length)
+  folders = {}
+  for direction, pairs in (("forward", forward), ("backward", [(t, s) for s, t in forward])):
+    pairs = sources.TextPairs([s for s, _ in pairs], [t for _, t in pairs])
+    ids = token_cache.cached(pairs, tok, cache_dir)
+    folders[direction] = ids.folder
+    assert_ids_equal(ids, pairs, tok)
+    epoch = lambda examples, **kw: list(data.train_dataset(  # noqa: E731
+        examples, batching, seed=seed, num_epochs=1, **kw))
+    cached = epoch(ids)
+    fly = epoch(pairs, tokenize=data.TokenizePair(tok))
+    assert len(cached) == len(fly)
+    for a, b in zip(cached, fly):
+      assert a.keys() == b.keys() and all((a[key] == b[key]).all() for key in a)
+    fits = [(tuple(ids[i]["inputs"].tolist()), tuple(ids[i]["targets"].tolist()))
+            for i in range(len(ids))]
+    fits = [p for p in fits if len(p[0]) <= source_length and len(p[1]) <= target_length]
+    assert collections.Counter(p for b in cached for p in segments(b)) == \
+        collections.Counter(fits)
+
+    stream = lambda: iter(data.train_dataset(ids, batching, seed=seed))  # noqa: E731
+    if not fits:
+      continue  # Nothing to draw: an endless stream would never yield.
+    uninterrupted = stream()
+    expected = [next(uninterrupted) for _ in range(k + 3)]
+    first = stream()
+    for _ in range(k):
+      next(first)
+    resumed = stream()
+    resumed.set_state(first.get_state())
+    for want in expected[k:]:
+      got = next(resumed)
+      assert all((got[key] == want[key]).all() for key in want)
+  assert (folders["forward"] == folders["backward"]) == all(s == t for s, t in forward)
 
 
 # --- Eval batches ----------------------------------------------------------------
