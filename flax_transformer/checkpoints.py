@@ -10,6 +10,7 @@ averaged checkpoint.
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -20,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from flax import linen as nn
+from jax.experimental import multihost_utils
 
 from flax_transformer import storage
 from flax_transformer.errors import CheckpointError, CheckpointSaveError, ConfigError
@@ -125,16 +127,22 @@ class Checkpointer:
     return None, None
 
   def _set_aside(self, steps: Sequence[int]) -> None:
-    """Renames unusable checkpoints (kept for inspection) so their steps can be saved anew."""
-    if jax.process_index() != 0:
-      return
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for step in steps:
-      path = self.directory / str(step)
-      if path.exists():
-        aside = path.with_name(f"{step}.unusable-{stamp}")
-        path.rename(aside)
-        logging.warning("Moved the unusable checkpoint %s to %s", path, aside)
+    """Renames unusable checkpoints (kept for inspection) so their steps can be saved anew.
+
+    Process 0 renames; every process then waits for it and lists the steps again: one
+    that still listed them would have orbax refuse to save them when training gets there.
+    """
+    if jax.process_index() == 0:
+      stamp = time.strftime("%Y%m%d-%H%M%S")
+      for step in steps:
+        path = self.directory / str(step)
+        if path.exists():
+          aside = path.with_name(f"{step}.unusable-{stamp}")
+          path.rename(aside)
+          logging.warning("Moved the unusable checkpoint %s to %s", path, aside)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices("flax_transformer_set_aside")
+      storage.forget_listings(self.directory)  # A bucket's listing from before the renames.
     self.manager.reload()
 
   def restore_params(self, step: int, abstract_params: Any) -> Any:
@@ -211,9 +219,25 @@ def average_params(checkpointer: Checkpointer, steps: Sequence[int], abstract: A
 
 
 def load_params(workdir: str | Path, model_config: TransformerConfig, *,
-                checkpoint_step: int | None = None, average_last: int = 1):
-  """(parameters, steps): a workdir's checkpoint, or the mean of its last `average_last`."""
+                checkpoint_step: int | None = None, average_last: int = 1,
+                flag: str = "--average_last"):
+  """(parameters, steps): a workdir's checkpoint, or the mean of its last `average_last`.
+
+  flag: what the caller's user calls `average_last`, named when it is below 1 (the
+  one check decode.py, export.py, average_checkpoints.py and Translator share).
+  """
+  if average_last < 1:
+    raise ConfigError(f"{flag} must be at least 1 (how many of the newest checkpoints to "
+                      f"average; 1 = the newest alone), got {average_last}")
   checkpointer = Checkpointer(workdir, read_only=True)
+  try:
+    return _load_params(checkpointer, model_config, checkpoint_step, average_last)
+  finally:
+    checkpointer.close()
+
+
+def _load_params(checkpointer: Checkpointer, model_config: TransformerConfig,
+                 checkpoint_step: int | None, average_last: int):
   steps = checkpointer.steps()
   if not steps:
     raise CheckpointError(f"no checkpoint in {checkpointer.directory}")
@@ -237,18 +261,43 @@ def write_averaged(workdir: str | Path, output: str | Path, last: int) -> list[i
   """A new workdir whose one checkpoint is the mean of `workdir`'s last `last` ones.
 
   run.json and the vocabulary are copied, so decode.py (and Translator) use the
-  result like any workdir. Returns the averaged steps.
+  result like any workdir. Returns the averaged steps. If writing fails, `output` is
+  left as it was found (absent or empty): a run.json without its checkpoint would pass
+  for a workdir.
   """
   workdir, output = Workdir(workdir), Workdir(output)
-  if output.root.exists() and any(output.root.iterdir()):
+  existed = output.root.exists()
+  if existed and any(output.root.iterdir()):
     raise CheckpointError(f"output {output} exists and is not empty: choose a new directory")
   model_config, _ = read_run(workdir)
-  params, steps = load_params(workdir, model_config, average_last=last)
-  output.root.mkdir(parents=True, exist_ok=True)
-  for name in ("run_file", "vocab_file"):
-    storage.copy_file(getattr(workdir, name), getattr(output, name))
-  writer = Checkpointer(output, asynchronous=False)
-  writer.save(steps[-1], {"params": params}, force=True)
-  writer.wait()
-  writer.close()
+  params, steps = load_params(workdir, model_config, average_last=last, flag="--last")
+  try:
+    output.root.mkdir(parents=True, exist_ok=True)
+    for name in ("run_file", "vocab_file"):
+      storage.copy_file(getattr(workdir, name), getattr(output, name))
+    writer = Checkpointer(output, asynchronous=False)
+    try:
+      writer.save(steps[-1], {"params": params}, force=True)
+      writer.wait()
+    finally:
+      writer.close()
+  except BaseException as e:
+    for child in output.root.iterdir() if output.root.exists() else ():
+      _remove(child)
+    if not existed and output.root.exists():
+      _remove(output.root)
+    if isinstance(e, OSError):  # Copying run.json or the vocabulary.
+      raise CheckpointSaveError(f"writing {output} failed ({e.strerror or e}); is the disk full "
+                                "or the directory unwritable? It is left as it was") from None
+    raise
   return steps
+
+
+def _remove(path) -> None:
+  """Deletes a file or a whole folder, local or in a bucket."""
+  if storage.is_remote(path):
+    path.rmtree() if path.is_dir() else path.unlink()
+  elif path.is_dir():
+    shutil.rmtree(path)
+  else:
+    path.unlink()

@@ -73,3 +73,40 @@ def test_only_out_of_memory_skips_the_wait_for_a_lost_peer():
   assert not distributed.is_out_of_memory(jax.errors.JaxRuntimeError(
       "UNAVAILABLE: failed to connect to all addresses"))
   assert not distributed.is_out_of_memory(MemoryError("host"))
+
+
+def two_processes(command: list[str]) -> list[str]:
+  """`command` as processes 0 and 1 of one run (4 CPU devices each); their stderr, once
+  both exited 0."""
+  command = command + [f"--coordinator_address=localhost:{free_port()}", "--num_processes=2"]
+  env = {**cpu_env(), "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+  processes = [subprocess.Popen(command + [f"--process_id={i}"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for i in range(2)]
+  outputs = [p.communicate(timeout=300)[1] for p in processes]
+  for p, stderr in zip(processes, outputs):
+    assert p.returncode == 0, stderr[-3000:]
+  return outputs
+
+
+def test_two_processes_resume_past_a_damaged_checkpoint(tmp_path, multi30k_dir):
+  """Two processes, the newest checkpoint (step 10) damaged: the resume falls back to
+  step 5, sets step 10 aside on every process, and trains past it, saving step 10
+  anew (a process still listing the old one would have orbax refuse that save)."""
+  from conftest import train_command
+  from flax_transformer.checkpoints import Checkpointer
+
+  every_5 = ("--config.checkpoint_every_steps=5", "--config.log_every_steps=5")
+  two_processes(train_command(tmp_path, multi30k_dir, "--config.num_train_steps=10", *every_5))
+  state = tmp_path / "checkpoints" / "10" / "state"
+  damaged = [f for f in state.rglob("*") if f.is_file() and f.stat().st_size > 0
+             and "metadata" not in f.name]
+  assert damaged
+  for f in damaged:
+    f.unlink()
+  outputs = two_processes(train_command(tmp_path, multi30k_dir, "--config.num_train_steps=15",
+                                       *every_5))
+  assert "Resumed from the checkpoint of step 5" in outputs[0]
+  assert "Moved the unusable checkpoint" in outputs[0]
+  assert [p.name.split(".")[0] for p in (tmp_path / "checkpoints").glob("*.unusable-*")] == ["10"]
+  assert Checkpointer(tmp_path, read_only=True).steps()[-2:] == [10, 15]
