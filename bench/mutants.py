@@ -193,6 +193,19 @@ def run_tests(checkout: Path, tests, timeout: int) -> tuple[bool, float, str]:
   return passed, time.perf_counter() - start, "\n".join(lines[-3:])
 
 
+def run_mutant(checkout: Path, mutant: Mutant, timeout: int) -> tuple[str, float, str]:
+  """Patches `checkout` with `mutant`, runs its tests there and restores the file:
+  ("caught" or "missed", seconds, last lines of pytest's output)."""
+  path = checkout / mutant.file
+  original = path.read_text()
+  path.write_text(original.replace(mutant.old, mutant.new))
+  try:
+    survived, seconds, tail = run_tests(checkout, mutant.tests, timeout)
+  finally:
+    path.write_text(original)
+  return "missed" if survived else "caught", seconds, tail
+
+
 def check_applies(mutant: Mutant, root: Path = ROOT) -> str | None:
   """None if the mutant's text occurs exactly once in its file, else the problem."""
   path = root / mutant.file
@@ -231,14 +244,7 @@ def main() -> int:
       return 2
     print(f"{'mutant':62} {'result':7} {'s':>5}  tests")
     for mutant in mutants:
-      path = checkout / mutant.file
-      original = path.read_text()
-      path.write_text(original.replace(mutant.old, mutant.new))
-      try:
-        survived, seconds, tail = run_tests(checkout, mutant.tests, args.timeout)
-      finally:
-        path.write_text(original)
-      outcome = "missed" if survived else "caught"
+      outcome, seconds, tail = run_mutant(checkout, mutant, args.timeout)
       print(f"{mutant.name:62} {outcome:7} {seconds:5.0f}  {' '.join(mutant.tests)}", flush=True)
       record["mutants"].append({"name": mutant.name, "file": mutant.file, "old": mutant.old,
                                 "new": mutant.new, "tests": list(mutant.tests),
