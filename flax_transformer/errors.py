@@ -30,6 +30,10 @@ class WorkdirGoneError(RuntimeError):
   """The workdir was deleted or replaced under a running job."""
 
 
+class WorkdirBusyError(RuntimeError):
+  """Another launch holds the workdir (its lock is fresh); the message names it."""
+
+
 class CheckpointSaveError(RuntimeError):
   """Writing a checkpoint failed (disk full, unwritable directory); older ones are intact."""
 
@@ -38,13 +42,17 @@ class WorkdirWriteError(RuntimeError):
   """Writing a workdir's record (run.json) failed; the previous version is intact."""
 
 
+class ExportWriteError(RuntimeError):
+  """Writing export.py's folder failed; a previous export there is intact."""
+
+
 class NonFiniteLossError(RuntimeError):
   """The loss became NaN or infinite."""
 
 
 BAD_INPUT = (ConfigError, ShardingConfigError, DataError, CheckpointError, WorkdirGoneError,
-             FileNotFoundError)
-RUN_FAILED = (NonFiniteLossError, CheckpointSaveError, WorkdirWriteError)
+             WorkdirBusyError, FileNotFoundError)
+RUN_FAILED = (NonFiniteLossError, CheckpointSaveError, WorkdirWriteError, ExportWriteError)
 
 
 def report(error) -> None:

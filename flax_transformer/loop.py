@@ -20,7 +20,7 @@ import jax
 import numpy as np
 import sacrebleu
 
-from flax_transformer import compilation, provenance, storage
+from flax_transformer import compilation, launch_lock, provenance, storage
 from flax_transformer.data import pipeline as data_lib
 from flax_transformer.data.sources import load_pairs, prepare as prepare_data
 from flax_transformer.errors import CheckpointSaveError, ConfigError, NonFiniteLossError
@@ -412,6 +412,8 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
   """setup_run's work; each resource's release is pushed onto `opened` as it is acquired."""
   workdir.root.mkdir(parents=True, exist_ok=True)
   check_config(config)
+  # Before anything is written: a second launch on this workdir stops here (launch_lock).
+  opened.enter_context(launch_lock.hold(workdir, launch))
   compilation.enable_cache(config.compilation_cache_dir)
   model_config = model_config_from(config)
   process_index, process_count = jax.process_index(), jax.process_count()

@@ -109,6 +109,24 @@ def write_whole(path, data: str | bytes) -> None:
     partial.unlink(missing_ok=True)
 
 
+def create_exclusively(path, data: str) -> bool:
+  """Writes `path` only if it does not exist yet, as one step (O_EXCL locally; a bucket's
+  conditional upload: GCS's ifGenerationMatch=0, S3's If-None-Match); false if it did."""
+  path = as_path(path)
+  try:
+    if is_remote(path):
+      from etils.epath import backend
+
+      with backend.fsspec_backend.fs(str(path)).open(str(path), "xb") as f:
+        f.write(data.encode())
+    else:
+      with open(path, "x", encoding="utf-8") as f:
+        f.write(data)
+  except FileExistsError:
+    return False
+  return True
+
+
 def local_dir_for(destination, prefix: str) -> str:
   """Where a tool that writes only local files (tensorboardX, jax's profiler) should
   write for `destination`: that directory itself, or for a bucket a fresh temporary

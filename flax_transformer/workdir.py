@@ -7,6 +7,7 @@
   <workdir>/metrics/        the same lines in a bucket, one object per flush (METRICS_DIR)
   <workdir>/tensorboard/    TensorBoard event files (TENSORBOARD_DIR)
   <workdir>/profile/        jax.profiler traces, when asked for (PROFILE_DIR)
+  <workdir>/launch.lock     the running launch, while it runs (LOCK_FILE: launch_lock)
 
 `Workdir(path)` names them, in a local directory or a bucket (gs://, s3://: see
 `storage`); the modules that write and read each file (checkpoints,
@@ -36,6 +37,10 @@ METRICS_FILE = "metrics.jsonl"
 METRICS_DIR = "metrics"
 TENSORBOARD_DIR = "tensorboard"
 PROFILE_DIR = "profile"
+LOCK_FILE = "launch.lock"
+# Every entry above: what a tool writing beside a run must never replace (export.py).
+ENTRIES = (RUN_FILE, VOCAB_FILE, CHECKPOINT_DIR, METRICS_FILE, METRICS_DIR, TENSORBOARD_DIR,
+           PROFILE_DIR, LOCK_FILE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +66,7 @@ class Workdir:
   metrics_dir = property(lambda self: self.root / METRICS_DIR)
   tensorboard = property(lambda self: self.root / TENSORBOARD_DIR)
   profile = property(lambda self: self.root / PROFILE_DIR)
+  lock_file = property(lambda self: self.root / LOCK_FILE)
 
 
 MUTABLE_MODEL_FIELDS = {"dropout_rate", "attention_dropout_rate", "deterministic", "decode",
