@@ -11,6 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import sacrebleu
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flax_transformer import Transformer, TransformerConfig
 from flax_transformer.errors import ConfigError
@@ -85,8 +87,12 @@ def test_2016(workdir, multi30k_dir, tmp_path_factory):
 def test_stablehlo_runner_equals_decode_py_on_test_2016_without_our_packages(
     workdir, test_2016, tmp_path):
   sources, decoded = test_2016
+  (tmp_path / "export").mkdir()
+  (tmp_path / "export" / "search_1x16.stablehlo").write_text("an older export's")
   exported = export_and_translate(workdir, sources, tmp_path / "export",
-                                  f"--max_extra={MAX_EXTRA}")
+                                  f"--max_extra={MAX_EXTRA}", "--overwrite")
+  # Replaced whole, not written over: none of the older export's files stays.
+  assert not (tmp_path / "export" / "search_1x16.stablehlo").exists()
   assert len(exported) == len(decoded) == 1000
   assert exported == decoded
   assert len(set(decoded)) > 20  # A model that tells sentences apart, so equality means much.
@@ -159,3 +165,176 @@ def test_missing_ctranslate2_names_the_extra(monkeypatch, multi30k_tokenizer):
                       lambda name, *a: None if name == "ctranslate2" else real(name, *a))
   with pytest.raises(ConfigError, match=r"\.\[ctranslate2\]"):
     ct2.build_spec(TransformerConfig(vocab_size=10), {}, multi30k_tokenizer)
+
+
+# --- Where export.py writes: never over the run, whole or not at all ------------------
+
+def workdir_files(path) -> dict:
+  return {str(p.relative_to(path)): p.read_bytes() for p in sorted(Path(path).rglob("*"))
+          if p.is_file()}
+
+
+def test_out_that_is_holds_or_lies_in_the_run_or_a_bucket_is_refused(tmp_path):
+  """Refused before anything is loaded or touched (a stand-in workdir: nothing of it
+  is read), in one line with exit status 2: the issue's two cases through export.py,
+  the others through its check."""
+  run_dir = tmp_path / "runs" / "w"
+  for name, data in (("run.json", "{}"), ("vocab.model", "v"), ("checkpoints/30/state", "s")):
+    (run_dir / name).parent.mkdir(parents=True, exist_ok=True)
+    (run_dir / name).write_text(data)
+  before = workdir_files(run_dir)
+  cases = {  # --out -> what the line says
+      str(run_dir): "is or holds the workdir",
+      "gs://bucket/export": "is a bucket: export.py writes a local folder"}
+  jobs = {out: subprocess.Popen(  # At once: each is mostly imports.
+      [sys.executable, str(ROOT / "export.py"), f"--workdir={run_dir}", f"--out={out}",
+       "--overwrite"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      cwd=tmp_path, env=dict(os.environ, XLA_FLAGS="")) for out in cases}
+  for out, job in jobs.items():
+    _, stderr = job.communicate(timeout=300)
+    assert job.returncode == 2, (out, stderr)
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: --out {out} "), (out, stderr)
+    assert cases[out] in lines[0], (out, stderr)
+  assert workdir_files(run_dir) == before
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]  # No local "gs:" folder.
+  from flax_transformer.cli.export import check_out
+
+  for out, message in ((tmp_path / "runs", "is or holds the workdir"),
+                       (run_dir / "x" / "..", "is or holds the workdir"),
+                       (run_dir / "checkpoints", "the workdir's own"),
+                       (run_dir / "checkpoints" / "30", "the workdir's own"),
+                       (run_dir / "vocab.model", "the workdir's own")):
+    with pytest.raises(ConfigError, match=message):
+      check_out(str(out), str(run_dir), overwrite=True)
+  (tmp_path / "runs" / "export").mkdir()
+  (tmp_path / "runs" / "export" / "old").write_text("an older export")
+  with pytest.raises(ConfigError, match="exists and is not empty; .* pass --overwrite"):
+    check_out(str(tmp_path / "runs" / "export"), str(run_dir), overwrite=False)
+  # Beside the run's own entries, or beside the run: fine.
+  assert check_out(str(run_dir / "export"), str(run_dir), overwrite=False) == run_dir / "export"
+  assert check_out(str(tmp_path / "runs" / "export"), str(run_dir), overwrite=True) == (
+      tmp_path / "runs" / "export")
+
+
+def test_a_failed_export_leaves_the_previous_one_whole(workdir, tmp_path):
+  import resource
+
+  out = tmp_path / "export"
+  out.mkdir()
+  (out / "manifest.json").write_text("the previous export")
+  limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (64_000, 64_000))  # noqa: E731
+  # Files may not grow past 64 kB (EFBIG, as a full disk gives ENOSPC): the first module fails.
+  failed = subprocess.run([sys.executable, str(ROOT / "export.py"), f"--workdir={workdir}",
+                           f"--out={out}", "--overwrite"], capture_output=True, text=True,
+                          env=dict(os.environ, XLA_FLAGS=""), cwd=ROOT, preexec_fn=limit)
+  assert failed.returncode == 1, failed.stderr[-3000:]
+  assert "Traceback" not in failed.stderr
+  assert failed.stderr.strip().splitlines()[-1].startswith(
+      f"error: writing the export to {out} failed (File too large)")
+  assert workdir_files(out) == {"manifest.json": b"the previous export"}
+  assert [p.name for p in tmp_path.iterdir()] == ["export"]  # No partial folder beside it.
+
+
+# --- The runner in-process: bfloat16 parameters, the platform it runs on ---------------
+
+def short_sentences(translator, multi30k_dir, count):
+  """The first `count` validation sentences of at most 16 tokens: one batch width, so
+  each search (the runner's, the Translator's) compiles once for every test here."""
+  pool = [s for s in lines(multi30k_dir, "val.en.gz", 300)
+          if len(translator.tokenizer.tokenize(s)) <= 16]
+  assert len(pool) >= count
+  return pool[:count]
+
+
+def exported(workdir, folder, search, cast=None):
+  """(Translator on one device, its StableHLO export in `folder`): the export's shapes
+  are that Translator's, so the two search the same batches."""
+  from flax_transformer.export.stablehlo import export_stablehlo
+
+  loaded = Translator.from_workdir(workdir, devices=jax.devices()[:1])
+  config, params = loaded.member(0)
+  if cast is not None:
+    params = jax.tree_util.tree_map(lambda x: x.astype(cast), params)
+  translator = Translator(config, params, loaded.tokenizer, search, devices=jax.devices()[:1])
+  export_stablehlo(translator, folder, batch_tokens=translator.batch_tokens)
+  return translator, folder
+
+
+@pytest.fixture(scope="module")
+def bf16_export(workdir, tmp_path_factory):
+  """The trained model's parameters in bfloat16, greedy search, exported for the CPU."""
+  return exported(workdir, tmp_path_factory.mktemp("bf16"), SearchConfig(beam_size=1,
+                  max_extra=MAX_EXTRA), cast=jnp.bfloat16)
+
+
+def test_bfloat16_parameters_come_back_as_bfloat16(bf16_export, multi30k_dir):
+  translator, folder = bf16_export
+  model = runner.Runner(folder)
+  assert {str(x.dtype) for x in model._params[0]} == {"bfloat16"}
+  sentences = short_sentences(translator, multi30k_dir, 8)
+  assert model.translate(sentences) == translator.translate(sentences)
+
+
+def test_a_cpu_export_runs_on_the_cpu_where_jax_defaults_to_cuda(bf16_export, multi30k_dir,
+                                                                   monkeypatch):
+  """A CUDA host, simulated (none here): jax's default backend is the GPU, whose devices
+  a CPU export cannot run on; the runner must take the CPU's."""
+  translator, folder = bf16_export
+  real = jax.local_devices
+
+  def local_devices(process_index=None, backend=None):
+    if backend in (None, "gpu", "cuda"):
+      raise AssertionError("the simulated host's CUDA devices, for a CPU export")
+    return real(process_index, backend)
+
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  monkeypatch.setattr(jax, "local_devices", local_devices)
+  model = runner.Runner(folder)
+  assert {d.platform for d in model.devices} == {"cpu"}
+  sentences = short_sentences(translator, multi30k_dir, 8)
+  assert model.translate(sentences) == translator.translate(sentences)
+
+
+def test_an_export_for_a_platform_jax_lacks_is_one_line(bf16_export, tmp_path):
+  import json
+  import shutil
+
+  _, folder = bf16_export
+  copy = Path(shutil.copytree(folder, tmp_path / "tpu"))
+  manifest = json.loads((copy / "manifest.json").read_text())
+  (copy / "manifest.json").write_text(json.dumps({**manifest, "platforms": ["tpu"]}))
+  with pytest.raises(SystemExit, match=r"^error: the model was exported for tpu, which this "
+                     r"jax cannot run \(its default backend: cpu\); export it again with "
+                     r"--platforms=cpu$"):
+    runner.Runner(copy)
+
+
+@pytest.fixture(scope="module")
+def beam_export(workdir, tmp_path_factory):
+  """Beam 3 and a length penalty of 1.0 (not decode.py's defaults), float32, exported."""
+  return exported(workdir, tmp_path_factory.mktemp("beam3"),
+                  SearchConfig(beam_size=3, alpha=1.0, max_extra=MAX_EXTRA))
+
+
+@settings(max_examples=6, deadline=None)
+@given(picks=st.lists(st.integers(0, 39), min_size=1, max_size=6),
+       blanks=st.lists(st.sampled_from(["", "   "]), max_size=2), choices=st.data())
+def test_exported_translations_equal_the_translators(beam_export, multi30k_dir, picks, blanks,
+                                                     choices):
+  """Any handful of sentences (blank lines, repeats, any order): the export's
+  translations are the Translator's, with the same model and search settings."""
+  translator, folder = beam_export
+  pool = short_sentences(translator, multi30k_dir, 40)
+  sentences = choices.draw(st.permutations([pool[i] for i in picks] + blanks), label="order")
+  assert runner_for(folder).translate(sentences) == translator.translate(sentences)
+
+
+_RUNNERS: dict = {}
+
+
+def runner_for(folder) -> runner.Runner:
+  """One Runner per export for the whole module: its compiled shapes carry over."""
+  if folder not in _RUNNERS:
+    _RUNNERS[folder] = runner.Runner(folder)
+  return _RUNNERS[folder]

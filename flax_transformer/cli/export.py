@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import uuid
 from pathlib import Path
 
-from flax_transformer import provenance
-from flax_transformer.errors import ConfigError
+from flax_transformer import provenance, storage
+from flax_transformer import workdir as workdir_lib
+from flax_transformer.errors import ConfigError, ExportWriteError
 from flax_transformer.translation.translator import SearchConfig, Translator
 
 FORMATS = ("stablehlo", "ctranslate2")
@@ -16,14 +19,11 @@ FORMATS = ("stablehlo", "ctranslate2")
 def run_export(*, workdir: str, out: str, fmt: str, search: SearchConfig, batch_tokens: int,
                average_last: int, checkpoint_step: int | None, platforms: list[str],
                quantization: str, overwrite: bool) -> None:
+  """Loads `workdir`'s model, writes it in a fresh folder beside `out` and only then puts
+  that folder in `out`'s place: a failure leaves a previous export whole."""
   if fmt not in FORMATS:
     raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-  target = Path(out)
-  if target.exists() and any(target.iterdir()):
-    if not overwrite:
-      raise ConfigError(f"--out {target} exists and is not empty; choose another folder or "
-                        "pass --overwrite")
-    shutil.rmtree(target)
+  target = check_out(out, workdir, overwrite)
   translator = Translator.from_workdir(workdir, search=search, average_last=average_last,
                                        checkpoint_step=checkpoint_step,
                                        batch_tokens=batch_tokens)
@@ -31,19 +31,86 @@ def run_export(*, workdir: str, out: str, fmt: str, search: SearchConfig, batch_
     raise ConfigError("export: one workdir at a time")
   record = {"workdir": str(workdir), "checkpoint_steps": list(translator.checkpoint_steps[0]),
             **provenance.commit()}
+  try:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = _sibling(target, "partial")
+    try:
+      done = _write(fmt, translator, staging, target, search=search, batch_tokens=batch_tokens,
+                    platforms=platforms, quantization=quantization, record=record)
+      _swap_in(staging, target)
+    finally:
+      shutil.rmtree(staging, ignore_errors=True)  # Gone already when swapped in.
+  except OSError as e:
+    raise ExportWriteError(f"writing the export to {target} failed ({e.strerror or e}); is "
+                           "the disk full or the folder unwritable? --out is as it was") from None
+  logging.info("%s", done)
+
+
+def _write(fmt: str, translator: Translator, folder: Path, target: Path, *,
+           search: SearchConfig, batch_tokens: int, platforms: list[str], quantization: str,
+           record: dict) -> str:
+  """Writes the export into `folder` (to become `target`); returns the line to log."""
   if fmt == "stablehlo":
     from flax_transformer.export import stablehlo
 
-    manifest = stablehlo.export_stablehlo(
-        translator, target, batch_tokens=batch_tokens, platforms=platforms, provenance=record)
-    logging.info("Wrote %d beam search shapes for %s to %s; translate with: python %s < in > out",
-                 len(manifest["shapes"]), ",".join(platforms), target, target / "translate.py")
-  else:
-    from flax_transformer.export import ct2
+    manifest = stablehlo.export_stablehlo(translator, folder, batch_tokens=batch_tokens,
+                                          platforms=platforms, provenance=record)
+    return (f"Wrote {len(manifest['shapes'])} beam search shapes for {','.join(platforms)} "
+            f"to {target}; translate with: python {target / 'translate.py'} < in > out")
+  from flax_transformer.export import ct2
 
-    config, params = translator.member(0)
-    ct2.convert(config, params, translator.tokenizer, target, quantization=quantization,
-                search={"beam_size": search.beam_size, "alpha": search.alpha,
-                        "max_extra": search.max_extra}, provenance=record)
-    logging.info("Wrote a CTranslate2 model (%s weights, steps %s averaged) to %s", quantization,
-                 translator.checkpoint_steps[0], target)
+  config, params = translator.member(0)
+  ct2.convert(config, params, translator.tokenizer, folder, quantization=quantization,
+              search={"beam_size": search.beam_size, "alpha": search.alpha,
+                      "max_extra": search.max_extra}, provenance=record)
+  return (f"Wrote a CTranslate2 model ({quantization} weights, steps "
+          f"{translator.checkpoint_steps[0]} averaged) to {target}")
+
+
+def check_out(out: str, workdir: str, overwrite: bool) -> Path:
+  """--out as an absolute local path, or ConfigError before anything is loaded or
+  touched: a bucket, a file, a non-empty folder without --overwrite, the workdir, a
+  folder holding it, or one of its own entries (checkpoints, run.json, ...)."""
+  if storage.is_remote(out):
+    raise ConfigError(f"--out {out} is a bucket: export.py writes a local folder; write it "
+                      "locally, then copy it to the bucket (gcloud storage cp -r, aws s3 cp "
+                      "--recursive)")
+  target = Path(out).resolve()  # '..' and symbolic links resolved, as for the workdir.
+  if not storage.is_remote(workdir):
+    run = Path(workdir).resolve()
+    if target == run or target in run.parents:
+      raise ConfigError(f"--out {out} is or holds the workdir {workdir}: choose a folder "
+                        "outside it")
+    if run in target.parents and target.relative_to(run).parts[0] in workdir_lib.ENTRIES:
+      raise ConfigError(f"--out {out} is or is inside the workdir's own "
+                        f"{run / target.relative_to(run).parts[0]}: choose a folder that is "
+                        "not part of the run")
+  if target.exists() and not target.is_dir():
+    raise ConfigError(f"--out {out} is a file, not a folder")
+  if target.exists() and any(target.iterdir()) and not overwrite:
+    raise ConfigError(f"--out {out} exists and is not empty; choose another folder or pass "
+                      "--overwrite")
+  return target
+
+
+def _sibling(target: Path, what: str) -> Path:
+  """A new, empty folder beside `target` (the same file system: renames are atomic)."""
+  folder = target.with_name(f".{target.name}.{what}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+  folder.mkdir()
+  return folder
+
+
+def _swap_in(staging: Path, target: Path) -> None:
+  """Renames the complete `staging` to `target`; a previous `target` goes only after."""
+  if not target.exists():
+    staging.rename(target)
+    return
+  previous = _sibling(target, "previous")
+  target.rename(previous / target.name)
+  try:
+    staging.rename(target)
+  except OSError:
+    (previous / target.name).rename(target)
+    raise
+  finally:
+    shutil.rmtree(previous, ignore_errors=True)

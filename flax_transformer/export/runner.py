@@ -78,6 +78,26 @@ class _Model:
     return sorted(todo, key=lambda item: len(item[1]))
 
 
+# jax.default_backend() names a GPU 'gpu'; jax.export names its platforms 'cuda' or 'rocm'.
+_BACKEND_PLATFORMS = {"gpu": ("cuda", "rocm")}
+
+
+def exported_devices(jax, platforms: list[str]) -> list:
+  """This host's devices of a platform the model was exported for: the default
+  backend's where it was exported for it, else the first of `platforms` jax has here
+  (a CPU export on a CUDA host runs on the CPU)."""
+  default = jax.default_backend()
+  ours = _BACKEND_PLATFORMS.get(default, (default,))
+  for platform in sorted(platforms, key=lambda p: p not in ours):  # Stable: export order.
+    try:
+      return jax.local_devices(backend=platform)
+    except RuntimeError:  # "Unknown backend": this jax lacks it.
+      continue
+  raise SystemExit(f"error: the model was exported for {', '.join(platforms)}, which this "
+                   f"jax cannot run (its default backend: {default}); export it again with "
+                   f"--platforms={ours[0]}")
+
+
 class Runner(_Model):
   """An exported StableHLO model: `translate(lines) -> lines` (beam search as exported)."""
 
@@ -89,9 +109,13 @@ class Runner(_Model):
     super().__init__(Path(model_dir), (FORMAT,))
     self._jax, self._np = jax, np
     folder = Path(model_dir)
+    # Older exports name no dtypes: their float32 leaves load as saved.
+    dtypes = self.manifest.get("param_dtypes") or [None] * self.manifest["num_params"]
     with np.load(folder / "params.npz") as data:
-      leaves = [data[f"leaf_{i}"] for i in range(self.manifest["num_params"])]
-    self.devices = jax.local_devices()
+      # bfloat16 (numpy's format cannot name it) was stored as uint16: same bits, viewed back.
+      leaves = [data[f"leaf_{i}"] if d is None else data[f"leaf_{i}"].view(jax.numpy.dtype(d))
+                for i, d in enumerate(dtypes)]
+    self.devices = exported_devices(jax, self.manifest["platforms"])
     self._params = [jax.device_put(leaves, d) for d in self.devices]
     self._searches = {entry["width"]: (entry["rows"], jax.export.deserialize(
         bytearray((folder / entry["file"]).read_bytes()))) for entry in self.manifest["shapes"]}

@@ -10,7 +10,8 @@ by every shape.
 Directory written:
   manifest.json   format, shapes and their files, search settings, ids, provenance
   search_<rows>x<width>.stablehlo   jax.export's serialized modules
-  params.npz      the parameters, leaf i under "leaf_<i>" (the modules' argument order)
+  params.npz      the parameters, leaf i under "leaf_<i>" (the modules' argument order;
+                  bfloat16 as its bits in uint16, the manifest's param_dtypes naming it)
   vocab.model     the sentencepiece vocabulary
   translate.py    the runner (`runner.py`): jax, numpy and sentencepiece only here
 """
@@ -43,6 +44,12 @@ def shapes(max_len: int, *, batch_tokens: int, devices: int) -> list[tuple[int, 
                  LENGTH_MULTIPLE)
   return [(batching.batch_rows(w, batch_tokens=batch_tokens, row_multiple=devices) // devices,
            w) for w in widths]
+
+
+def _storable(x: np.ndarray) -> np.ndarray:
+  """`x`, or for a dtype numpy's format cannot name (bfloat16 and ml_dtypes' others,
+  which np.savez writes as raw |V2 records) its bits as unsigned integers."""
+  return x if x.dtype.kind in "biufc" else x.view(f"uint{8 * x.dtype.itemsize}")
 
 
 def export_stablehlo(translator: Translator, out_dir: str | Path, *, batch_tokens: int,
@@ -81,7 +88,8 @@ def export_stablehlo(translator: Translator, out_dir: str | Path, *, batch_token
     logging.info("Exported beam search for [%d, %d] in %.1f s (%s)", rows, width,
                  time.perf_counter() - start, name)
     entries.append({"rows": rows, "width": width, "file": name})
-  np.savez(out / "params.npz", **{f"leaf_{i}": np.asarray(x) for i, x in enumerate(leaves)})
+  arrays = [np.asarray(x) for x in leaves]
+  np.savez(out / "params.npz", **{f"leaf_{i}": _storable(x) for i, x in enumerate(arrays)})
   (out / "vocab.model").write_bytes(translator.tokenizer.model_bytes())
   shutil.copyfile(Path(__file__).with_name("runner.py"), out / "translate.py")
   manifest = {
@@ -89,6 +97,7 @@ def export_stablehlo(translator: Translator, out_dir: str | Path, *, batch_token
       "platforms": list(platforms),
       "shapes": entries,
       "num_params": len(leaves),
+      "param_dtypes": [x.dtype.name for x in arrays],  # How the runner reads each leaf back.
       "max_len": translator.max_len,
       "pad_id": PAD_ID,
       "eos_id": EOS_ID,
