@@ -152,7 +152,8 @@ def test_setup_run_failing_on_damaged_checkpoints_leaves_nothing_open(tmp_path, 
   checkpointer.save(10, state_at(10), force=True)  # Not this model's state: cannot load.
   checkpointer.close()
   assert_releases(tmp_path, lambda: setup_run(tiny_setup_config(multi30k_dir),
-                                              Workdir(tmp_path)), CheckpointError, "none of the 1 checkpoints")
+                                              Workdir(tmp_path)),
+                  CheckpointError, "none of the 1 checkpoints")
 
 
 def test_setup_run_failing_after_opening_metrics_closes_them(tmp_path, multi30k_dir):
