@@ -1,6 +1,7 @@
 """export.py: the StableHLO runner against decode.py, CTranslate2 against our model."""
 
 import gzip
+import json
 import os
 import subprocess
 import sys
@@ -88,6 +89,7 @@ def test_stablehlo_runner_equals_decode_py_on_test_2016_without_our_packages(
     workdir, test_2016, tmp_path):
   sources, decoded = test_2016
   (tmp_path / "export").mkdir()
+  (tmp_path / "export" / "manifest.json").write_text(json.dumps({"format": runner.FORMAT}))
   (tmp_path / "export" / "search_1x16.stablehlo").write_text("an older export's")
   exported = export_and_translate(workdir, sources, tmp_path / "export",
                                   f"--max_extra={MAX_EXTRA}", "--overwrite")
@@ -208,9 +210,21 @@ def test_out_that_is_holds_or_lies_in_the_run_or_a_bucket_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=message):
       check_out(str(out), str(run_dir), overwrite=True)
   (tmp_path / "runs" / "export").mkdir()
-  (tmp_path / "runs" / "export" / "old").write_text("an older export")
+  (tmp_path / "runs" / "export" / "manifest.json").write_text(
+      json.dumps({"format": runner.FORMAT}))
   with pytest.raises(ConfigError, match="exists and is not empty; .* pass --overwrite"):
     check_out(str(tmp_path / "runs" / "export"), str(run_dir), overwrite=False)
+  # --overwrite replaces an earlier export only: not another run, not any other folder.
+  other_run = tmp_path / "runs" / "other"
+  (other_run / "checkpoints").mkdir(parents=True)
+  (other_run / "run.json").write_text("{}")
+  (other_run / "manifest.json").write_text(json.dumps({"format": runner.FORMAT}))
+  notes = tmp_path / "notes"
+  notes.mkdir()
+  (notes / "todo.txt").write_text("mine")
+  for out in (other_run, notes):
+    with pytest.raises(ConfigError, match="is not an earlier export"):
+      check_out(str(out), str(run_dir), overwrite=True)
   # Beside the run's own entries, or beside the run: fine.
   assert check_out(str(run_dir / "export"), str(run_dir), overwrite=False) == run_dir / "export"
   assert check_out(str(tmp_path / "runs" / "export"), str(run_dir), overwrite=True) == (
@@ -222,7 +236,8 @@ def test_a_failed_export_leaves_the_previous_one_whole(workdir, tmp_path):
 
   out = tmp_path / "export"
   out.mkdir()
-  (out / "manifest.json").write_text("the previous export")
+  previous = json.dumps({"format": runner.FORMAT, "note": "the previous export"})
+  (out / "manifest.json").write_text(previous)
   limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (64_000, 64_000))  # noqa: E731
   # Files may not grow past 64 kB (EFBIG, as a full disk gives ENOSPC): the first module fails.
   failed = subprocess.run([sys.executable, str(ROOT / "export.py"), f"--workdir={workdir}",
@@ -232,7 +247,7 @@ def test_a_failed_export_leaves_the_previous_one_whole(workdir, tmp_path):
   assert "Traceback" not in failed.stderr
   assert failed.stderr.strip().splitlines()[-1].startswith(
       f"error: writing the export to {out} failed (File too large)")
-  assert workdir_files(out) == {"manifest.json": b"the previous export"}
+  assert workdir_files(out) == {"manifest.json": previous.encode()}
   assert [p.name for p in tmp_path.iterdir()] == ["export"]  # No partial folder beside it.
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -87,10 +88,32 @@ def check_out(out: str, workdir: str, overwrite: bool) -> Path:
                         "not part of the run")
   if target.exists() and not target.is_dir():
     raise ConfigError(f"--out {out} is a file, not a folder")
-  if target.exists() and any(target.iterdir()) and not overwrite:
-    raise ConfigError(f"--out {out} exists and is not empty; choose another folder or pass "
-                      "--overwrite")
+  if target.exists() and any(target.iterdir()):
+    if not overwrite:
+      raise ConfigError(f"--out {out} exists and is not empty; choose another folder or pass "
+                        "--overwrite")
+    if not _is_export(target):
+      raise ConfigError(f"--out {out} is not an earlier export (no manifest.json of "
+                        "export.py's formats in it): --overwrite replaces only an export; "
+                        "choose an empty or new folder")
   return target
+
+
+def _is_export(folder: Path) -> bool:
+  """Whether `folder` holds what export.py writes (its manifest names one of our formats)
+  and nothing of a run: --overwrite may replace it, and nothing else."""
+  from flax_transformer.export import runner
+
+  # An export holds a vocab.model too; a run's other files it never holds.
+  if any((folder / entry).exists() for entry in workdir_lib.ENTRIES
+         if entry != workdir_lib.VOCAB_FILE):
+    return False
+  try:
+    manifest = json.loads((folder / "manifest.json").read_text())
+  except (OSError, ValueError):
+    return False
+  return isinstance(manifest, dict) and manifest.get("format") in (runner.FORMAT,
+                                                                   runner.CT2_FORMAT)
 
 
 def _sibling(target: Path, what: str) -> Path:
