@@ -13,6 +13,7 @@ import sys
 import tarfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -241,6 +242,39 @@ def test_a_download_cut_short_is_one_line_and_leaves_nothing(multi30k_dir, tmp_p
                        r"config\.manual_dir"):
       sources.fetch_multi30k_file("val.de.gz", tmp_path, url)
   assert os.listdir(tmp_path) == []  # No partial file left behind.
+
+
+def test_missing_archives_are_downloaded_into_the_manual_dir(tmp_path):
+  """The real wmt14_translate/de-en builder's statmt.org URLs, fetched through a local
+  HTTP proxy (urllib's own proxy support): each archive lands whole in manual_dir, and
+  one present already is not fetched again."""
+  builder = sources.tfds_builder("wmt14_translate/de-en", str(tmp_path / "data"))
+  urls = wmt.archive_urls(builder)
+  body = lambda url: f"archive {url}\n".encode() * 1000  # noqa: E731
+  manual = tmp_path / "manual"
+  manual.mkdir()
+  (manual / urls[0].rsplit("/", 1)[-1]).write_bytes(body(urls[0]))
+  asked = []
+
+  def respond(handler):
+    asked.append(handler.path)  # A proxy is asked for the whole URL.
+    handler.send_response(200)
+    handler.send_header("Content-Length", str(len(body(handler.path))))
+    handler.end_headers()
+    handler.wfile.write(body(handler.path))
+
+  with http_server(respond) as url:
+    proxy = url.removesuffix("/{file}")
+    urllib.request.install_opener(urllib.request.build_opener(
+        urllib.request.ProxyHandler({"http": proxy})))
+    try:
+      paths = wmt.fetch_archives(builder, manual, download=True)
+    finally:
+      urllib.request.install_opener(None)  # urlopen builds its default opener again.
+  assert asked == urls[1:]
+  assert paths == [manual / u.rsplit("/", 1)[-1] for u in urls]
+  assert [p.read_bytes() for p in paths] == [body(u) for u in urls]
+  assert sorted(os.listdir(manual)) == sorted(p.name for p in paths)  # No partial files.
 
 
 def test_concurrent_downloads_of_one_file_do_not_clobber(multi30k_dir, tmp_path):

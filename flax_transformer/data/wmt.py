@@ -32,7 +32,8 @@ import tarfile
 import time
 from pathlib import Path
 
-from flax_transformer.data.sources import download, partial_path
+# Aliased: `download` is also prepare's and fetch_archives's flag (on or off).
+from flax_transformer.data.sources import download as download_url, partial_path
 from flax_transformer.errors import DataError
 
 
@@ -87,8 +88,8 @@ def fetch_archives(builder, manual_dir: Path, download: bool) -> list[Path]:
       manual_dir.mkdir(parents=True, exist_ok=True)
       size = registered_size(builder, url)
       logging.info("Downloading %s (%s)", url, f"{size / 1e9:.2f} GB" if size else "size unknown")
-      download(url, path, expected_size=size, hint=f"without internet, put the file "
-               f"{path.name} in {path.parent} (config.manual_dir)")
+      download_url(url, path, expected_size=size, hint=f"without internet, put the file "
+                   f"{path.name} in {path.parent} (config.manual_dir)")
     paths.append(path)
   return paths
 
