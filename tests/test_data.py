@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import logging
 import os
 import pickle
 import re
@@ -338,7 +339,7 @@ def test_token_cache_keeps_each_direction_apart(multi30k_dir, multi30k_tokenizer
     assert ids.meta["key"]["corpus"]["files"][0]["path"].endswith(f"val.{source_lang}.gz")
 
 
-def test_token_cache_key_follows_the_files_and_is_checked(tmp_path, multi30k_tokenizer):
+def test_token_cache_key_follows_the_files_and_is_checked(tmp_path, multi30k_tokenizer, caplog):
   src, tgt = tmp_path / "a.en", tmp_path / "a.de"
   write(src, b"A dog runs.\nTwo men talk.\n")
   write(tgt, b"Ein Hund rennt.\nZwei Manner reden.\n")
@@ -346,8 +347,11 @@ def test_token_cache_key_follows_the_files_and_is_checked(tmp_path, multi30k_tok
                              tmp_path / "tokens")
   write(src, b"A cat sleeps.\nTwo women sing.\n")  # Same files, same count, new text.
   pairs = sources.read_parallel_files(src, tgt)
-  second = token_cache.cached(pairs, multi30k_tokenizer, tmp_path / "tokens")
+  with caplog.at_level(logging.INFO):
+    second = token_cache.cached(pairs, multi30k_tokenizer, tmp_path / "tokens")
   assert second.folder != first.folder
+  # The stale cache stays (only the user knows no run needs it), but the log names it.
+  assert "1 other token cache(s) of" in caplog.text and first.folder.name in caplog.text
   assert_ids_equal(second, pairs, multi30k_tokenizer)
   # A folder whose meta.json holds another key (a collision, a copied folder) is refused.
   with pytest.raises(sources.DataError, match=r"a\.de-2-.*: token cache of another corpus.*"

@@ -159,6 +159,18 @@ def build(pairs: Sequence, tokenizer: Tokenizer, folder: Path, *, threads: int,
     shutil.rmtree(partial, ignore_errors=True)
 
 
+def _mention_others(folder: Path) -> None:
+  """Logs the caches beside `folder` of the same corpus label (another vocabulary,
+  direction, or an older key): they stay until deleted, which only the user can decide."""
+  label = folder.name.rsplit("-", 2)[0]
+  others = [f for f in folder.parent.glob(f"{label}-*")
+            if f != folder and (f / "meta.json").is_file()]
+  if others:
+    size = sum(p.stat().st_size for f in others for p in f.iterdir() if p.is_file())
+    logging.info("%d other token cache(s) of %s in %s (%.2f GB; delete what no run needs): %s",
+                 len(others), label, folder.parent, size / 1e9, ", ".join(f.name for f in others))
+
+
 def cached(pairs: Sequence, tokenizer: Tokenizer, cache_dir: str | os.PathLike = "",
            threads: int | None = None) -> TokenizedPairs:
   """The ids of every pair of `pairs` from the cache in `cache_dir` (default
@@ -169,6 +181,7 @@ def cached(pairs: Sequence, tokenizer: Tokenizer, cache_dir: str | os.PathLike =
   if not (folder / "meta.json").is_file():
     logging.info("Tokenizing %d pairs once into %s (later launches map it)", len(pairs), folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
+    _mention_others(folder)
     build(pairs, tokenizer, folder, threads=threads or os.cpu_count() or 1, key=key)
   ids = TokenizedPairs(folder, key=key)
   logging.info("Token ids of %d pairs mapped from %s (%d + %d tokens)", len(ids), folder,
