@@ -495,7 +495,10 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
   # Analytic (XLA's own count differs between backends): gflops_per_s and MFU in the log.
   step_flops = train_step_flops(model_config, global_rows, config.max_source_length,
                                 config.max_target_length)
-  meter = StepMeter(config, step_flops, start_step, previous_wall_time(workdir))
+  # Only process 0 logs and writes the wall time: the others need not read every metrics
+  # object of a bucket workdir.
+  meter = StepMeter(config, step_flops, start_step,
+                    previous_wall_time(workdir) if process_index == 0 else 0.0)
   return Run(config, workdir, trainer, train_iter, checkpointer, evaluation, writer, stop,
              meter, state, start_step, opened)
 
