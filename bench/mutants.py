@@ -5,8 +5,10 @@ python bench/mutants.py [--only NAME ...] [--json results/mutants.json]
 Every mutant is one small patch (a unique piece of text in one file and what
 replaces it) and the tests named for it. The checkout's files (tracked and
 untracked, not ignored) are copied to a scratch directory; each mutant patches the
-copy, runs its tests there with pytest, and is restored. "caught" means the tests
-failed; "missed" means they passed with the detail broken. The unmutated tests are
+copy, runs its tests there with pytest, and is restored. "caught" means a test
+failed (pytest's exit status 1 with failures); "missed" means they passed with the
+detail broken; "timeout" (over --timeout) and "error" (any other exit: a collection
+or import error, pytest interrupted) catch nothing. The unmutated tests are
 run first: a mutant only counts against tests that pass without it. Exit 0 when
 every mutant is caught, 1 otherwise; the table goes to stdout, the record to JSON.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -177,8 +180,12 @@ def copy_checkout(destination: Path) -> None:
       shutil.copy2(source, target)
 
 
-def run_tests(checkout: Path, tests, timeout: int) -> tuple[bool, float, str]:
-  """(passed, seconds, last lines of output) of pytest on `tests` inside `checkout`."""
+def run_tests(checkout: Path, tests, timeout: int) -> tuple[str, float, str]:
+  """(outcome, seconds, last lines of output) of pytest on `tests` inside `checkout`.
+
+  outcome: "passed", "failed" (exit status 1 and a test reported failed), "timeout"
+  (over `timeout` seconds) or "error" (anything else: collection errors, a usage error).
+  """
   env = dict(os.environ, PYTHONPATH=str(checkout), MULTI30K_DIR=str(
       ROOT.parent / "shared" / "data" / "multi30k"))
   start = time.perf_counter()
@@ -186,24 +193,37 @@ def run_tests(checkout: Path, tests, timeout: int) -> tuple[bool, float, str]:
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                              *tests], cwd=checkout, env=env, capture_output=True, text=True,
                             timeout=timeout)
-    passed, output = result.returncode == 0, result.stdout + result.stderr
+    output = result.stdout + result.stderr
+    if result.returncode == 0:
+      outcome = "passed"
+    elif result.returncode == 1 and re.search(r"\b\d+ failed\b", summary_line(result.stdout)):
+      outcome = "failed"  # Exit status 1 alone is also a fixture's error in setup.
+    else:
+      outcome = "error"
+      output += f"\npytest exit status {result.returncode}"
   except subprocess.TimeoutExpired:
-    passed, output = False, f"timed out after {timeout} s"
+    outcome, output = "timeout", f"timed out after {timeout} s"
   lines = [line for line in output.strip().splitlines() if line.strip()]
-  return passed, time.perf_counter() - start, "\n".join(lines[-3:])
+  return outcome, time.perf_counter() - start, "\n".join(lines[-3:])
+
+
+def summary_line(stdout: str) -> str:
+  """pytest's last line: "1 failed, 2 passed in 3.0s", "1 error in 0.5s", ..."""
+  lines = stdout.strip().splitlines()
+  return lines[-1] if lines else ""
 
 
 def run_mutant(checkout: Path, mutant: Mutant, timeout: int) -> tuple[str, float, str]:
   """Patches `checkout` with `mutant`, runs its tests there and restores the file:
-  ("caught" or "missed", seconds, last lines of pytest's output)."""
+  ("caught", "missed", "timeout" or "error", seconds, last lines of pytest's output)."""
   path = checkout / mutant.file
   original = path.read_text()
   path.write_text(original.replace(mutant.old, mutant.new))
   try:
-    survived, seconds, tail = run_tests(checkout, mutant.tests, timeout)
+    outcome, seconds, tail = run_tests(checkout, mutant.tests, timeout)
   finally:
     path.write_text(original)
-  return "missed" if survived else "caught", seconds, tail
+  return {"passed": "missed", "failed": "caught"}.get(outcome, outcome), seconds, tail
 
 
 def check_applies(mutant: Mutant, root: Path = ROOT) -> str | None:
@@ -236,9 +256,10 @@ def main() -> int:
     checkout = Path(scratch)
     copy_checkout(checkout)
     every_test = sorted({t for m in mutants for t in m.tests})
-    passed, seconds, tail = run_tests(checkout, every_test, args.timeout)
+    outcome, seconds, tail = run_tests(checkout, every_test, args.timeout)
+    passed = outcome == "passed"
     record["unmutated"] = {"tests": every_test, "passed": passed, "seconds": round(seconds, 1)}
-    print(f"unmutated: {'pass' if passed else 'FAIL'} in {seconds:.0f} s")
+    print(f"unmutated: {outcome} in {seconds:.0f} s")
     if not passed:
       print(tail)
       return 2

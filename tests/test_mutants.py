@@ -35,8 +35,28 @@ def test_a_mutant_run_live_is_caught(tmp_path):
   mutant = next(m for m in mutants.MUTANTS if m.name == LIVE)
   mutants.copy_checkout(tmp_path)
   copied = (tmp_path / mutant.file).read_text()
-  passed, _, tail = mutants.run_tests(tmp_path, mutant.tests, timeout=120)
-  assert passed, tail
+  outcome, _, tail = mutants.run_tests(tmp_path, mutant.tests, timeout=120)
+  assert outcome == "passed", tail
   outcome, _, tail = mutants.run_mutant(tmp_path, mutant, timeout=120)
   assert outcome == "caught", tail
   assert (tmp_path / mutant.file).read_text() == copied
+
+
+def test_only_a_failing_test_catches_a_mutant(tmp_path):
+  """A mutant whose test times out, or that breaks the test's import (a collection
+  error, pytest's exit status 2), is not caught: each is its own outcome."""
+  (tmp_path / "tests").mkdir()
+  (tmp_path / "answer.py").write_text("PAUSE_S = 0\nVALUE = 42\n")
+  (tmp_path / "tests" / "test_answer.py").write_text(
+      "import time\n\nimport answer\n\n\ndef test_answer():\n"
+      "  time.sleep(answer.PAUSE_S)\n  assert answer.VALUE == 42\n")
+  tests = ("tests/test_answer.py",)
+  mutant = lambda old, new: mutants.Mutant(new, "answer.py", old, new, tests)  # noqa: E731
+  outcomes = {new: mutants.run_mutant(tmp_path, mutant(old, new), timeout)[0]
+              for old, new, timeout in [("VALUE = 42", "VALUE = 41", 120),
+                                        ("VALUE = 42", "VALUE = (", 120),
+                                        ("PAUSE_S = 0", "PAUSE_S = 600", 3),
+                                        ("VALUE = 42", "VALUE = 6 * 7", 120)]}
+  assert outcomes == {"VALUE = 41": "caught", "VALUE = (": "error", "PAUSE_S = 600": "timeout",
+                      "VALUE = 6 * 7": "missed"}
+  assert (tmp_path / "answer.py").read_text() == "PAUSE_S = 0\nVALUE = 42\n"
