@@ -7,12 +7,14 @@ import contextlib
 import http.server
 import importlib.util
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
 import tarfile
 import threading
 import time
+import types
 import urllib.request
 from pathlib import Path
 
@@ -430,3 +432,44 @@ def test_only_process_0_prepares_while_the_others_wait(counted_builder, tmp_path
   assert lines[1][0].startswith(f"prepare_once_translate: prepared in {local}")
   sources.prepare(config(local))  # One process: no barrier; nothing left to prepare.
   assert counted_builder == [str(shared), str(local)]
+
+
+def _prepare_as_process(index: int, data_dir: str, log: str, start) -> list[str]:
+  """Process `index` of 3 (process 0 on another host, passed the barrier already)
+  preparing 'per_host_translate', whose preparation takes a second and logs its pid."""
+  import tensorflow_datasets as tfds
+
+  class PerHostTranslate(tfds.core.GeneratorBasedBuilder):
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+      return tfds.core.DatasetInfo(
+          builder=self, features=tfds.features.Translation(languages=("de", "en")))
+
+    def _split_generators(self, dl_manager):
+      with open(log, "a") as f:
+        f.write(f"{os.getpid()}\n")
+      time.sleep(1)  # Long enough for the other process to look meanwhile.
+      return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+      for i in range(4):
+        yield i, {"en": f"sentence {i}", "de": f"Satz {i}"}
+
+  config = types.SimpleNamespace(dataset_name="per_host_translate", eval_dataset_name="",
+                                 data_dir=data_dir, manual_dir="")
+  return sources.prepare(config, index, 3, barrier=lambda name: start.wait(60))
+
+
+def test_processes_of_one_host_prepare_its_data_dir_once(tmp_path):
+  """Processes 1 and 2 share a host and its local data_dir: both leave the barrier at
+  once, one prepares, the other waits for it and finds the data prepared."""
+  context = multiprocessing.get_context("spawn")  # No fork of a process running JAX.
+  log = tmp_path / "preparations.log"
+  with context.Manager() as manager, context.Pool(2) as pool:
+    start = manager.Barrier(2)
+    results = [pool.apply_async(_prepare_as_process, (i, str(tmp_path / "data"), str(log), start))
+               for i in (1, 2)]
+    lines = [r.get(timeout=120) for r in results]
+  assert len(log.read_text().split()) == 1  # One preparation (one pid logged).
+  assert lines[0] == lines[1] and "(train 4)" in lines[0][0]

@@ -7,6 +7,8 @@ fetched or read from a local folder), and a user's own line-aligned text files.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import gzip
 import hashlib
 import http.client
@@ -19,6 +21,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Sequence
 
+from flax_transformer import storage
 from flax_transformer.errors import DataError
 
 
@@ -330,13 +333,28 @@ def _jax_barrier(name: str) -> None:
   distributed._client().wait_at_barrier(name, PREPARE_TIMEOUT_S * 1000)  # noqa: SLF001
 
 
+@contextlib.contextmanager
+def _one_at_a_time(data_dir: str):
+  """Holds an exclusive lock (flock) on a file in a local `data_dir`: processes of one
+  host take turns there. A bucket needs none: process 0 prepared it for everyone."""
+  if storage.is_remote(data_dir):
+    yield
+    return
+  Path(data_dir).mkdir(parents=True, exist_ok=True)
+  with open(Path(data_dir) / ".flax_transformer_prepare.lock", "a") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # Released when the file closes, or its process dies.
+    yield
+
+
 def prepare(config, process_index: int = 0, process_count: int = 1,
             barrier: Callable[[str], None] | None = None) -> list[str]:
   """Prepares the config's tfds datasets (training and evaluation) once, before a run.
 
   Several processes: process 0 prepares while the others wait for it at `barrier`
   (default jax.distributed's; none with one process), then each of the others finds
-  the data prepared, or, where its data_dir is its host's own, prepares its copy.
+  the data prepared, or, where its data_dir is its host's own, the first of that
+  host's processes prepares its copy while the others wait for it (a file lock in the
+  data_dir) and find it prepared.
   Returns one line per dataset: its splits and sizes. Multi30k and text files need
   nothing prepared.
   """
@@ -348,9 +366,10 @@ def prepare(config, process_index: int = 0, process_count: int = 1,
     if name in ("multi30k", "text"):
       lines.append(f"{name}: nothing to prepare")
       continue
-    builder = tfds_builder(name, config.data_dir)
-    if not builder.is_prepared():
-      prepare_tfds(builder, manual_dir=config.manual_dir)
+    with _one_at_a_time(tfds_builder(name, config.data_dir).data_dir_root):
+      builder = tfds_builder(name, config.data_dir)  # Sees what the lock's last holder wrote.
+      if not builder.is_prepared():
+        prepare_tfds(builder, manual_dir=config.manual_dir)
     splits = ", ".join(f"{s} {info.num_examples:,}" for s, info in builder.info.splits.items())
     lines.append(f"{name}: prepared in {builder.data_dir} ({splits})")
   if process_index == 0 and process_count > 1:
