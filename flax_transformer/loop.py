@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -395,6 +396,40 @@ class Run:
       logging.warning("Closing the run after an error failed too: %s", e)
 
 
+INPUT_CLOSE_TIMEOUT_S = 30.0
+
+
+def close_input(iterator, timeout_s: float = INPUT_CLOSE_TIMEOUT_S) -> None:
+  """Stops an input iterator's prefetch threads and worker processes, waiting at most
+  `timeout_s` seconds.
+
+  Bounded because grain's ThreadPrefetchDatasetIterator.close joins its producer thread
+  with no timeout, forever if the producer is blocked in its parent's __next__ (grain
+  PR #1373); those threads and grain's worker processes are daemons, ended with this
+  process. An iterator without `close` (grain before DatasetIterator.close) is left to
+  the garbage collector. An error of `close` is raised here.
+  """
+  close = getattr(iterator, "close", None)
+  if close is None:
+    return
+  errors = []
+
+  def run():
+    try:
+      close()
+    except BaseException as e:  # noqa: BLE001 (raised in the caller's thread)
+      errors.append(e)
+
+  closer = threading.Thread(target=run, name="close_input", daemon=True)
+  closer.start()
+  closer.join(timeout_s)
+  if closer.is_alive():
+    logging.warning("The input pipeline did not stop within %.0f s; its threads and worker "
+                    "processes end with this process", timeout_s)
+  elif errors:
+    raise errors[0]
+
+
 def setup_run(config, workdir: workdir_lib.Workdir, launch: dict | None = None) -> Run:
   """Checks the config, builds mesh, data, model, evaluation; restores or initialises.
 
@@ -471,7 +506,7 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
           process_index=process_index, process_count=process_count,
           tokenize=tokenize if train_ids is None else None),
       place_local, workers=workers, device_buffer=config.prefetch_batches))
-  opened.callback(train_iter.close)  # Its prefetch threads and worker processes.
+  opened.callback(close_input, train_iter)  # Its prefetch threads and worker processes.
   logging.info("Input pipeline: %d worker process(es), %d batch(es) prefetched to the devices",
                workers, config.prefetch_batches)
   evaluation = Evaluation(config, model_config, trainer, tokenizer, place, dp_size)

@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -166,6 +167,33 @@ def test_setup_run_failing_after_opening_metrics_closes_them(tmp_path, multi30k_
   assert_releases(tmp_path, lambda: setup_run(tiny_setup_config(multi30k_dir),
                                               Workdir(tmp_path)), OSError, "tensorboard")
   assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == handlers
+
+
+def test_closing_an_input_pipeline_blocked_in_its_parent_is_bounded(caplog):
+  """grain's thread prefetch joins its producer with no timeout: blocked inside its
+  parent's __next__ (here a map waiting on an event), close() would never return."""
+  import grain
+
+  from flax_transformer.loop import close_input
+
+  gate = threading.Event()
+  ds = grain.MapDataset.range(8).to_iter_dataset().map(lambda x: gate.wait() and x)
+  for blocked_close in (False, True):
+    iterator = iter(grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=1))
+    threading.Thread(target=lambda: next(iterator, None), daemon=True).start()
+    time.sleep(0.3)  # The producer is in the map now, waiting.
+    if not blocked_close:
+      closing = threading.Thread(target=iterator.close, daemon=True)
+      closing.start()
+      closing.join(1.0)
+      assert closing.is_alive()  # grain's own close: still joining.
+      continue
+    start = time.monotonic()
+    close_input(iterator, timeout_s=1.0)
+    assert time.monotonic() - start < 5
+    assert "did not stop within 1 s" in caplog.text
+  gate.set()  # The producers end; so do the closes.
+  close_input(object())  # No close (grain before DatasetIterator.close): nothing to do.
 
 
 TRAIN_ENV = dict(os.environ, XLA_FLAGS="")
