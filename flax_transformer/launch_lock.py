@@ -1,17 +1,30 @@
 """One launch per workdir: a lock that names the running launch, kept fresh by a heartbeat.
 
-`<workdir>/launch.lock` (JSON: host, pid, launch time, command, heartbeat) is created
-by process 0 of a launch before it writes anything else, rewritten every HEARTBEAT_S
-with the time of its heartbeat, and removed when the launch ends. A second launch on
-the workdir (a relaunch while the first still runs, locally or in a bucket) is refused
-with one line naming the first. The rule for a lock left by a launch that died
-(`kill -9`, a lost host), which must not block a resume:
+`<workdir>/launch.lock` (JSON: host, boot id, pid and its start time, launch time,
+command, a launch id, heartbeat) is created by process 0 of a launch before it writes
+anything else, rewritten every HEARTBEAT_S with the time of its heartbeat, and removed
+when the launch ends. A second launch on the workdir (a relaunch while the first still
+runs, locally or in a bucket) is refused with one line naming the first. The rule for a
+lock left by a launch that died (`kill -9`, a lost host, a restarted container), which
+must not block a resume:
 
   a lock is stale once its heartbeat is older than STALE_AFTER_S, or at once when its
-  holder ran on this host and its pid is gone;
+  holder ran on this host and is gone: its pid is gone, names another process (started
+  at another time, or this very process, which holds no such lock: a container's
+  restart is pid 1 again), or the host has rebooted since;
 
 a stale lock is taken over with a warning. Heartbeats are compared across hosts' clocks,
 which STALE_AFTER_S (four heartbeats) leaves room for.
+
+Two launches taking over one stale lock at once (a scheduler's restart racing a manual
+one) must not both win. Locally the stale file is renamed aside and checked to be the
+one judged stale before it is deleted (else put back, and the launch refused); in a
+bucket, where objects cannot be renamed or deleted conditionally through every client,
+the taker waits TAKEOVER_SETTLE_S and reads the lock back: the later writer wins, the
+other is refused. Every take reads its lock back, which also catches a store that
+ignores the conditional create. Last, each heartbeat reads the lock before rewriting
+it: one naming another launch marks this one `lost`, and the training loop stops with
+one line at its next step (`check`).
 """
 
 from __future__ import annotations
@@ -26,6 +39,7 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import jax
 
@@ -36,9 +50,16 @@ from flax_transformer.workdir import Workdir
 
 HEARTBEAT_S = 15.0
 STALE_AFTER_S = 60.0
+# Longer than a takeover's delete-and-create in a bucket (two round trips).
+TAKEOVER_SETTLE_S = 2.0
 
 RULE = (f"a lock is stale once its heartbeat is older than {STALE_AFTER_S:.0f} s, or at once "
-        "when its holder ran on this host and its pid is gone")
+        "when its holder ran on this host and is gone (its pid gone or reused, or the host "
+        "rebooted)")
+
+# Launch ids of the locks this process holds: a lock naming this pid with another id was
+# left by an earlier process that had the same pid (a restarted container's pid 1).
+_HELD: set[str] = set()
 
 
 class LaunchLock:
@@ -46,26 +67,38 @@ class LaunchLock:
 
   def __init__(self, workdir, command: str):
     self.path = Workdir(workdir).lock_file
-    self.record = {"host": socket.gethostname(), "pid": os.getpid(),
+    pid = os.getpid()
+    self.record = {"host": socket.gethostname(), "boot_id": _boot_id(), "pid": pid,
+                   "pid_start": _start_time(pid),
                    "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
                    "command": command, "id": uuid.uuid4().hex, "heartbeat": time.time()}
+    self.lost = threading.Event()  # Set by the heartbeat once another launch holds the lock.
+    self.holder = None  # That launch's record, once lost.
     self._stop = threading.Event()
     self._thread = None
 
   def take(self) -> LaunchLock:
     """Creates the lock, or takes over a stale one; WorkdirBusyError if it is held."""
-    if not storage.create_exclusively(self.path, self._text()):
-      holder = read(self.path)
-      why = stale(holder) if holder is not None else "it vanished as it was read"
+    # Read first, not only the conditional create: a store that ignores it (s3fs says
+    # MinIO or Ceph may) still refuses a relaunch while the first launch runs.
+    holder = read(self.path)
+    took_over = holder is not None
+    if took_over:
+      why = stale(holder)
       if why is None:
         raise WorkdirBusyError(busy_message(self.path, holder))
-      if holder is not None:
-        logging.warning("Taking over the lock %s of an earlier launch (%s): %s", self.path,
-                        describe(holder), why)
-      self.path.unlink(missing_ok=True)
-      if not storage.create_exclusively(self.path, self._text()):
-        # Another launch took it over between the read and here: it is the holder now.
-        raise WorkdirBusyError(busy_message(self.path, read(self.path)))
+      logging.warning("Taking over the lock %s of an earlier launch (%s): %s", self.path,
+                      describe(holder), why)
+      self._remove_stale(holder)
+    if not storage.create_exclusively(self.path, self._text()):
+      # Another launch created it between the read and here: it is the holder now.
+      raise WorkdirBusyError(busy_message(self.path, read(self.path)))
+    if took_over and storage.is_remote(self.path):
+      time.sleep(TAKEOVER_SETTLE_S)  # A racing taker deletes ours and writes its own by now.
+    holder = read(self.path)
+    if holder is None or holder.get("id") != self.record["id"]:
+      raise WorkdirBusyError(busy_message(self.path, holder))
+    _HELD.add(self.record["id"])
     self._thread = threading.Thread(target=self._beat, name="launch_lock", daemon=True)
     self._thread.start()
     return self
@@ -75,19 +108,65 @@ class LaunchLock:
     self._stop.set()
     if self._thread is not None:
       self._thread.join()
+    _HELD.discard(self.record["id"])
     holder = read(self.path)
     if holder is not None and holder.get("id") == self.record["id"]:
       self.path.unlink(missing_ok=True)
 
+  def check(self, step: int) -> None:
+    """Raises WorkdirBusyError once the heartbeat found another launch holding the lock
+    (cheap: an Event, for every step)."""
+    if self.lost.is_set():
+      raise WorkdirBusyError(
+          f"workdir {storage.as_path(self.path).parent} was taken over by another launch "
+          f"({describe(self.holder)}) while this one trained: stopped at step {step} without "
+          f"writing its metrics or checkpoint, so that only one launch writes there ({self.path})")
+
   def _text(self) -> str:
     return json.dumps(self.record, indent=1)
 
+  def _remove_stale(self, holder: dict) -> None:
+    """Deletes the lock `holder` judged stale, and only that one (WorkdirBusyError if
+    another launch has taken it over since it was read)."""
+    if storage.is_remote(self.path):
+      # No rename, no conditional delete: `take` reads back what it creates instead.
+      self.path.unlink(missing_ok=True)
+      return
+    aside = self.path.with_name(f"{self.path.name}.{self.record['id']}")
+    try:
+      os.rename(self.path, aside)  # One step: of two takers, one moves the file.
+    except FileNotFoundError:
+      return  # Another taker moved it: the create decides between us.
+    moved = read(aside)
+    if moved is not None and moved.get("id") == holder.get("id"):
+      aside.unlink()
+      return
+    # A fresh lock of a launch that took over first: put it back (unless a third
+    # launch's lock is there by now: then that one holds) and refuse.
+    try:
+      storage.create_exclusively(self.path, aside.read_text())
+    finally:
+      aside.unlink(missing_ok=True)
+    raise WorkdirBusyError(busy_message(self.path, moved))
+
   def _beat(self) -> None:
     while not self._stop.wait(HEARTBEAT_S):
-      self.record["heartbeat"] = time.time()
       try:
-        storage.write_whole(self.path, self._text())
-      except OSError as e:  # A bucket's hiccup: the next heartbeat tries again.
+        holder = read(self.path)
+        if holder is not None and holder.get("id") != self.record["id"]:
+          # Taken over (this launch's heartbeats stalled past STALE_AFTER_S): writing on
+          # would overwrite the new holder's lock, and both would train.
+          self.holder = holder
+          self.lost.set()
+          logging.error("The launch lock %s now names another launch (%s): stopping at the "
+                        "next step", self.path, describe(holder))
+          return
+        self.record["heartbeat"] = time.time()
+        if holder is None:  # Moved aside for a moment by a taker checking it: create it.
+          storage.create_exclusively(self.path, self._text())
+        else:
+          storage.write_whole(self.path, self._text())
+      except Exception as e:  # noqa: BLE001 -- gcsfs' HttpError, auth refreshes: try again.
         logging.warning("Refreshing the launch lock %s failed (%s)", self.path, e)
 
 
@@ -107,9 +186,42 @@ def stale(holder: dict, now: float | None = None) -> str | None:
   age = (time.time() if now is None else now) - float(holder.get("heartbeat", 0))
   if age > STALE_AFTER_S:
     return f"its heartbeat is {age:.0f} s old (stale after {STALE_AFTER_S:.0f} s)"
-  if holder.get("host") == socket.gethostname() and not _alive(int(holder.get("pid", 0))):
-    return f"its pid {holder.get('pid')} on this host is gone"
+  if holder.get("host") != socket.gethostname():
+    return None
+  pid = int(holder.get("pid", 0))
+  boot_id = _boot_id()
+  if holder.get("boot_id") and boot_id and holder["boot_id"] != boot_id:
+    return f"this host has rebooted since (boot id {holder['boot_id']}, now {boot_id})"
+  if pid == os.getpid():
+    if holder.get("id") in _HELD:
+      return None
+    return (f"it names this very process (pid {pid}), which holds no such lock: an earlier "
+            "process with the same pid (a restarted container)")
+  if not _alive(pid):
+    return f"its pid {pid} on this host is gone"
+  started = _start_time(pid)
+  if None not in (holder.get("pid_start"), started) and started != holder["pid_start"]:
+    return f"its pid {pid} on this host is another process now (started at another time)"
   return None
+
+
+def _boot_id() -> str | None:
+  """This boot of the host (Linux; None elsewhere): pids of another boot mean nothing."""
+  try:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+  except OSError:
+    return None
+
+
+def _start_time(pid: int) -> int | None:
+  """When process `pid` started, in clock ticks after boot (Linux; None elsewhere or
+  when it is gone): tells a reused pid from its first process."""
+  try:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+  except OSError:
+    return None
+  # Field 22, counted after the command name: that is in parentheses and may hold spaces.
+  return int(stat.rpartition(")")[2].split()[19])
 
 
 def _alive(pid: int) -> bool:
@@ -122,6 +234,12 @@ def _alive(pid: int) -> bool:
   except PermissionError:  # Someone else's process: alive.
     return True
   return True
+
+
+def check(lock: LaunchLock | None, step: int) -> None:
+  """`lock.check(step)` on process 0, which holds it; nothing on the others."""
+  if lock is not None:
+    lock.check(step)
 
 
 def describe(holder: dict) -> str:

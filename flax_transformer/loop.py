@@ -371,6 +371,7 @@ class Run:
   opened: contextlib.ExitStack  # Releases the above's threads, files and signal handlers.
 
   saved_at: float = dataclasses.field(default_factory=time.monotonic)  # Or started.
+  lock: launch_lock.LaunchLock | None = None  # The workdir's, on process 0.
 
   def save(self, step: int, state) -> None:
     try:
@@ -448,7 +449,7 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
   workdir.root.mkdir(parents=True, exist_ok=True)
   check_config(config)
   # Before anything is written: a second launch on this workdir stops here (launch_lock).
-  opened.enter_context(launch_lock.hold(workdir, launch))
+  lock = opened.enter_context(launch_lock.hold(workdir, launch))
   compilation.enable_cache(config.compilation_cache_dir)
   model_config = model_config_from(config)
   process_index, process_count = jax.process_index(), jax.process_count()
@@ -535,7 +536,7 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
   meter = StepMeter(config, step_flops, start_step,
                     previous_wall_time(workdir) if process_index == 0 else 0.0)
   return Run(config, workdir, trainer, train_iter, checkpointer, evaluation, writer, stop,
-             meter, state, start_step, opened)
+             meter, state, start_step, opened, lock=lock)
 
 
 def train_and_evaluate(config, workdir: str, launch: dict | None = None) -> dict[str, Any]:
@@ -561,6 +562,7 @@ def train_and_evaluate(config, workdir: str, launch: dict | None = None) -> dict
       step += 1
       profile.after(step, state)
       run.meter.add(step, metrics)
+      launch_lock.check(run.lock, step)  # Another launch took the workdir over: stop here.
       due = due_after(config, step, stopping=run.stop.requested(step),
                       seconds_since_save=time.monotonic() - run.saved_at)
       if not due.any():

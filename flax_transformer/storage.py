@@ -111,13 +111,24 @@ def write_whole(path, data: str | bytes) -> None:
 
 def create_exclusively(path, data: str) -> bool:
   """Writes `path` only if it does not exist yet, as one step (O_EXCL locally; a bucket's
-  conditional upload: GCS's ifGenerationMatch=0, S3's If-None-Match); false if it did."""
+  conditional upload: GCS's ifGenerationMatch=0, S3's If-None-Match); false if it did.
+
+  ConfigError when the bucket's client predates exclusive writes (fsspec's "xb" mode:
+  gcsfs and s3fs 2024.12.0).
+  """
   path = as_path(path)
   try:
     if is_remote(path):
       from etils.epath import backend
 
-      with backend.fsspec_backend.fs(str(path)).open(str(path), "xb") as f:
+      try:
+        f = backend.fsspec_backend.fs(str(path)).open(str(path), "xb")
+      except (NotImplementedError, ValueError) as e:  # fsspec < 2024.12: "File mode not supported"
+        client, extra = CLIENTS[str(path).split("://", 1)[0]]
+        raise ConfigError(f"{path}: {client} cannot create a file exclusively ({e}): upgrade it "
+                          f"to 2024.12.0 or later (pip install -U '{client}>=2024.12.0', or "
+                          f"'flax-transformer[{extra}]')") from e
+      with f:
         f.write(data.encode())
     else:
       with open(path, "x", encoding="utf-8") as f:

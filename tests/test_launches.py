@@ -2,19 +2,24 @@
 
 import json
 import logging
+import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
+from gcsfs.retry import HttpError
 
+from configs import tiny
 from conftest import cpu_env, train_command
-from flax_transformer import launch_lock
+from flax_transformer import launch_lock, storage
 from flax_transformer.checkpoints import Checkpointer
-from flax_transformer.errors import WorkdirBusyError
-from flax_transformer.workdir import Workdir
+from flax_transformer.errors import ConfigError, WorkdirBusyError
+from flax_transformer.loop import train_and_evaluate
+from flax_transformer.workdir import METRICS_FILE, Workdir
 
 
 @pytest.fixture(params=["local", "gcs_bucket"])
@@ -73,6 +78,158 @@ def test_a_lock_of_a_dead_process_on_this_host_is_taken_over_at_once(workdir, ca
   with caplog.at_level(logging.WARNING):
     launch_lock.LaunchLock(workdir, "train.py resume").take().release()
   assert f"its pid {dead.pid} on this host is gone" in caplog.text
+
+
+def test_two_launches_taking_over_one_stale_lock_do_not_both_win(workdir, monkeypatch):
+  """A scheduler's restart racing a manual one: both read the stale lock, then one is a
+  bucket round trip (0.5 s) slower to remove it. It must not remove the faster one's
+  fresh lock: exactly one launch holds the workdir."""
+  write_lock(workdir, heartbeat=time.time() - launch_lock.STALE_AFTER_S - 5)
+  both_read, calls, real_read = threading.Barrier(2, timeout=30), threading.local(), launch_lock.read
+
+  def read_then_pause(path):  # The store's read: both see the stale lock, one returns late.
+    record = real_read(path)
+    if threading.current_thread().name in ("faster", "slower") and not getattr(calls, "done",
+                                                                            False):
+      calls.done = True
+      both_read.wait()
+      if threading.current_thread().name == "slower":
+        time.sleep(0.5)
+    return record
+
+  monkeypatch.setattr(launch_lock, "read", read_then_pause)
+  outcomes = {}
+
+  def launch():
+    name = threading.current_thread().name
+    try:
+      outcomes[name] = launch_lock.LaunchLock(workdir, f"train.py {name}").take()
+    except WorkdirBusyError as e:
+      outcomes[name] = e
+
+  threads = [threading.Thread(target=launch, name=name) for name in ("faster", "slower")]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  held = [lock for lock in outcomes.values() if isinstance(lock, launch_lock.LaunchLock)]
+  try:
+    assert len(held) == 1, outcomes
+    assert json.loads(workdir.lock_file.read_text())["id"] == held[0].record["id"]
+  finally:
+    for lock in held:
+      lock.release()
+
+
+@pytest.mark.parametrize("fields, why", [
+    ({"pid": os.getpid()}, "names this very process"),
+    ({"pid": os.getppid(), "pid_start": -1}, "another process now"),
+    ({"pid": os.getppid(), "boot_id": "an-earlier-boot"}, "rebooted since"),
+])
+def test_a_lock_of_a_restarted_container_or_reused_pid_is_stale(tmp_path, caplog, fields, why):
+  """A pod's restart has the same host name and is pid 1 again: the lock names a live
+  pid, this very process or another one, that is not its holder."""
+  write_lock(Workdir(tmp_path), host=socket.gethostname(), **fields)
+  with caplog.at_level(logging.WARNING):
+    launch_lock.LaunchLock(tmp_path, "train.py resume").take().release()
+  assert why in caplog.text
+
+
+def test_a_live_holder_on_this_host_is_not_stale():
+  parent = os.getppid()
+  holder = {"host": socket.gethostname(), "boot_id": launch_lock._boot_id(), "pid": parent,
+            "pid_start": launch_lock._start_time(parent), "heartbeat": time.time()}
+  assert launch_lock.stale(holder) is None
+
+
+def test_a_heartbeat_error_that_is_not_an_oserror_does_not_stop_the_heartbeat(
+    tmp_path, monkeypatch, caplog):
+  """gcsfs raises HttpError (not an OSError) for a bucket's 503: the next beat retries."""
+  monkeypatch.setattr(launch_lock, "HEARTBEAT_S", 0.05)
+  failures, real_write = [HttpError({"code": 503, "message": "Backend Error"})], storage.write_whole
+
+  def write_whole(path, data):
+    if failures:
+      raise failures.pop()
+    real_write(path, data)
+
+  monkeypatch.setattr(storage, "write_whole", write_whole)
+  with caplog.at_level(logging.WARNING):
+    lock = launch_lock.LaunchLock(tmp_path, "train.py").take()
+  try:
+    first = json.loads(Workdir(tmp_path).lock_file.read_text())["heartbeat"]
+    deadline = time.time() + 10
+    while json.loads(Workdir(tmp_path).lock_file.read_text())["heartbeat"] == first:
+      assert time.time() < deadline, "the heartbeat died"
+      time.sleep(0.05)
+  finally:
+    lock.release()
+  assert not failures and "Backend Error" in caplog.text
+
+
+def test_a_heartbeat_finding_another_launch_marks_the_lock_lost(workdir, monkeypatch):
+  """It stops rewriting the lock (which would overwrite the new holder's) and `check`
+  stops the loop with one line naming the new holder."""
+  monkeypatch.setattr(launch_lock, "HEARTBEAT_S", 0.05)
+  lock = launch_lock.LaunchLock(workdir, "train.py").take()
+  try:
+    write_lock(workdir)
+    assert lock.lost.wait(30)
+    with pytest.raises(WorkdirBusyError) as stopped:
+      lock.check(7)
+    message = str(stopped.value)
+    assert "taken over by another launch (host elsewhere, pid 4242" in message
+    assert "stopped at step 7" in message and "\n" not in message
+    time.sleep(0.2)  # Heartbeats that would have overwritten it.
+    assert json.loads(workdir.lock_file.read_text())["id"] == "theirs"
+  finally:
+    lock.release()
+  assert json.loads(workdir.lock_file.read_text())["id"] == "theirs"  # Not removed.
+
+
+def test_a_bucket_client_without_exclusive_writes_is_a_config_error(gcs_bucket, monkeypatch):
+  """fsspec before 2024.12.0 refuses mode "xb" (its words below): one line naming the
+  package to upgrade, not a traceback in setup_run."""
+  from etils.epath import backend
+
+  fs = backend.fsspec_backend.fs(gcs_bucket)
+
+  def open_before_2024_12(path, mode="rb", **kwargs):
+    raise NotImplementedError("File mode not supported")
+
+  monkeypatch.setattr(fs, "open", open_before_2024_12)
+  with pytest.raises(ConfigError, match=r"gcsfs cannot create a file exclusively .* upgrade it "
+                     r"to 2024\.12\.0"):
+    storage.create_exclusively(f"{gcs_bucket}/old_client/launch.lock", "{}")
+
+
+def test_a_launch_whose_lock_is_taken_over_stops_at_the_next_step(tmp_path, multi30k_dir,
+                                                                  monkeypatch):
+  """The training loop checks the lock's `lost` at every step: it stops with
+  WorkdirBusyError (train.py: one line, exit 2) before logging that step."""
+  monkeypatch.setattr(launch_lock, "HEARTBEAT_S", 0.05)
+  config = tiny.get_config()
+  config.manual_dir = multi30k_dir
+  config.num_train_steps, config.log_every_steps = 500, 1
+  config.bleu_every_steps = config.test_bleu_every_steps = 0
+  config.eval_every_steps = config.checkpoint_every_steps = 1_000_000
+  metrics = tmp_path / METRICS_FILE
+
+  def take_over():
+    deadline = time.time() + 300
+    while not (metrics.exists() and metrics.read_text()) and time.time() < deadline:
+      time.sleep(0.05)
+    write_lock(Workdir(tmp_path))
+
+  threading.Thread(target=take_over, daemon=True).start()
+  with pytest.raises(WorkdirBusyError) as stopped:
+    train_and_evaluate(config, str(tmp_path))
+  message = str(stopped.value)
+  assert "taken over by another launch (host elsewhere, pid 4242" in message
+  assert "\n" not in message
+  step = int(message.split("stopped at step ")[1].split()[0])
+  assert [json.loads(line)["step"] for line in metrics.open()][-1] == step - 1
+  assert json.loads(Workdir(tmp_path).lock_file.read_text())["id"] == "theirs"
 
 
 def test_the_heartbeat_keeps_the_lock_fresh(tmp_path, monkeypatch):
