@@ -187,6 +187,39 @@ def wmt_scale(root: Path) -> str:
                               "non-pad fraction"], rows)
 
 
+def token_cache_workers(root: Path) -> str:
+  """bench/token_cache_workers.py: input workers over the 4.5M-pair token cache, the cache
+  pickled as its folder (now) and as its arrays (before)."""
+  record = json.loads((root / "results" / "token_cache_workers.json").read_text())
+  labels = {"new": "as its folder (now)", "old": "as its arrays (before)"}
+  mb = lambda x: f"{x:,.0f} MB"  # noqa: E731
+  rows = [[labels[v["variant"]], str(v["workers"]), f"{v['pickle_bytes']:,} B",
+           mb(v["worker_uss_mb_max"]), mb(v["peak_mb"]["main"]["uss"]), mb(v["tree_pss_mb"]),
+           mb(v["tree_rss_mb"]), f"{v['first_batch_s']:.1f} s"] for v in record["variants"]]
+  return table(["token cache pickled", "workers", "pickled dataset", "USS per worker (max)",
+                "main process USS", "tree PSS", "tree RSS", "first batch"], rows)
+
+
+def soak(root: Path) -> str:
+  """bench/soak.py: train.py on the 4.5M-pair corpus, killed once, resumed, finished."""
+  record = json.loads((root / "results" / "soak.json").read_text())
+  mb = lambda x: f"{x / 1024:.2f} GB"  # noqa: E731
+  rows = []
+  for result in record["soaks"]:
+    workers = result["workers"]
+    label = f"{workers}" if workers >= 0 else f"default ({record['auto_workers_here']} here)"
+    for name, run in result["runs"].items():
+      end = {"reference": f"step {record['steps']}",
+             "killed": f"kill -9 once step {record['kill_at']}'s checkpoint was complete",
+             "resumed": f"resumed at step {result['resumed_from_step']}, to {record['steps']}"}
+      rows.append([label, end[name], f"{run['first_batch_s']:.1f} s", f"{run['wall_s']:.0f} s",
+                   str(run["processes"]), mb(run["peak_tree_rss_mb"]),
+                   mb(run["peak_tree_pss_mb"]),
+                   ("yes" if result["bit_exact"] else "NO") if name == "resumed" else ""])
+  return table(["input workers", "launch", "first batch", "wall time", "processes",
+                "peak tree RSS", "peak tree PSS", "parameters equal the reference's"], rows)
+
+
 def wmt_download(root: Path) -> str:
   """The archives tfds registers for each WMT14 config, and our measured preparation."""
   record = json.loads((root / "results" / "projection.json").read_text())["tfds_registry"]
@@ -334,6 +367,8 @@ TABLES = {"readme-results": ("README.md", readme_results),
           "faults": ("BENCHMARKS.md", faults),
           "export": ("BENCHMARKS.md", export),
           "wmt-scale": ("BENCHMARKS.md", wmt_scale),
+          "token-cache-workers": ("BENCHMARKS.md", token_cache_workers),
+          "soak": ("BENCHMARKS.md", soak),
           "projection": ("BENCHMARKS.md", projection),
           "wmt-download": ("README.md", wmt_download),
           "train-step-2026-11-23": ("BENCHMARKS.md",

@@ -365,16 +365,8 @@ def test_two_processes_of_4_devices_match_one_of_8(tmp_path, multi30k_dir):
   steps = 20
   command = train_command(tmp_path, multi30k_dir, f"--config.num_train_steps={steps}",
                           "--config.log_every_steps=1", "--config.eval_every_steps=20",
-                          "--config.bleu_every_steps=20", "--config.num_bleu_sentences=8",
-                          f"--coordinator_address=localhost:{free_port()}",
-                          "--num_processes=2")
-  env = {**cpu_env(), "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-  processes = [subprocess.Popen(command + [f"--process_id={i}"], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for i in range(2)]
-  for p in processes:
-    _, stderr = p.communicate(timeout=300)
-    assert p.returncode == 0, stderr
+                          "--config.bleu_every_steps=20", "--config.num_bleu_sentences=8")
+  stderr = two_processes(command)[-1]
   assert "Devices: 8 (cpu), mesh {'data': 8, 'fsdp': 1, 'tensor': 1}, 2 process(es)" in stderr
   records = read_metrics(tmp_path)
   assert [r["step"] for r in records] == list(range(1, steps + 1))
@@ -400,6 +392,34 @@ def test_two_processes_of_4_devices_match_one_of_8(tmp_path, multi30k_dir):
     state, metrics = trainer.train_step(state, jax.device_put(batch, trainer.batch_sharding))
     single.append(float(metrics["loss"]))
   np.testing.assert_allclose(two_process, single, rtol=1e-5, atol=0)
+
+  # The same two processes resume past a damaged newest checkpoint (step 20): they fall
+  # back to step 10, process 0 sets step 20 aside, and every process must list it no
+  # more, or orbax refuses to save step 20 anew when training gets there.
+  for f in (tmp_path / "checkpoints" / "20" / "state").rglob("*"):
+    if f.is_file() and f.stat().st_size > 0 and "metadata" not in f.name:
+      f.unlink()
+  resumed = two_processes(train_command(tmp_path, multi30k_dir, "--config.num_train_steps=25",
+                                        "--config.checkpoint_every_steps=5",
+                                        "--config.log_every_steps=5"))[0]
+  assert "Resumed from the checkpoint of step 10" in resumed
+  assert "Moved the unusable checkpoint" in resumed
+  assert [p.name.split(".")[0] for p in (tmp_path / "checkpoints").glob("*.unusable-*")] == ["20"]
+  assert Checkpointer(tmp_path, read_only=True).steps()[-3:] == [15, 20, 25]
+
+
+def two_processes(command: list[str]) -> list[str]:
+  """`command` as processes 0 and 1 of one run (4 CPU devices each) on this host; their
+  stderr, once both exited 0."""
+  command = command + [f"--coordinator_address=localhost:{free_port()}", "--num_processes=2"]
+  env = {**cpu_env(), "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+  processes = [subprocess.Popen(command + [f"--process_id={i}"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for i in range(2)]
+  outputs = [p.communicate(timeout=300)[1] for p in processes]
+  for p, stderr in zip(processes, outputs):
+    assert p.returncode == 0, stderr[-3000:]
+  return outputs
 
 
 def test_slurm_job_is_detected_without_flags_and_writes_one_bucket(s3_bucket, multi30k_dir):
