@@ -469,7 +469,8 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
                host_allocator.describe(), os.environ.get("XLA_FLAGS", "") or "(none)",
                config.prng_impl, "on" if jax.config.jax_threefry_gpu_kernel_lowering else "off",
                config.cross_entropy_backward)
-  for line in prepare_data(config, process_index, process_count):  # Process 0's, once.
+  for line in prepare_data(config, process_index, process_count,  # Process 0's, once.
+                          barrier=distributed.wait_at_barrier):
     logging.info("Data: %s", line)
   train_pairs = load_pairs(config, config.train_split)
   logging.info("Training pairs: %d (%s)", len(train_pairs), config.dataset_name)

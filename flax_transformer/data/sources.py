@@ -11,17 +11,14 @@ import contextlib
 import fcntl
 import gzip
 import hashlib
-import http.client
 import importlib
 import logging
 import os
-import time
-import urllib.request
-import uuid
 from pathlib import Path
 from typing import Callable, Sequence
 
 from flax_transformer import storage
+from flax_transformer.data.download import download
 from flax_transformer.errors import DataError
 
 
@@ -133,50 +130,6 @@ def _sha256(path: Path) -> str:
     for block in iter(lambda: f.read(1 << 20), b""):
       digest.update(block)
   return digest.hexdigest()
-
-
-def partial_path(target: Path) -> Path:
-  """A name beside `target` that is this call's own (process id and a random part),
-  to write `target` whole and rename it: processes or threads fetching or unpacking
-  the same file never write into, or remove, each other's."""
-  return target.with_name(f"{target.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-
-
-def download(url: str, target: Path, *, hint: str, timeout_s: float = 120,
-             expected_size: int | None = None,
-             check: Callable[[Path], None] | None = None) -> None:
-  """Fetches `url` into `target` whole, or raises DataError naming the URL and `hint`.
-
-  Written through `partial_path`, renamed once complete: all the bytes the response's
-  Content-Length announced (a connection closed early may simply end the stream) and
-  `check(partial)` passed. `expected_size` (bytes) only paces the progress log.
-  """
-  partial = partial_path(target)
-  start = last_log = time.time()
-  done = 0
-  try:
-    with urllib.request.urlopen(url, timeout=timeout_s) as response, open(partial, "wb") as out:
-      announced = response.headers.get("Content-Length")
-      for block in iter(lambda: response.read(1 << 22), b""):
-        out.write(block)
-        done += len(block)
-        if expected_size and time.time() - last_log > 30:
-          last_log = time.time()
-          rate = done / max(1e-9, last_log - start)
-          logging.info("  %s: %.0f%%, %.1f MB/s, ETA %.0f s", target.name,
-                       100 * done / expected_size, rate / 1e6, (expected_size - done) / rate)
-    if announced is not None and done != int(announced):
-      raise DataError(f"cannot download {url} (the connection ended after {done} of "
-                      f"{int(announced)} bytes); {hint}")
-    if check:
-      check(partial)
-  except BaseException as e:
-    partial.unlink(missing_ok=True)
-    # http.client.IncompleteRead (a chunked response cut short) is no OSError.
-    if isinstance(e, (OSError, http.client.HTTPException)):
-      raise DataError(f"cannot download {url} ({type(e).__name__}: {e}); {hint}") from None
-    raise
-  os.replace(partial, target)
 
 
 def fetch_multi30k_file(file: str, cache_dir: Path, url_template: str = MULTI30K_URL) -> Path:
@@ -323,16 +276,6 @@ def read_pairs(pairs: Sequence, indices: Sequence[int]) -> list[tuple[str, str]]
   return many(indices) if many else [pairs[i] for i in indices]
 
 
-PREPARE_TIMEOUT_S = 24 * 3600  # Others wait this long for process 0 (WMT: GBs to fetch).
-
-
-def _jax_barrier(name: str) -> None:
-  """Returns once every process of the run has called it (jax.distributed's barrier)."""
-  from flax_transformer.training import distributed
-
-  distributed._client().wait_at_barrier(name, PREPARE_TIMEOUT_S * 1000)  # noqa: SLF001
-
-
 @contextlib.contextmanager
 def _one_at_a_time(data_dir: str):
   """Holds an exclusive lock (flock) on a file in a local `data_dir`: processes of one
@@ -351,15 +294,18 @@ def prepare(config, process_index: int = 0, process_count: int = 1,
   """Prepares the config's tfds datasets (training and evaluation) once, before a run.
 
   Several processes: process 0 prepares while the others wait for it at `barrier`
-  (default jax.distributed's; none with one process), then each of the others finds
+  (`barrier(name)` returns once every process called it: the loop passes
+  jax.distributed's; unused with one process), then each of the others finds
   the data prepared, or, where its data_dir is its host's own, the first of that
   host's processes prepares its copy while the others wait for it (a file lock in the
   data_dir) and find it prepared.
   Returns one line per dataset: its splits and sizes. Multi30k and text files need
   nothing prepared.
   """
+  if process_count > 1 and barrier is None:
+    raise ValueError("prepare: several processes need a barrier")
   if process_index != 0:
-    (barrier or _jax_barrier)("flax_transformer_prepare_data")
+    barrier("flax_transformer_prepare_data")
   lines = []
   names = [config.dataset_name, config.eval_dataset_name or config.dataset_name]
   for name in dict.fromkeys(names):
@@ -373,7 +319,7 @@ def prepare(config, process_index: int = 0, process_count: int = 1,
     splits = ", ".join(f"{s} {info.num_examples:,}" for s, info in builder.info.splits.items())
     lines.append(f"{name}: prepared in {builder.data_dir} ({splits})")
   if process_index == 0 and process_count > 1:
-    (barrier or _jax_barrier)("flax_transformer_prepare_data")
+    barrier("flax_transformer_prepare_data")
   return lines
 
 

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 # Aliased: `download` is also prepare's and fetch_archives's flag (on or off).
-from flax_transformer.data.sources import download as download_url, partial_path
+from flax_transformer.data.download import download as download_url, partial_path
 from flax_transformer.errors import DataError
 
 

@@ -104,6 +104,12 @@ def is_out_of_memory(error: BaseException) -> bool:
       str(error).startswith("RESOURCE_EXHAUSTED") or "Out of memory" in str(error))
 
 
+def wait_at_barrier(name: str, timeout_s: float = 24 * 3600) -> None:
+  """Returns once every process has called it with `name` (jax.distributed's barrier);
+  the default waits out a long wait, such as process 0 fetching WMT's GBs."""
+  _client().wait_at_barrier(name, int(timeout_s * 1000))
+
+
 def _client():
   return jax._src.distributed.global_state.client  # noqa: SLF001 (no public API)
 
