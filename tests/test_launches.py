@@ -155,15 +155,7 @@ def test_a_heartbeat_error_that_is_not_an_oserror_does_not_stop_the_heartbeat(
 
   monkeypatch.setattr(storage, "write_whole", write_whole)
   with caplog.at_level(logging.WARNING):
-    lock = launch_lock.LaunchLock(tmp_path, "train.py").take()
-  try:
-    first = json.loads(Workdir(tmp_path).lock_file.read_text())["heartbeat"]
-    deadline = time.time() + 10
-    while json.loads(Workdir(tmp_path).lock_file.read_text())["heartbeat"] == first:
-      assert time.time() < deadline, "the heartbeat died"
-      time.sleep(0.05)
-  finally:
-    lock.release()
+    assert_heartbeats(tmp_path, "the heartbeat died")
   assert not failures and "Backend Error" in caplog.text
 
 
@@ -232,17 +224,22 @@ def test_a_launch_whose_lock_is_taken_over_stops_at_the_next_step(tmp_path, mult
   assert json.loads(Workdir(tmp_path).lock_file.read_text())["id"] == "theirs"
 
 
-def test_the_heartbeat_keeps_the_lock_fresh(tmp_path, monkeypatch):
-  monkeypatch.setattr(launch_lock, "HEARTBEAT_S", 0.05)
-  lock = launch_lock.LaunchLock(tmp_path, "train.py").take()
+def assert_heartbeats(workdir, message: str) -> None:
+  """Takes `workdir`'s lock and waits (10 s at most) until its heartbeat rewrites it."""
+  lock = launch_lock.LaunchLock(workdir, "train.py").take()
   try:
-    first = json.loads(Workdir(tmp_path).lock_file.read_text())["heartbeat"]
+    first = json.loads(Workdir(workdir).lock_file.read_text())["heartbeat"]
     deadline = time.time() + 10
-    while json.loads(Workdir(tmp_path).lock_file.read_text())["heartbeat"] == first:
-      assert time.time() < deadline, "no heartbeat"
+    while json.loads(Workdir(workdir).lock_file.read_text())["heartbeat"] == first:
+      assert time.time() < deadline, message
       time.sleep(0.05)
   finally:
     lock.release()
+
+
+def test_the_heartbeat_keeps_the_lock_fresh(tmp_path, monkeypatch):
+  monkeypatch.setattr(launch_lock, "HEARTBEAT_S", 0.05)
+  assert_heartbeats(tmp_path, "no heartbeat")
 
 
 def test_train_twice_on_one_workdir(tmp_path, multi30k_dir):
