@@ -51,6 +51,14 @@ def train_command(workdir, multi30k_dir, *overrides) -> list[str]:
           "--config.checkpoint_every_steps=10", *overrides]
 
 
+def translation_info(builder):
+  """`_info` of a test's tfds translation builder (DE-EN pairs), as wmt14_translate's."""
+  import tensorflow_datasets as tfds
+
+  return tfds.core.DatasetInfo(
+      builder=builder, features=tfds.features.Translation(languages=("de", "en")))
+
+
 def cpu_env() -> dict:
   """The environment of a plain single-host run: one CPU device."""
   return dict(os.environ, XLA_FLAGS="")

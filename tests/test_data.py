@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import translation_info
 from flax_transformer.data import pipeline as data
 from flax_transformer.data import sources
 from flax_transformer.data import token_cache
@@ -86,9 +87,7 @@ def test_tfds_translation_builder_prepared_as_array_record(tmp_path):
   class TinyTranslate(tfds.core.GeneratorBasedBuilder):
     VERSION = tfds.core.Version("1.0.0")
 
-    def _info(self):
-      return tfds.core.DatasetInfo(
-          builder=self, features=tfds.features.Translation(languages=("de", "en")))
+    _info = translation_info
 
     def _split_generators(self, dl_manager):
       return {"train": self._generate_examples(20), "validation": self._generate_examples(3)}

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import translation_info
 from flax_transformer.data import sources
 from flax_transformer.data import wmt
 
@@ -383,9 +384,7 @@ def counted_builder():
   class PrepareOnceTranslate(tfds.core.GeneratorBasedBuilder):
     VERSION = tfds.core.Version("1.0.0")
 
-    def _info(self):
-      return tfds.core.DatasetInfo(
-          builder=self, features=tfds.features.Translation(languages=("de", "en")))
+    _info = translation_info
 
     def _split_generators(self, dl_manager):
       prepared.append(os.fspath(self.data_dir_root))
@@ -442,9 +441,7 @@ def _prepare_as_process(index: int, data_dir: str, log: str, start) -> list[str]
   class PerHostTranslate(tfds.core.GeneratorBasedBuilder):
     VERSION = tfds.core.Version("1.0.0")
 
-    def _info(self):
-      return tfds.core.DatasetInfo(
-          builder=self, features=tfds.features.Translation(languages=("de", "en")))
+    _info = translation_info
 
     def _split_generators(self, dl_manager):
       with open(log, "a") as f:
