@@ -54,8 +54,8 @@ STALE_AFTER_S = 60.0
 TAKEOVER_SETTLE_S = 2.0
 
 RULE = (f"a lock is stale once its heartbeat is older than {STALE_AFTER_S:.0f} s, or at once "
-        "when its holder ran on this host and is gone (its pid gone or reused, or the host "
-        "rebooted)")
+        "when its holder ran on this host, in this process namespace, and is gone (its pid "
+        "gone or reused, or the host rebooted)")
 
 # Launch ids of the locks this process holds: a lock naming this pid with another id was
 # left by an earlier process that had the same pid (a restarted container's pid 1).
@@ -69,7 +69,7 @@ class LaunchLock:
     self.path = Workdir(workdir).lock_file
     pid = os.getpid()
     self.record = {"host": socket.gethostname(), "boot_id": _boot_id(), "pid": pid,
-                   "pid_start": _start_time(pid),
+                   "pid_start": _start_time(pid), "pid_namespace": _pid_namespace(),
                    "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
                    "command": command, "id": uuid.uuid4().hex, "heartbeat": time.time()}
     self.lost = threading.Event()  # Set by the heartbeat once another launch holds the lock.
@@ -153,6 +153,8 @@ class LaunchLock:
     while not self._stop.wait(HEARTBEAT_S):
       try:
         holder = read(self.path)
+        if holder is not None and holder.get("unreadable"):
+          holder = self.record  # Ours, damaged on disk: rewritten below.
         if holder is not None and holder.get("id") != self.record["id"]:
           # Taken over (this launch's heartbeats stalled past STALE_AFTER_S): writing on
           # would overwrite the new holder's lock, and both would train.
@@ -171,14 +173,26 @@ class LaunchLock:
 
 
 def read(path) -> dict | None:
-  """The lock's record; None when there is none (or it is not a record: a write cut
-  short, which counts as absent)."""
+  """The lock's record; None when there is none. A lock that is not a record (empty or
+  cut short: a crash mid-write, a host lost before its disk had it) gives one marked
+  `unreadable` whose heartbeat is the file's modification time, so RULE's age test
+  judges it: it never blocks a resume for good."""
   storage.forget_listings(path)
+  path = storage.as_path(path)
   try:
-    record = json.loads(storage.as_path(path).read_text())
-  except (FileNotFoundError, ValueError):
+    record = json.loads(path.read_text())
+  except FileNotFoundError:
     return None
-  return record if isinstance(record, dict) else None
+  except ValueError:
+    record = None
+  if isinstance(record, dict):
+    return record
+  try:
+    modified = path.stat().st_mtime if not storage.is_remote(path) else path.stat().mtime
+  except (OSError, AttributeError):
+    modified = 0.0  # Gone meanwhile, or a store that gives no time: stale.
+  return {"unreadable": True, "heartbeat": modified, "host": "?", "pid": 0,
+          "command": f"unknown (the lock {path} is unreadable)"}
 
 
 def stale(holder: dict, now: float | None = None) -> str | None:
@@ -192,6 +206,11 @@ def stale(holder: dict, now: float | None = None) -> str | None:
   boot_id = _boot_id()
   if holder.get("boot_id") and boot_id and holder["boot_id"] != boot_id:
     return f"this host has rebooted since (boot id {holder['boot_id']}, now {boot_id})"
+  namespace = _pid_namespace()
+  if holder.get("pid_namespace") and namespace and holder["pid_namespace"] != namespace:
+    # Another container sharing the host's name (docker --uts/--net=host): its pids are
+    # not ours to look up; its heartbeat's age decides.
+    return None
   if pid == os.getpid():
     if holder.get("id") in _HELD:
       return None
@@ -203,6 +222,15 @@ def stale(holder: dict, now: float | None = None) -> str | None:
   if None not in (holder.get("pid_start"), started) and started != holder["pid_start"]:
     return f"its pid {pid} on this host is another process now (started at another time)"
   return None
+
+
+def _pid_namespace() -> str | None:
+  """This process's pid namespace (Linux; None elsewhere): pids mean something only in
+  their own."""
+  try:
+    return os.readlink("/proc/self/ns/pid")
+  except OSError:
+    return None
 
 
 def _boot_id() -> str | None:
@@ -236,10 +264,22 @@ def _alive(pid: int) -> bool:
   return True
 
 
-def check(lock: LaunchLock | None, step: int) -> None:
-  """`lock.check(step)` on process 0, which holds it; nothing on the others."""
-  if lock is not None:
-    lock.check(step)
+def check(lock: LaunchLock | None, step: int, *, everywhere: bool = False) -> None:
+  """`lock.check(step)` on process 0, which holds the lock (`lock` is None elsewhere).
+
+  everywhere: a point every process reaches at the same step (before writing metrics or
+  a checkpoint): process 0's verdict is agreed on, so every process stops there with
+  one line instead of waiting in the next collective for a process 0 that left.
+  """
+  if not everywhere or jax.process_count() == 1:
+    if lock is not None:
+      lock.check(step)
+    return
+  if distributed.agreed(lock is not None and lock.lost.is_set()):
+    if lock is not None:
+      lock.check(step)
+    raise WorkdirBusyError(f"process 0 found the workdir's lock taken over by another launch: "
+                           f"stopped at step {step} without writing its metrics or checkpoint")
 
 
 def describe(holder: dict) -> str:

@@ -563,7 +563,8 @@ def train_and_evaluate(config, workdir: str, launch: dict | None = None) -> dict
       step += 1
       profile.after(step, state)
       run.meter.add(step, metrics)
-      launch_lock.check(run.lock, step)  # Another launch took the workdir over: stop here.
+      if jax.process_count() == 1:  # Several: at the due steps below, agreed on by all.
+        launch_lock.check(run.lock, step)  # Another launch took the workdir over: stop here.
       due = due_after(config, step, stopping=run.stop.requested(step),
                       seconds_since_save=time.monotonic() - run.saved_at)
       if not due.any():
@@ -571,6 +572,7 @@ def train_and_evaluate(config, workdir: str, launch: dict | None = None) -> dict
         continue
 
       workdir_lib.check_present(run.workdir, step)
+      launch_lock.check(run.lock, step, everywhere=True)
       summary = run.meter.summary(step, run.checkpointer)
       summary.update(run.evaluation(state.params, due))
       summary["wall_s"] = run.meter.wall_s()
@@ -579,6 +581,7 @@ def train_and_evaluate(config, workdir: str, launch: dict | None = None) -> dict
       run.writer.flush()
       last = summary
       if due.save or run.stop.signal_name:  # A signal may arrive while logging or evaluating.
+        launch_lock.check(run.lock, step, everywhere=True)  # Evaluating may take minutes.
         run.save(step, state)
       if run.stop.signal_name:
         logging.warning("Stopped by %s at step %d; checkpoint saved", run.stop.signal_name, step)

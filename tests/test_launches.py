@@ -70,6 +70,35 @@ def test_a_lock_without_heartbeat_is_taken_over_with_a_warning(workdir, caplog):
   lock.release()
 
 
+def test_a_lock_of_another_pid_namespace_on_this_host_is_judged_by_its_heartbeat(tmp_path):
+  """A container sharing the host's name (docker --uts=host) runs in pids of its own: a
+  pid that is gone here, or this very pid, says nothing of its launch."""
+  dead = subprocess.Popen([sys.executable, "-c", "pass"])
+  dead.wait()
+  for pid in (dead.pid, os.getpid()):
+    write_lock(Workdir(tmp_path), host=socket.gethostname(), pid=pid,
+               pid_namespace="pid:[4026531836]-elsewhere")
+    with pytest.raises(WorkdirBusyError, match="host .*, pid .*"):
+      launch_lock.LaunchLock(tmp_path, "train.py").take()
+
+
+def test_an_unreadable_lock_is_judged_by_its_age(tmp_path, caplog):
+  """An empty lock (a host lost before its disk had the write, a kill mid-create): while
+  young it may be a launch creating it, so refused; once older than STALE_AFTER_S it is
+  taken over, not left blocking every resume."""
+  lock_file = Workdir(tmp_path).lock_file
+  lock_file.write_text("")
+  with pytest.raises(WorkdirBusyError, match="unreadable"):
+    launch_lock.LaunchLock(tmp_path, "train.py").take()
+  old = time.time() - launch_lock.STALE_AFTER_S - 5
+  os.utime(lock_file, (old, old))
+  with caplog.at_level(logging.WARNING):
+    lock = launch_lock.LaunchLock(tmp_path, "train.py resume").take()
+  assert "Taking over the lock" in caplog.text and "heartbeat is" in caplog.text
+  assert json.loads(lock_file.read_text())["id"] == lock.record["id"]
+  lock.release()
+
+
 def test_a_lock_of_a_dead_process_on_this_host_is_taken_over_at_once(workdir, caplog):
   """kill -9: its heartbeat is fresh, but its pid is gone, so a resume is not held up."""
   dead = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -284,8 +284,17 @@ def _one_at_a_time(data_dir: str):
     yield
     return
   Path(data_dir).mkdir(parents=True, exist_ok=True)
-  with open(Path(data_dir) / ".flax_transformer_prepare.lock", "a") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX)  # Released when the file closes, or its process dies.
+  path = Path(data_dir) / ".flax_transformer_prepare.lock"
+  with open(path, "a") as lock:
+    try:  # Released when the file closes, or its process dies.
+      fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      logging.info("Waiting for another process of this host preparing the data in %s "
+                   "(it holds %s)", data_dir, path)
+      fcntl.flock(lock, fcntl.LOCK_EX)
+    except OSError as e:  # A file system without flock (Lustre without -o flock).
+      logging.warning("Cannot lock %s (%s): preparing without taking turns with this "
+                      "host's other processes", path, e)
     yield
 
 
