@@ -67,7 +67,7 @@ def main():
   if not args.skip_train_step:
     from flax_transformer.training import sharding
     from flax_transformer.training import steps as training
-    from flax_transformer.loop import model_config_from
+    from flax_transformer.training.config_checks import model_config_from
 
     model_config = model_config_from(config).replace(vocab_size=tok.vocab_size)
     trainer = training.Trainer(model_config, config,

@@ -43,7 +43,7 @@ def main():
   args = parser.parse_args()
 
   from configs import base, big
-  from flax_transformer.loop import model_config_from
+  from flax_transformer.training.config_checks import model_config_from
   from flax_transformer.training.steps import train_step_flops
 
   scale = json.loads((ROOT / WMT_SCALE).read_text())["stages"]

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 from pathlib import Path
 
 import jax
 
-from flax_transformer import storage
+from flax_transformer import provenance, storage
 from flax_transformer.data.tokenizer import Tokenizer
 from flax_transformer.errors import ConfigError, WorkdirGoneError, WorkdirWriteError
 from flax_transformer.network.config import TransformerConfig
@@ -99,6 +100,19 @@ def record_run(workdir: str | os.PathLike, model_config: TransformerConfig, voca
   if launch:
     previous.setdefault("launches", []).append(launch)
     _write_record(path, previous)
+
+
+def record_launch(workdir: Workdir, model_config: TransformerConfig, vocab_size: int,
+                  launch: dict) -> None:
+  """`record_run` with this launch's code, packages and machine added to `launch`
+  (process 0's); warns when the checkout has uncommitted changes."""
+  code = provenance.describe(jax.devices())
+  if code.get("git_dirty"):
+    logging.warning("The checkout has uncommitted changes to %s: this launch records their "
+                    "diff in %s (launches[-1].git_diff) beside commit %s. Commit before a "
+                    "run you will report.", ", ".join(code["git_dirty_files"]),
+                    workdir.run_file, code["git_commit"][:7])
+  record_run(workdir, model_config, vocab_size, launch={**launch, **code})
 
 
 def _write_record(path, record: dict) -> None:

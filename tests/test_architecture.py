@@ -18,10 +18,11 @@ LAYERS = {
     "training": 4,  # sharding, steps, metrics, distributed, host_allocator.
     "launch_lock": 5,  # One launch per workdir: agreed on over the processes (training).
     "translation": 5,  # search, batching, translator, attention_plot.
-    "loop": 6,  # The training loop (it translates, for BLEU).
+    "evaluation": 6,  # Eval loss and BLEU during training (it translates).
     "export": 6,  # A trained model as StableHLO or CTranslate2 (it reads a translator's).
-    "cli": 7,  # What the entry points share; decode.py's work.
-    "__init__": 8,  # The public API.
+    "loop": 7,  # The training loop: the run, its setup, its steps.
+    "cli": 8,  # What the entry points share; decode.py's work.
+    "__init__": 9,  # The public API.
 }
 
 

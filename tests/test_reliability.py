@@ -174,7 +174,7 @@ def test_closing_an_input_pipeline_blocked_in_its_parent_is_bounded(caplog):
   parent's __next__ (here a map waiting on an event), close() would never return."""
   import grain
 
-  from flax_transformer.loop import close_input
+  from flax_transformer.data.pipeline import close_input
 
   gate = threading.Event()
   ds = grain.MapDataset.range(8).to_iter_dataset().map(lambda x: gate.wait() and x)

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from configs import tiny
-from flax_transformer.loop import ConfigError, train_and_evaluate
+from flax_transformer.errors import ConfigError
+from flax_transformer.loop import train_and_evaluate
 from flax_transformer.training import sharding
 from flax_transformer.training import steps as training
 from flax_transformer.checkpoints import Checkpointer
@@ -344,7 +345,7 @@ def test_bad_config_exits_2_with_a_message(tmp_path, multi30k_dir, override, mes
 ])
 def test_bad_recipe_choices_are_config_errors(multi30k_dir, key, value, message):
   from flax_transformer.errors import ConfigError
-  from flax_transformer.loop import check_config
+  from flax_transformer.training.config_checks import check_config
 
   with pytest.raises(ConfigError, match=message):
     check_config(tiny_config(multi30k_dir, **{key: value}))
@@ -485,21 +486,21 @@ def test_bleu_runs_on_its_own_cadence(tmp_path, multi30k_dir):
   assert [r["step"] for r in records if "eval_loss" in r] == [10, 14]
 
 
-def test_due_after_names_each_cadence():
-  from flax_transformer.loop import Due, due_after
+def test_work_due_after_names_each_cadence():
+  from flax_transformer.training.cadence import WorkDue, work_due_after
 
   config = tiny.get_config()
   config.unlock()
   config.update(num_train_steps=30, log_every_steps=10, eval_every_steps=15,
                 bleu_every_steps=0, test_bleu_every_steps=0, checkpoint_every_steps=20)
-  assert due_after(config, 7) == Due()
-  assert due_after(config, 10) == Due(log=True)
-  assert due_after(config, 15) == Due(eval=True)
-  assert due_after(config, 20) == Due(log=True, save=True)
-  assert due_after(config, 21, stopping=True) == Due(log=True, save=True)
-  assert due_after(config, 30) == Due(log=True, eval=True, save=True)  # 0 = never, even last.
+  assert work_due_after(config, 7) == WorkDue()
+  assert work_due_after(config, 10) == WorkDue(log=True)
+  assert work_due_after(config, 15) == WorkDue(eval=True)
+  assert work_due_after(config, 20) == WorkDue(log=True, save=True)
+  assert work_due_after(config, 21, stopping=True) == WorkDue(log=True, save=True)
+  assert work_due_after(config, 30) == WorkDue(log=True, eval=True, save=True)  # 0 = never, even last.
   # By time: at a log step once the minutes have passed, never between log steps.
   config.checkpoint_every_minutes = 10
-  assert due_after(config, 10, seconds_since_save=599) == Due(log=True)
-  assert due_after(config, 10, seconds_since_save=600) == Due(log=True, save=True)
-  assert due_after(config, 7, seconds_since_save=6000) == Due()
+  assert work_due_after(config, 10, seconds_since_save=599) == WorkDue(log=True)
+  assert work_due_after(config, 10, seconds_since_save=600) == WorkDue(log=True, save=True)
+  assert work_due_after(config, 7, seconds_since_save=6000) == WorkDue()

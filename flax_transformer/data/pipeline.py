@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import threading
 import time
 from typing import Iterator, Sequence
 
@@ -246,3 +247,37 @@ def train_batching(config, data_parallel_size: int, process_count: int = 1) -> T
                        max_source_length=config.max_source_length,
                        max_target_length=config.max_target_length,
                        packing=config.packing)
+
+
+INPUT_CLOSE_TIMEOUT_S = 30.0
+
+
+def close_input(iterator, timeout_s: float = INPUT_CLOSE_TIMEOUT_S) -> None:
+  """Stops an input iterator's prefetch threads and worker processes, waiting at most
+  `timeout_s` seconds.
+
+  Bounded because grain's ThreadPrefetchDatasetIterator.close joins its producer thread
+  with no timeout, forever if the producer is blocked in its parent's __next__ (grain
+  PR #1373); those threads and grain's worker processes are daemons, ended with this
+  process. An iterator without `close` (grain before DatasetIterator.close) is left to
+  the garbage collector. An error of `close` is raised here.
+  """
+  close = getattr(iterator, "close", None)
+  if close is None:
+    return
+  errors = []
+
+  def run():
+    try:
+      close()
+    except BaseException as e:  # noqa: BLE001 (raised in the caller's thread)
+      errors.append(e)
+
+  closer = threading.Thread(target=run, name="close_input", daemon=True)
+  closer.start()
+  closer.join(timeout_s)
+  if closer.is_alive():
+    logging.warning("The input pipeline did not stop within %.0f s; its threads and worker "
+                    "processes end with this process", timeout_s)
+  elif errors:
+    raise errors[0]

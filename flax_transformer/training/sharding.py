@@ -73,9 +73,17 @@ def logical_shardings(abstract_tree: Any, mesh: Mesh, rules: Sequence[tuple[str,
   return nn.logical_to_mesh_sharding(specs, mesh, [tuple(r) for r in rules])
 
 
-def check_divisible(batch_rows: int, mesh: Mesh, key: str = "batch_tokens") -> None:
+def check_divisible(batch_rows: int, mesh: Mesh, key: str = "batch_tokens",
+                    micro_batches: int = 1) -> None:
+  """Refuses a global batch that does not split evenly over the data-parallel devices,
+  and then into `micro_batches` (config.grad_accum_steps) on each."""
   size = data_parallel_size(mesh)
   if batch_rows % size:
     raise ShardingConfigError(
         f"global batch of {batch_rows} rows is not divisible by the data-parallel size {size} "
         f"(mesh data x fsdp); change config.{key} or config.mesh")
+  if batch_rows % (size * micro_batches):
+    raise ShardingConfigError(
+        f"global batch of {batch_rows} rows does not split into "
+        f"config.grad_accum_steps={micro_batches} micro-batches over {size} data-parallel "
+        "devices")

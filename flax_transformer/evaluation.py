@@ -1,0 +1,110 @@
+"""Evaluation during training: the eval loss on fixed batch shapes, and beam-search
+BLEU and chrF against the raw references."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import jax
+import numpy as np
+import sacrebleu
+
+from flax_transformer.data.sources import load_pairs
+from flax_transformer.network.config import TransformerConfig
+from flax_transformer.training import sharding as sharding_lib
+from flax_transformer.training.cadence import WorkDue
+from flax_transformer.training.steps import Trainer, evaluate
+from flax_transformer.translation import batching
+from flax_transformer.translation.translator import (SearchConfig, batch_keys, make_search_fn,
+                                                     per_shape, search_batches, translate_ids)
+
+
+@dataclasses.dataclass
+class EvalSet:
+  """Tokenized evaluation pairs and their raw references (for BLEU)."""
+
+  ids: list  # (source ids, target ids) per pair.
+  references: list[str]
+
+
+def eval_set(config, tokenizer, split: str) -> EvalSet:
+  pairs = load_pairs(config, split, config.eval_dataset_name or None)
+  pairs = [pairs[i] for i in range(len(pairs))]
+  return EvalSet(ids=[(tokenizer.tokenize(s), tokenizer.tokenize(t)) for s, t in pairs],
+                 references=[t for _, t in pairs])
+
+
+
+class Evaluation:
+  """Eval loss and beam-search BLEU of the current parameters, on fixed batch shapes."""
+
+  def __init__(self, config, model_config: TransformerConfig, trainer: Trainer, tokenizer,
+               shard_batch, dp_size: int):
+    self.config, self.trainer, self.tokenizer = config, trainer, tokenizer
+    self.shard_batch = shard_batch  # A global batch every host holds -> sharded arrays.
+    self.mesh, self.dp_size, self.max_len = trainer.mesh, dp_size, model_config.max_len
+    self.sets = {"": eval_set(config, tokenizer, config.eval_split)}
+    if config.test_bleu_every_steps > 0:  # Only ever reported (time to quality).
+      self.sets["test_"] = eval_set(config, tokenizer, config.test_split)
+    self.host_batches = []  # Formed once; placed on the devices at each evaluation.
+    for batch in batching.eval_batches(self.sets[""].ids, batch_tokens=config.eval_batch_tokens,
+                                       max_length=self.max_len, row_multiple=dp_size,
+                                       max_widths=config.eval_max_shapes):
+      if 0 <= config.num_eval_steps <= len(self.host_batches):
+        break
+      batch.pop("index")
+      self.host_batches.append(batch)
+    logging.info("Evaluation: %d batches in %d shape(s) (cap config.eval_max_shapes=%d)",
+                 len(self.host_batches), len({b["inputs"].shape for b in self.host_batches}),
+                 config.eval_max_shapes)
+    search = SearchConfig(beam_size=config.beam_size, alpha=config.alpha,
+                          max_extra=config.max_extra)
+    self.search_fn = per_shape(
+        jax.jit(make_search_fn(model_config, search),
+                out_shardings=sharding_lib.replicated(self.mesh)),
+        search, max_shapes=config.eval_max_shapes * len(self.sets),  # Each set's widths.
+        context=lambda: jax.set_mesh(self.mesh))
+
+  def _bleu_sources(self, prefix: str) -> list:
+    pairs, n = self.sets[prefix], self.config.num_bleu_sentences
+    return [s for s, _ in pairs.ids[:len(pairs.ids) if n < 0 else n]]
+
+  def compile_ahead(self) -> None:
+    """Starts compiling every eval and BLEU shape this run will use, in the background."""
+    config, trainer = self.config, self.trainer
+    abstract = lambda shape: jax.ShapeDtypeStruct(  # noqa: E731
+        shape, np.int32, sharding=trainer.batch_sharding)
+    for shape in dict.fromkeys(b["inputs"].shape for b in self.host_batches):
+      trainer.compile_eval_ahead({k: abstract(shape) for k in self.host_batches[0]})
+    key = jax.eval_shape(lambda: batch_keys(0, 1)[0])  # As translate_ids makes them.
+    for prefix, every in (("", config.bleu_every_steps), ("test_", config.test_bleu_every_steps)):
+      if every > 0 and prefix in self.sets:
+        batches = search_batches(self._bleu_sources(prefix), **self._search_batching())
+        for shape in dict.fromkeys(b["inputs"].shape for b in batches):
+          self.search_fn.compile_ahead(trainer.abstract_state.params, abstract(shape), key)
+
+  def _search_batching(self) -> dict:
+    return dict(batch_tokens=self.config.eval_batch_tokens, max_length=self.max_len,
+                row_multiple=self.dp_size, max_widths=self.config.eval_max_shapes)
+
+  def __call__(self, params, due: WorkDue) -> dict[str, float]:
+    out = {}
+    if due.eval:
+      out.update(evaluate(self.trainer, params, (self.shard_batch(b) for b in self.host_batches)))
+    if due.bleu:
+      out.update(self.bleu(params, ""))
+    if due.test_bleu:
+      out.update(self.bleu(params, "test_"))
+    return out
+
+  def bleu(self, params, prefix: str) -> dict[str, float]:
+    sources = self._bleu_sources(prefix)
+    with jax.set_mesh(self.mesh):
+      hyps = translate_ids(self.search_fn, params, sources,
+                           place=lambda x: self.shard_batch({"inputs": x})["inputs"],
+                           **self._search_batching())
+    hypotheses = [self.tokenizer.detokenize(h[0][0]) for h in hyps]
+    references = self.sets[prefix].references[:len(sources)]
+    return {prefix + "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
+            prefix + "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score}

@@ -1,0 +1,43 @@
+"""The cadence: which periodic work (log, evaluation, BLEU, checkpoint) follows a step."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from flax_transformer.training import distributed
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkDue:
+  """The periodic work that follows one step."""
+
+  log: bool = False
+  eval: bool = False
+  bleu: bool = False
+  test_bleu: bool = False
+  save: bool = False
+
+  def any(self) -> bool:
+    return any(dataclasses.astuple(self))
+
+
+def work_due_after(config, step: int, stopping: bool = False,
+                   seconds_since_save: float = 0.0) -> WorkDue:
+  """What step `step` (1-based) is followed by: each cadence, the last step, a signal.
+
+  `checkpoint_every_minutes` (the paper saved every 10 minutes) is checked at log
+  steps only: in a multi-process run every process must take the same decision,
+  and process 0's clock is broadcast to the others there, not at every step.
+  """
+  last = step == config.num_train_steps
+
+  def every(n: int) -> bool:  # n = 0: never (BLEU cadences), except at the last step.
+    return n > 0 and (step % n == 0 or last)
+
+  log = every(config.log_every_steps)
+  by_time = (config.checkpoint_every_minutes > 0 and log
+             and distributed.agreed(seconds_since_save >= 60 * config.checkpoint_every_minutes))
+  return WorkDue(log=log or stopping,
+             eval=every(config.eval_every_steps), bleu=every(config.bleu_every_steps),
+             test_bleu=every(config.test_bleu_every_steps),
+             save=every(config.checkpoint_every_steps) or by_time or stopping)
