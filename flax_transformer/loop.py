@@ -1,9 +1,8 @@
 """The training loop: data in, sharded steps, evaluation, checkpoints, metrics out.
 
 `train_and_evaluate(config, workdir)` is everything `train.py` does; `setup_run`
-builds what a run holds (`Run`). The parts live under their own names: the config
-checks, the cadence, the step meter and log line, the stop request and profiling in
-`flax_transformer.training`, the evaluation in `flax_transformer.evaluation`.
+builds what a run holds (`Run`) from parts in `flax_transformer.training` (config
+checks, cadence, progress, stop request, profiling) and `flax_transformer.evaluation`.
 """
 
 from __future__ import annotations
@@ -196,8 +195,7 @@ def _input_pipeline(config, train_pairs, tokenizer, train_batching, shard_host_r
 def train_and_evaluate(config, workdir: str, launch: dict | None = None) -> dict[str, Any]:
   """Trains `config` in `workdir` (resuming if it holds checkpoints); returns last metrics.
 
-  launch: how this start was asked for (train.py: config file, overrides, argv), for
-  the workdir's run record.
+  launch: how this start was asked for (train.py: config file, overrides, argv), recorded.
   """
   began = time.monotonic()
   # setup_run releases what it opened if it fails; from here on, run.close does.
