@@ -65,38 +65,44 @@ class Decoder(nn.Module):
   config: TransformerConfig
   embedding: nn.Module  # Also the pre-softmax projection when shared.
 
+  def _one_step(self, inputs, targets):
+    """Decoding: (decoder inputs, positions, self mask, cross mask, beams per sentence)
+    of one position per row, with the cache's step and beam slots advanced."""
+    # One position per call; the caller feeds the previous output token.
+    decoder_inputs = targets
+    rows = targets.shape[0]
+    if rows % inputs.shape[0]:
+      raise ValueError(f"{rows} target rows do not divide into {inputs.shape[0]} sources")
+    # k target rows per source row: a sentence's beams, sharing its cache rows.
+    beams = rows // inputs.shape[0]
+    initialised = self.has_variable("cache", "decode_step")
+    step = self.variable("cache", "decode_step", lambda: jnp.array(0, jnp.int32))
+    # Which beam slot of its sentence holds each position of a row's history
+    # (-1: not yet written). Per row, so a search reorders it with the beams;
+    # the keys/values it points into stay where they were written.
+    slots = self.variable("cache", "beam_slots", jnp.full, targets.shape, -1, jnp.int32)
+    self_mask = None
+    if initialised:
+      positions = jnp.full(targets.shape, step.value, jnp.int32)
+      own_slot = (jnp.arange(rows, dtype=jnp.int32) % beams)[:, None]
+      slots.value = jax.lax.dynamic_update_slice_in_dim(slots.value, own_slot, step.value,
+                                                        axis=1)
+      step.value = step.value + 1
+      history = slots.value.reshape(rows // beams, 1, beams, -1, 1)
+      # [sentences, 1, beams (queries), L * beams (keys, position-major)].
+      self_mask = (history == jnp.arange(beams)).reshape(rows // beams, 1, beams, -1)
+    else:  # Creating the cache from a full-length target shape.
+      positions = default_positions(targets)
+    cross_mask = (inputs != 0)[:, None, None, :]
+    return decoder_inputs, positions, self_mask, cross_mask, beams
+
   @nn.compact
   def __call__(self, encoded, inputs, targets, targets_positions=None,
                inputs_segmentation=None, targets_segmentation=None):
     cfg = self.config
     beams = 1
     if cfg.decode:
-      # One position per call; the caller feeds the previous output token.
-      decoder_inputs = targets
-      rows = targets.shape[0]
-      if rows % inputs.shape[0]:
-        raise ValueError(f"{rows} target rows do not divide into {inputs.shape[0]} sources")
-      # k target rows per source row: a sentence's beams, sharing its cache rows.
-      beams = rows // inputs.shape[0]
-      initialised = self.has_variable("cache", "decode_step")
-      step = self.variable("cache", "decode_step", lambda: jnp.array(0, jnp.int32))
-      # Which beam slot of its sentence holds each position of a row's history
-      # (-1: not yet written). Per row, so a search reorders it with the beams;
-      # the keys/values it points into stay where they were written.
-      slots = self.variable("cache", "beam_slots", jnp.full, targets.shape, -1, jnp.int32)
-      self_mask = None
-      if initialised:
-        positions = jnp.full(targets.shape, step.value, jnp.int32)
-        own_slot = (jnp.arange(rows, dtype=jnp.int32) % beams)[:, None]
-        slots.value = jax.lax.dynamic_update_slice_in_dim(slots.value, own_slot, step.value,
-                                                          axis=1)
-        step.value = step.value + 1
-        history = slots.value.reshape(rows // beams, 1, beams, -1, 1)
-        # [sentences, 1, beams (queries), L * beams (keys, position-major)].
-        self_mask = (history == jnp.arange(beams)).reshape(rows // beams, 1, beams, -1)
-      else:  # Creating the cache from a full-length target shape.
-        positions = default_positions(targets)
-      cross_mask = (inputs != 0)[:, None, None, :]
+      decoder_inputs, positions, self_mask, cross_mask, beams = self._one_step(inputs, targets)
     else:
       decoder_inputs = shift_right(targets, targets_segmentation)
       positions = default_positions(targets) if targets_positions is None else targets_positions
