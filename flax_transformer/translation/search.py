@@ -62,6 +62,18 @@ class SearchResult(NamedTuple):
   scores: jax.Array  # float32 [B, K]: log P / lp (beam) or log P (greedy/sampling).
 
 
+def _initial_beam_state(cache, b: int, k: int, length: int) -> BeamState:
+  """No tokens yet; only beam 0 of each sentence live, so the K beams do not start as
+  copies; no finished hypotheses."""
+  return BeamState(
+      step=jnp.array(0, jnp.int32),
+      alive_seqs=jnp.zeros((b, k, length), jnp.int32),
+      alive_log_probs=jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (b, 1)),
+      finished_seqs=jnp.zeros((b, k, length), jnp.int32),
+      finished_scores=jnp.full((b, k), NEG_INF, jnp.float32),
+      cache=cache)
+
+
 def beam_search(tokens_to_logits: TokensToLogits, cache, *, batch_size: int, beam_size: int,
                 max_decode_len: int, alpha: float = 0.6, eos_id: int = 1,
                 max_lengths: jax.Array | None = None) -> SearchResult:
@@ -76,14 +88,7 @@ def beam_search(tokens_to_logits: TokensToLogits, cache, *, batch_size: int, bea
   if max_lengths is None:
     max_lengths = jnp.full((b,), length, jnp.int32)
   max_lengths = jnp.minimum(max_lengths, length)
-  state = BeamState(
-      step=jnp.array(0, jnp.int32),
-      alive_seqs=jnp.zeros((b, k, length), jnp.int32),
-      # Only beam 0 is live at first, so the K beams do not start as copies.
-      alive_log_probs=jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (b, 1)),
-      finished_seqs=jnp.zeros((b, k, length), jnp.int32),
-      finished_scores=jnp.full((b, k), NEG_INF, jnp.float32),
-      cache=cache)
+  state = _initial_beam_state(cache, b, k, length)
 
   def not_done(s: BeamState) -> jax.Array:
     # The best a live beam can reach: its log-prob now, penalised at its longest.
