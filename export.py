@@ -35,7 +35,8 @@ flags.DEFINE_enum("quantization", "float32", ["float32", "int8", "int8_float32",
                   "CTranslate2: weight type on disk.")
 flags.DEFINE_integer("average_last", 5, "Average the last K checkpoints (as decode.py).")
 flags.DEFINE_integer("checkpoint_step", None, "Use this checkpoint step (default: newest).")
-flags.DEFINE_bool("overwrite", False, "Replace a non-empty --out.")
+flags.DEFINE_bool("overwrite", False, "Replace an earlier export in --out (refused if "
+                  "it holds files its manifest does not list).")
 flags.mark_flags_as_required(["workdir", "out"])
 FLAGS = flags.FLAGS
 

@@ -3,6 +3,7 @@
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 from flax_transformer import Transformer, TransformerConfig
 from flax_transformer.errors import ConfigError
-from flax_transformer.export import ct2, runner
+from flax_transformer.export import ct2, folder_files, runner
 from flax_transformer.translation.translator import SearchConfig, Translator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,13 +64,9 @@ def export_and_translate(workdir, sources, folder, *flags) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory, multi30k_dir):
-  path = tmp_path_factory.mktemp("export") / "run"
-  done = run(ROOT / "train.py", "--config", ROOT / "configs/tiny.py", f"--workdir={path}",
-             f"--config.manual_dir={multi30k_dir}", "--config.bleu_every_steps=0",
-             "--config.num_train_steps=60", "--config.checkpoint_every_steps=30")
-  assert done.returncode == 0, done.stderr[-3000:]
-  return path
+def workdir(trained_tiny):
+  """The session's trained tiny run (conftest.trained_tiny, 60 steps): read, never written."""
+  return trained_tiny
 
 
 @pytest.fixture(scope="module")
@@ -89,12 +86,15 @@ def test_stablehlo_runner_equals_decode_py_on_test_2016_without_our_packages(
     workdir, test_2016, tmp_path):
   sources, decoded = test_2016
   (tmp_path / "export").mkdir()
-  (tmp_path / "export" / "manifest.json").write_text(json.dumps({"format": runner.FORMAT}))
+  (tmp_path / "export" / "manifest.json").write_text(json.dumps(
+      {"format": runner.FORMAT, "files": ["manifest.json", "search_1x16.stablehlo"]}))
   (tmp_path / "export" / "search_1x16.stablehlo").write_text("an older export's")
   exported = export_and_translate(workdir, sources, tmp_path / "export",
                                   f"--max_extra={MAX_EXTRA}", "--overwrite")
   # Replaced whole, not written over: none of the older export's files stays.
   assert not (tmp_path / "export" / "search_1x16.stablehlo").exists()
+  # Its manifest lists what it wrote (translate.py's run added nothing to the folder).
+  assert manifest_files(tmp_path / "export") == folder_files(tmp_path / "export")
   assert len(exported) == len(decoded) == 1000
   assert exported == decoded
   assert len(set(decoded)) > 20  # A model that tells sentences apart, so equality means much.
@@ -121,6 +121,7 @@ def test_ctranslate2_beam_bleu_within_0_3_of_decode_py(workdir, test_2016, multi
   sources, decoded = test_2016
   theirs = export_and_translate(workdir, sources, tmp_path / "ct2", "--format=ctranslate2",
                                 f"--max_extra={MAX_EXTRA}")  # Beam 4, alpha 0.6: defaults.
+  assert manifest_files(tmp_path / "ct2") == folder_files(tmp_path / "ct2")
   references = [lines(multi30k_dir, "test_2016_flickr.de.gz")]
   ours_bleu = sacrebleu.corpus_bleu(decoded, references).score
   their_bleu = sacrebleu.corpus_bleu(theirs, references).score
@@ -143,10 +144,11 @@ def test_ctranslate2_scores_every_target_token_as_our_model(variant, multi30k_to
   width = max(map(len, sources + targets))
   pad = lambda rows: jnp.asarray([np.pad(r, (0, width - len(r))) for r in rows])
   model = Transformer(config)
-  params = model.init(jax.random.PRNGKey(1), pad(sources), pad(targets))["params"]
+  # Jitted: one compile each, where op by op every operation compiles on its own.
+  params = jax.jit(model.init)(jax.random.PRNGKey(1), pad(sources), pad(targets))["params"]
   params = jax.tree_util.tree_map(lambda x: x + 0.1 * jax.random.normal(
       jax.random.PRNGKey(2), x.shape), params)  # Biases and norms away from 0 and 1, too.
-  logits = model.apply({"params": params}, pad(sources), pad(targets))
+  logits = jax.jit(model.apply)({"params": params}, pad(sources), pad(targets))
   log_probs = jax.nn.log_softmax(logits)
   ours = [np.take_along_axis(np.asarray(log_probs[i, :len(t)]), t[:, None], 1)[:, 0]
           for i, t in enumerate(targets)]
@@ -170,6 +172,10 @@ def test_missing_ctranslate2_names_the_extra(monkeypatch, multi30k_tokenizer):
 
 
 # --- Where export.py writes: never over the run, whole or not at all ------------------
+
+def manifest_files(folder) -> list[str]:
+  return json.loads((Path(folder) / "manifest.json").read_text())["files"]
+
 
 def workdir_files(path) -> dict:
   return {str(p.relative_to(path)): p.read_bytes() for p in sorted(Path(path).rglob("*"))
@@ -211,7 +217,7 @@ def test_out_that_is_holds_or_lies_in_the_run_or_a_bucket_is_refused(tmp_path):
       check_out(str(out), str(run_dir), overwrite=True)
   (tmp_path / "runs" / "export").mkdir()
   (tmp_path / "runs" / "export" / "manifest.json").write_text(
-      json.dumps({"format": runner.FORMAT}))
+      json.dumps({"format": runner.FORMAT, "files": ["manifest.json"]}))
   with pytest.raises(ConfigError, match="exists and is not empty; .* pass --overwrite"):
     check_out(str(tmp_path / "runs" / "export"), str(run_dir), overwrite=False)
   # --overwrite replaces an earlier export only: not another run, not any other folder.
@@ -236,7 +242,8 @@ def test_a_failed_export_leaves_the_previous_one_whole(workdir, tmp_path):
 
   out = tmp_path / "export"
   out.mkdir()
-  previous = json.dumps({"format": runner.FORMAT, "note": "the previous export"})
+  previous = json.dumps({"format": runner.FORMAT, "note": "the previous export",
+                         "files": ["manifest.json"]})
   (out / "manifest.json").write_text(previous)
   limit = lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (64_000, 64_000))  # noqa: E731
   # Files may not grow past 64 kB (EFBIG, as a full disk gives ENOSPC): the first module fails.
@@ -249,6 +256,38 @@ def test_a_failed_export_leaves_the_previous_one_whole(workdir, tmp_path):
       f"error: writing the export to {out} failed (File too large)")
   assert workdir_files(out) == {"manifest.json": previous.encode()}
   assert [p.name for p in tmp_path.iterdir()] == ["export"]  # No partial folder beside it.
+
+
+def test_overwrite_refuses_an_export_holding_files_its_manifest_does_not_list(
+    bf16_export, tmp_path):
+  """A user's notes or converted model added to an earlier export would go with it:
+  refused in one line naming them, as is an export whose manifest lists no files."""
+  from flax_transformer.cli.export import check_out
+
+  _, folder = bf16_export
+  out = Path(shutil.copytree(folder, tmp_path / "export"))
+  assert manifest_files(out) == folder_files(out)  # All the export wrote, itself included.
+  (tmp_path / "run").mkdir()
+  assert check_out(str(out), str(tmp_path / "run"), overwrite=True) == out
+  (out / "notes.txt").write_text("mine")
+  with pytest.raises(ConfigError, match=r"^--out \S+ holds files the export did not write "
+                     r"\(notes\.txt\): --overwrite would delete them; move them out"):
+    check_out(str(out), str(tmp_path / "run"), overwrite=True)
+  for name in ("converted/model.bin", "converted/vocab.txt", "a.txt", "b.txt"):
+    (out / name).parent.mkdir(exist_ok=True)
+    (out / name).write_text("mine")
+  with pytest.raises(ConfigError, match=r"\(a\.txt, b\.txt, converted/model\.bin and 2 "
+                     r"more\)"):
+    check_out(str(out), str(tmp_path / "run"), overwrite=True)
+  for name in ("notes.txt", "a.txt", "b.txt"):
+    (out / name).unlink()
+  shutil.rmtree(out / "converted")
+  manifest = json.loads((out / "manifest.json").read_text())
+  del manifest["files"]  # As every export before the list.
+  (out / "manifest.json").write_text(json.dumps(manifest))
+  with pytest.raises(ConfigError, match=r"is an export from before export.py listed its "
+                     r"files .* delete the folder, then export again"):
+    check_out(str(out), str(tmp_path / "run"), overwrite=True)
 
 
 # --- The runner in-process: bfloat16 parameters, the platform it runs on ---------------

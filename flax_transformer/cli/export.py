@@ -12,6 +12,7 @@ from pathlib import Path
 from flax_transformer import provenance, storage
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.errors import ConfigError, ExportWriteError
+from flax_transformer.export import MANIFEST, folder_files
 from flax_transformer.translation.translator import SearchConfig, Translator
 
 FORMATS = ("stablehlo", "ctranslate2")
@@ -71,7 +72,8 @@ def _write(fmt: str, translator: Translator, folder: Path, target: Path, *,
 def check_out(out: str, workdir: str, overwrite: bool) -> Path:
   """--out as an absolute local path, or ConfigError before anything is loaded or
   touched: a bucket, a file, a non-empty folder without --overwrite, the workdir, a
-  folder holding it, or one of its own entries (checkpoints, run.json, ...)."""
+  folder holding it, or one of its own entries (checkpoints, run.json, ...); with
+  --overwrite, anything but an earlier export holding only the files its manifest lists."""
   if storage.is_remote(out):
     raise ConfigError(f"--out {out} is a bucket: export.py writes a local folder; write it "
                       "locally, then copy it to the bucket (gcloud storage cp -r, aws s3 cp "
@@ -92,28 +94,44 @@ def check_out(out: str, workdir: str, overwrite: bool) -> Path:
     if not overwrite:
       raise ConfigError(f"--out {out} exists and is not empty; choose another folder or pass "
                         "--overwrite")
-    if not _is_export(target):
+    manifest = _export_manifest(target)
+    if manifest is None:
       raise ConfigError(f"--out {out} is not an earlier export (no manifest.json of "
                         "export.py's formats in it): --overwrite replaces only an export; "
                         "choose an empty or new folder")
+    listed = manifest.get("files")
+    if not isinstance(listed, list):
+      raise ConfigError(f"--out {out} is an export from before export.py listed its files "
+                        "(its manifest.json has no \"files\"), so --overwrite cannot tell "
+                        "them from files added since: move out what you keep, delete the "
+                        "folder, then export again")
+    listed = set(listed)
+    added = [f for f in folder_files(target) if f not in listed]
+    if added:
+      shown = ", ".join(added[:3]) + (f" and {len(added) - 3} more" if len(added) > 3 else "")
+      raise ConfigError(f"--out {out} holds files the export did not write ({shown}): "
+                        "--overwrite would delete them; move them out or choose another "
+                        "folder")
   return target
 
 
-def _is_export(folder: Path) -> bool:
-  """Whether `folder` holds what export.py writes (its manifest names one of our formats)
-  and nothing of a run: --overwrite may replace it, and nothing else."""
+def _export_manifest(folder: Path) -> dict | None:
+  """The manifest of the export `folder` holds (one of export.py's formats, nothing of a
+  run), or None: --overwrite may replace an export, and nothing else."""
   from flax_transformer.export import runner
 
   # An export holds a vocab.model too; a run's other files it never holds.
   if any((folder / entry).exists() for entry in workdir_lib.ENTRIES
          if entry != workdir_lib.VOCAB_FILE):
-    return False
+    return None
   try:
-    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest = json.loads((folder / MANIFEST).read_text())
   except (OSError, ValueError):
-    return False
-  return isinstance(manifest, dict) and manifest.get("format") in (runner.FORMAT,
-                                                                   runner.CT2_FORMAT)
+    return None
+  if isinstance(manifest, dict) and manifest.get("format") in (runner.FORMAT,
+                                                               runner.CT2_FORMAT):
+    return manifest
+  return None
 
 
 def _sibling(target: Path, what: str) -> Path:

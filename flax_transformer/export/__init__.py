@@ -6,3 +6,30 @@ vocabulary, a manifest and `runner.py` (jax, numpy and sentencepiece only) as
 `translate.py`. `ct2.convert` writes a CTranslate2 model directory. export.py
 is the command for both.
 """
+
+import json
+import os
+from pathlib import Path
+
+MANIFEST = "manifest.json"
+
+
+def folder_files(folder: str | Path) -> list[str]:
+  """Every file under `folder` as sorted POSIX paths relative to it; symbolic links
+  count as files and are not followed."""
+  root = Path(folder)
+  found = []
+  for parent, dirs, files in os.walk(root):
+    here = Path(parent)
+    found += [(here / name).relative_to(root).as_posix()
+              for name in files + [d for d in dirs if (here / d).is_symlink()]]
+  return sorted(found)
+
+
+def write_manifest(folder: str | Path, manifest: dict) -> dict:
+  """Writes `manifest` as `folder`/manifest.json, the export's last file, listing under
+  "files" every file the folder then holds, itself included (export.py writes into a
+  fresh folder: what the export wrote). export.py --overwrite replaces only those."""
+  manifest = {**manifest, "files": sorted({*folder_files(folder), MANIFEST})}
+  (Path(folder) / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+  return manifest

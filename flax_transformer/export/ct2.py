@@ -17,7 +17,6 @@ Our kernels are [in, (heads, d_k)] and CTranslate2's linear weights [out, in].
 from __future__ import annotations
 
 import importlib.util
-import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from flax import linen as nn
 
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from flax_transformer.errors import ConfigError
+from flax_transformer.export import write_manifest
 from flax_transformer.export.runner import CT2_FORMAT
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.layers import sinusoidal_position_encoding
@@ -160,8 +160,8 @@ def convert(config: TransformerConfig, params: dict[str, Any], tokenizer: Tokeni
   """Writes a CTranslate2 model directory to `out_dir`.
 
   CTranslate2's model.bin, config.json and vocabulary, plus ours: vocab.model,
-  manifest.json (ids, max_len, `search` settings as translate.py's defaults) and
-  translate.py (`runner.py`; ctranslate2 and sentencepiece only).
+  manifest.json (ids, max_len, `search` settings as translate.py's defaults, the files
+  written) and translate.py (`runner.py`; ctranslate2 and sentencepiece only).
   quantization: the weights' storage type (CTranslate2 converts at load otherwise).
   """
   if quantization not in QUANTIZATIONS:
@@ -179,5 +179,5 @@ def convert(config: TransformerConfig, params: dict[str, Any], tokenizer: Tokeni
               "pad_id": PAD_ID, "eos_id": EOS_ID,
               "search": search or {"beam_size": 4, "alpha": 0.6, "max_extra": 50},
               **(provenance or {})}
-  (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+  write_manifest(out, manifest)
   return out

@@ -8,7 +8,8 @@ Parameters are arguments (params.npz), not constants: one copy on disk, shared
 by every shape.
 
 Directory written:
-  manifest.json   format, shapes and their files, search settings, ids, provenance
+  manifest.json   format, shapes and their files, search settings, ids, provenance,
+                  and every file written ("files": what export.py --overwrite replaces)
   search_<rows>x<width>.stablehlo   jax.export's serialized modules
   params.npz      the parameters, leaf i under "leaf_<i>" (the modules' argument order;
                   bfloat16 as its bits in uint16, the manifest's param_dtypes naming it)
@@ -18,7 +19,6 @@ Directory written:
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import time
@@ -31,6 +31,7 @@ import numpy as np
 
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID
 from flax_transformer.errors import ConfigError
+from flax_transformer.export import write_manifest
 from flax_transformer.export.runner import FORMAT
 from flax_transformer.translation import batching
 from flax_transformer.translation.translator import Translator, make_search_fn
@@ -108,5 +109,4 @@ def export_stablehlo(translator: Translator, out_dir: str | Path, *, batch_token
       "jax_version": jax.__version__,
       **(provenance or {}),
   }
-  (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-  return manifest
+  return write_manifest(out, manifest)
