@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -121,15 +122,11 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
         **(launch or {}), "config": config.to_dict(), "process_count": process_count})
 
   trainer = Trainer(model_config, config, mesh)
-
-  def shard_host_rows(batch):
-    """This host's rows of a training batch -> the global, sharded batch."""
-    return data_lib.to_global_arrays(batch, trainer.batch_sharding)
-
-  def shard_global_batch(batch):
-    """A global batch every host holds (eval, BLEU) -> the global, sharded batch."""
-    return shard_host_rows(data_lib.host_rows(batch, process_index, process_count))
-
+  # This host's rows of a training batch, or a global batch every host holds (evaluation,
+  # BLEU) -> the global batch, sharded.
+  shard_host_rows = functools.partial(data_lib.to_global_arrays, sharding=trainer.batch_sharding)
+  shard_global_batch = functools.partial(data_lib.global_batch_to_arrays,
+                                         sharding=trainer.batch_sharding)
   train_iter = _input_pipeline(config, train_pairs, tokenizer, train_batching, shard_host_rows)
   opened.callback(data_lib.close_input, train_iter)  # Its prefetch threads and workers.
   evaluation = Evaluation(config, model_config, trainer, tokenizer, shard_global_batch, dp_size)

@@ -209,6 +209,13 @@ def to_global_arrays(local_batch: dict[str, np.ndarray],
           for k, v in local_batch.items()}
 
 
+def global_batch_to_arrays(batch: dict[str, np.ndarray],
+                           sharding: jax.sharding.Sharding) -> dict[str, jax.Array]:
+  """A global batch every host holds (evaluation, BLEU) -> global `jax.Array`s, each
+  host placing its own rows."""
+  return to_global_arrays(host_rows(batch, jax.process_index(), jax.process_count()), sharding)
+
+
 # --- From a config ----------------------------------------------------------------
 
 def vocabulary_sentences(pairs: Sequence, max_sentences: int) -> Iterator[str]:
