@@ -1,5 +1,6 @@
-"""Checks the figures README.md, RESULTS.md and BENCHMARKS.md quote against the JSON
-files they come from, so the docs cannot drift from the evidence.
+"""Checks the figures the docs (README.md, RESULTS.md, BENCHMARKS.md, docs/*.md: DOCS in
+bench/render_docs.py) quote against the JSON files they come from, so the docs cannot
+drift from the evidence.
 
 python bench/check_docs.py [--root DIR]
 
@@ -21,6 +22,8 @@ import re
 import statistics
 import sys
 from pathlib import Path
+
+import render_docs
 
 ROOT = Path(__file__).resolve().parents[1]
 H100 = "results/accelerator_runs/2026-11-26_h100_run{}/{}.json"
@@ -272,11 +275,13 @@ SENTENCES = [
     ("RESULTS.md", "The same file gives the resolution", EXACT + "paired_bs_validation.txt",
      [(lambda t: re.findall(r"\([\d.]+ ± ([\d.]+)\)", t),  # BLEU, chrF per system
        lambda ci: f"+-{ci[0]} and +-{ci[2]} BLEU")]),
-    ("README.md", "On validation (decode.py's default", EXACT + "decode_validation_biased.log",
+    ("docs/provenance.md", "On validation (decode.py's default",
+     EXACT + "decode_validation_biased.log",
      LABELLED_SCORES),
-    ("README.md", "On validation (decode.py's default", EXACT + "decode_validation_paper_exact.log",
+    ("docs/provenance.md", "On validation (decode.py's default",
+     EXACT + "decode_validation_paper_exact.log",
      [SLASHED_SCORES]),
-    ("README.md", "On validation (decode.py's default", EXACT + "paired_bs_validation.txt",
+    ("docs/provenance.md", "On validation (decode.py's default", EXACT + "paired_bs_validation.txt",
      [(p_values,
        lambda ps: f"p = {ps[0]:.2f} and {ps[1]:.2f}")]),
     ("BENCHMARKS.md", "README job end to end (2000 steps", H100.format(1, "accelerator"),
@@ -332,33 +337,33 @@ SENTENCES = [
         f"results/best_{pair}_2026-11-26/test_bleu_confidence.txt",
         [(lambda t: json.loads(t)["confidence"].split("= ")[1].replace("±", "+-"), "{}")])
        for pair in ("en-fr", "en-de")] + [
-    ("README.md", "The EN->DE run the recipe was chosen from",
+    ("docs/provenance.md", "The EN->DE run the recipe was chosen from",
      "results/multi30k_en-de_bpd0.02_9000steps.json", SCORES),
-    ("README.md", "the EN->FR one scored",
+    ("docs/provenance.md", "the EN->FR one scored",
      "results/multi30k_en-fr_bpd0.02_7000steps.json", SCORES),
     ("RESULTS.md", "Validation, last 5 averaged (`decode_validation.log`)",
      "results/best_en-fr_2026-11-26/decode_validation.log",
      LABELLED_SCORES),
-    ("README.md", "The same command with the biases the projections had before",
+    ("docs/provenance.md", "The same command with the biases the projections had before",
      "results/multi30k_en-de_biased_2026-11-26.json", SCORES),
-    ("README.md", "Measured on one H100 80GB (jax 0.11.2, 2026-11-27", H100_ROUND2,
+    ("docs/accelerators.md", "Measured on one H100 80GB (jax 0.11.2, 2026-11-27", H100_ROUND2,
      [("readme_job_wall_s", "took {:.0f} s end to end"),
       ("readme_job_train_wall_s", "({:.0f} s train.py"),
       ("readme_job_decode_wall_s", "+ {:.0f} s decode.py"),
       ("readme_job_ms_per_step", "{:.1f} ms/step")]),
-    ("README.md", "Parameter initialisation compiled in", H100_ROUND2,
+    ("docs/accelerators.md", "Parameter initialisation compiled in", H100_ROUND2,
      [("init_compile_s_cold", "compiled in {:.1f} s"),
       ("train_step_compile_s_cold", "train step in {:.1f} s"),
       ("train_step_compile_s_warm", "loaded in {:.1f} s")]),
     ("BENCHMARKS.md", "**The README job, second by second**", H100_ROUND2,
      [("init_compile_s_cold", "compiled in {:.1f} s")]),
-    ("README.md", "Test 2016 scored", H100_ROUND2,
+    ("docs/accelerators.md", "Test 2016 scored", H100_ROUND2,
      [("readme_job_test_bleu", "scored {:.1f} BLEU"),
       ("readme_job_test_bleu_lowercased", "({:.1f} lowercased)")]),
 ]
 
 
-# README's settings and figures in prose, each against its config or file.
+# Settings and figures in the prose of README and docs/, each against its config or file.
 M30K, DEFAULT = "config:configs/multi30k.py", "config:configs/default.py"
 SENTENCES += [
     ("README.md", "The main job trains", M30K,
@@ -367,33 +372,35 @@ SENTENCES += [
     ("README.md", "The main job trains", "results/multi30k_en-de_paper_exact.json",
      [("train_wall_s", lambda s: f"{s / 60:.1f} minutes of training")]),
     ("README.md", "Test 2016 (beam", M30K, [("beam_size", "(beam {},"), ("alpha", "alpha {},")]),
-    ("README.md", "inside the one-command run's own 95% interval",
+    ("docs/provenance.md", "inside the one-command run's own 95% interval",
      "results/best_en-de_2026-11-26/test_bleu_confidence.txt",
      [(lambda t: json.loads(t)["confidence"].split("± ")[1], "+-{}")]),
-    ("README.md", "the EN->FR one scored", "results/best_en-fr_2026-11-26/test_bleu_confidence.txt",
+    ("docs/provenance.md", "the EN->FR one scored",
+     "results/best_en-fr_2026-11-26/test_bleu_confidence.txt",
      [(lambda t: json.loads(t)["confidence"].split("± ")[1], "inside +-{}")]),
-    ("README.md", "Measured on one H100 80GB (jax 0.11.2, 2026-11-27", M30K,
+    ("docs/accelerators.md", "Measured on one H100 80GB (jax 0.11.2, 2026-11-27", M30K,
      [("num_train_steps", "its {} steps")]),
-    ("README.md", "the cache held it; evaluation and BLEU", DEFAULT,
+    ("docs/accelerators.md", "the cache held it; evaluation and BLEU", DEFAULT,
      [("eval_max_shapes", "widths ({})"), ("eval_max_shapes", "at most {} compiled")]),
-    ("README.md", "`prefetch_batches` (", DEFAULT, [("prefetch_batches", "({}) steps ahead")]),
-    ("README.md", "parameters placed by `config.logical_axis_rules`.", DEFAULT,
+    ("docs/accelerators.md", "`prefetch_batches` (", DEFAULT,
+     [("prefetch_batches", "({}) steps ahead")]),
+    ("docs/training.md", "parameters placed by `config.logical_axis_rules`.", DEFAULT,
      [(lambda c: (c["adam_b1"], c["adam_b2"], c["adam_eps"]),
        lambda b: f"Adam({b[0]}, {b[1]}, {b[2]:.0e})".replace("e-0", "e-"))]),
-    ("README.md", "| vocabulary | BPE", DEFAULT, [("vocab_size", "`vocab_size` {}")]),
-    ("README.md", "| batch size |", "results/input_pipeline.json",
+    ("docs/provenance.md", "| vocabulary | BPE", DEFAULT, [("vocab_size", "`vocab_size` {}")]),
+    ("docs/provenance.md", "| batch size |", "results/input_pipeline.json",
      [("nonpad_fraction", "{:.1%} on Multi30k")]),
-    ("README.md", "| attention dropout |", DEFAULT,
+    ("docs/provenance.md", "| attention dropout |", DEFAULT,
      [("model.attention_dropout_rate", "default {}")]),
-    ("README.md", "| label smoothing |", DEFAULT, [("label_smoothing", "eps_ls = {}")]),
-    ("README.md", "| LayerNorm epsilon |", DEFAULT,
+    ("docs/provenance.md", "| label smoothing |", DEFAULT, [("label_smoothing", "eps_ls = {}")]),
+    ("docs/provenance.md", "| LayerNorm epsilon |", DEFAULT,
      [("model.layer_norm_epsilon", lambda e: f"| {e:.0e} |".replace("e-0", "e-"))]),
-    ("README.md", "| Multi30k config |", M30K,
+    ("docs/provenance.md", "| Multi30k config |", M30K,
      [("model.d_model", "d_model {}"), ("model.d_ff", "d_ff {}"), ("model.num_heads", "{} heads"),
       (lambda c: (c["model"]["num_layers"], c["model"]["num_decoder_layers"] or
                   c["model"]["num_layers"]), lambda n: f"{n[0]}+{n[1]} layers"),
       ("vocab_size", lambda v: f"{v // 1000}k vocabulary"), ("warmup_steps", "warmup {}")]),
-    ("README.md", "runs the tests named for each on a copy", "results/mutants.json",
+    ("docs/provenance.md", "runs the tests named for each on a copy", "results/mutants.json",
      [(lambda r: (r["caught"], r["total"]), lambda c: f"{c[0]} of {c[1]} mutants caught"),
       (lambda r: r["unmutated"]["seconds"] + sum(m["seconds"] for m in r["mutants"]),
        lambda s: f"about {s / 60:.0f} minutes")]),
@@ -846,66 +853,71 @@ PHRASES = [
     ("README.md", "Test 2016", "the test set's name"),
     ("README.md", "test 2016", "the test set's name"),
     ("README.md", "the 1000 hypotheses", "the test set's size"),
-    ("README.md", "issue 39's audit", "an issue number"),
-    ("README.md", "H100 80GB", "the device's name"),
-    ("README.md", "jax 0.7.1 to 0.11.x", "versions"),
-    ("README.md", "(-1: one per 2 cores, at most 8, on hosts of 8+ cores)",
+    ("docs/provenance.md", "issue 39's audit", "an issue number"),
+    ("docs/accelerators.md", "H100 80GB", "the device's name"),
+    ("docs/accelerators.md", "jax 0.7.1 to 0.11.x", "versions"),
+    ("docs/accelerators.md", "(-1: one per 2 cores, at most 8, on hosts of 8+ cores)",
      "the data_workers setting's meaning"),
-    ("README.md", "`configs/table3.py:C8` passes a Table 3 row", "a config argument"),
-    ("README.md", "exit 2", "an exit code"),
-    ("README.md", "Exit codes: 0 done (or stopped by a signal, checkpoint saved); 2 bad config, "
+    ("docs/training.md", "`configs/table3.py:C8` passes a Table 3 row", "a config argument"),
+    ("docs/decoding.md", "exit 2", "an exit code"),
+    ("docs/faults.md", "exit 2", "an exit code"),
+    ("docs/training.md", "exit 2", "an exit code"),
+    ("docs/training.md", "Exit codes: 0 done (or stopped by a signal, checkpoint saved); 2 bad config, "
      "data, workdir or checkpoints (one line saying what and where); 1 the loss diverged.",
      "exit codes"),
-    ("README.md", "Process 0 trains", "a process index"),
-    ("README.md", "its own 1/process_count of the data", "a fraction, not a measurement"),
-    ("README.md", "> 0", "a setting's meaning"),
-    ("README.md", "(0 = never)", "a setting's meaning"),
-    ("README.md", "SIGTERM/SIGINT: save, exit 0.", "an exit code"),
-    ("README.md", "the paper saved every 10;", PAPER),
-    ("README.md", "invalid UTF-8", "an encoding's name"),
-    ("README.md", "(paper: 5 for base, 20 for big)", PAPER),
-    ("README.md", "BPE (EN-DE, 37k) / word-piece (EN-FR, 32k)", PAPER),
-    ("README.md", "base 65M, big 213M", PAPER),
-    ("README.md", "every Table 3 row and big within 7% of the paper's count",
+    ("docs/training.md", "Process 0 trains", "a process index"),
+    ("docs/training.md", "its own 1/process_count of the data", "a fraction, not a measurement"),
+    ("docs/provenance.md", "> 0", "a setting's meaning"),
+    ("docs/training.md", "> 0", "a setting's meaning"),
+    ("docs/training.md", "(0 = never)", "a setting's meaning"),
+    ("docs/faults.md", "SIGTERM/SIGINT: save, exit 0.", "an exit code"),
+    ("docs/training.md", "the paper saved every 10;", PAPER),
+    ("docs/decoding.md", "invalid UTF-8", "an encoding's name"),
+    ("docs/decoding.md", "(paper: 5 for base, 20 for big)", PAPER),
+    ("docs/provenance.md", "BPE (EN-DE, 37k) / word-piece (EN-FR, 32k)", PAPER),
+    ("docs/provenance.md", "base 65M, big 213M", PAPER),
+    ("docs/provenance.md", "every Table 3 row and big within 7% of the paper's count",
      "the tolerance tests/test_model.py states"),
-    ("README.md", "add only 4 x d_model per attention block", "the parameter formula"),
-    ("README.md", "~25k source and ~25k target tokens", PAPER),
-    ("README.md", ">= 90% of them are real tokens", "the bound tests/test_data.py holds"),
-    ("README.md", "every 10 minutes, last 5 (base) / 20 (big) averaged", PAPER),
-    ("README.md", "N(0, d_model^-0.5)", "the initialiser"),
-    ("README.md", "16-bit random numbers (rate exact to 2^-16)", "the mask's precision"),
-    ("README.md", "eps/V on every class plus 1-eps on the truth", "the formula"),
-    ("README.md", "| 1e-6 |", "the LayerNorm epsilon setting"),
-    ("README.md", "On hosts under 8 cores", "a setting's threshold"),
-    ("README.md", "slower on 2 cores in development", "the machine, no figure"),
+    ("docs/provenance.md", "add only 4 x d_model per attention block", "the parameter formula"),
+    ("docs/provenance.md", "~25k source and ~25k target tokens", PAPER),
+    ("docs/provenance.md", ">= 90% of them are real tokens", "the bound tests/test_data.py holds"),
+    ("docs/provenance.md", "every 10 minutes, last 5 (base) / 20 (big) averaged", PAPER),
+    ("docs/provenance.md", "N(0, d_model^-0.5)", "the initialiser"),
+    ("docs/provenance.md", "16-bit random numbers (rate exact to 2^-16)", "the mask's precision"),
+    ("docs/provenance.md", "eps/V on every class plus 1-eps on the truth", "the formula"),
+    ("docs/provenance.md", "| 1e-6 |", "the LayerNorm epsilon setting"),
+    ("docs/provenance.md", "On hosts under 8 cores", "a setting's threshold"),
+    ("docs/provenance.md", "slower on 2 cores in development", "the machine, no figure"),
     ("README.md", "Apache License 2.0", "the licence's name"),
-    ("README.md", "the 1/sqrt(d_k) scaling", "the paper's formula"),
-    ("README.md", "(39.0 is not found in 39.02)", "an example"),
+    ("docs/provenance.md", "the 1/sqrt(d_k) scaling", "the paper's formula"),
+    ("docs/provenance.md", "(39.0 is not found in 39.02)", "an example"),
     ("README.md", "on 2 CPU cores", "the machine"),
     ("README.md", "the last 5 checkpoints averaged", "decode.py's default, a setting"),
-    ("README.md", "averages the last 5 checkpoints, as the paper did", "a setting"),
-    ("README.md", "on the H100 runs 3 and 4", "run numbers"),
-    ("README.md", "commit 5ecb8c5; run A in", "a commit and a run's name"),
-    ("README.md", "heartbeat timeout (30 s here,", "a setting (training.distributed.HEARTBEAT_TIMEOUT_S)"),
-    ("README.md", "lost process and exit 1;", "an exit code"),
-    ("README.md", "save it and exit 0,", "an exit code"),
-    ("README.md", "When the lost process is process 0,", "a process index"),
-    ("README.md", "`--config.profile_steps=5`", "an example setting"),
-    ("README.md", "`profile_first_step`+1 onwards (default 10,", SETTING),
-    ("README.md", "`JAX_THREEFRY_GPU_KERNEL_LOWERING=1`", "an environment setting"),
-    ("README.md", "Tests that need 8 devices", "a device count"),
-    ("README.md", "the CPU's 8 simulated devices", "a device count"),
-    ("README.md", "`threefry2x32`", "a generator's name"),
-    ("README.md", "float32 matmuls", "a dtype"),
-    ("README.md", "float32 tolerances", "a dtype"),
-    ("README.md", "TF32", "a format's name"),
-    ("README.md", "own 95% interval", "the interval's level"),
-    ("README.md", "on 2 cores", "the machine"),
-    ("README.md", "the 9000-step one", SETTING),
-    ("README.md", "7000-step model", SETTING),
-    ("README.md", "for a 29k-pair corpus and 2 CPU cores", "the corpus and the machine"),
-    ("README.md", "decode.py` averages the last 5 by default", "a setting"),
-    ("README.md", "`lrate = learning_rate * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)`",
+    ("docs/decoding.md", "averages the last 5 checkpoints, as the paper did", "a setting"),
+    ("docs/accelerators.md", "on the H100 runs 3 and 4", "run numbers"),
+    ("docs/accelerators.md", "commit 5ecb8c5; run A in", "a commit and a run's name"),
+    ("docs/faults.md", "heartbeat timeout (30 s here,", "a setting (training.distributed.HEARTBEAT_TIMEOUT_S)"),
+    ("docs/faults.md", "lost process and exit 1;", "an exit code"),
+    ("docs/faults.md", "save it and exit 0,", "an exit code"),
+    ("docs/faults.md", "When the lost process is process 0,", "a process index"),
+    ("docs/accelerators.md", "`--config.profile_steps=5`", "an example setting"),
+    ("docs/accelerators.md", "`profile_first_step`+1 onwards (default 10,", SETTING),
+    ("docs/accelerators.md", "`JAX_THREEFRY_GPU_KERNEL_LOWERING=1`", "an environment setting"),
+    ("docs/accelerators.md", "Tests that need 8 devices", "a device count"),
+    ("docs/accelerators.md", "the CPU's 8 simulated devices", "a device count"),
+    ("docs/accelerators.md", "`threefry2x32`", "a generator's name"),
+    ("docs/accelerators.md", "float32 matmuls", "a dtype"),
+    ("docs/accelerators.md", "float32 tolerances", "a dtype"),
+    ("docs/accelerators.md", "TF32", "a format's name"),
+    ("docs/provenance.md", "own 95% interval", "the interval's level"),
+    ("docs/decoding.md", "on 2 cores", "the machine"),
+    ("docs/provenance.md", "on 2 cores", "the machine"),
+    ("docs/wmt14.md", "on 2 cores", "the machine"),
+    ("docs/provenance.md", "the 9000-step one", SETTING),
+    ("docs/provenance.md", "7000-step model", SETTING),
+    ("docs/provenance.md", "for a 29k-pair corpus and 2 CPU cores", "the corpus and the machine"),
+    ("docs/provenance.md", "decode.py` averages the last 5 by default", "a setting"),
+    ("docs/training.md", "`lrate = learning_rate * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)`",
      "eq. 3"),
 ]
 
@@ -1095,7 +1107,6 @@ def load_config(root: Path, spec: str) -> dict:
   return config.to_dict()
 
 
-DOCS = ("README.md", "RESULTS.md", "BENCHMARKS.md")
 # A number in the docs: digits, with thousands commas or decimals ('1,000', '0.55').
 NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)*")
 # What is not a figure (nothing measured): each pattern with the reason it is exempt.
@@ -1174,8 +1185,7 @@ def uncovered(docs: dict[str, Doc], rendered: dict[str, list[tuple[int, int]]]
   """Numbers in the docs that no check covers, no rendered block holds and no
   NON_FIGURES or SETTINGS pattern exempts: (doc, line, 'number<TAB>its context') each."""
   out = []
-  for name in DOCS:
-    doc = docs[name]
+  for name, doc in docs.items():
     spans = list(doc.covered) + list(rendered.get(name, []))
     for pattern, _ in NON_FIGURES + SETTINGS:
       spans += [m.span() for m in re.finditer(pattern, doc.text, re.S | re.M)]
@@ -1200,9 +1210,7 @@ def main() -> int:
   parser.add_argument("--root", default=str(ROOT), help="the repository to check")
   args = parser.parse_args()
   root = Path(args.root)
-  import render_docs
-
-  docs = {name: Doc((root / name).read_text()) for name in DOCS}
+  docs = {name: Doc((root / name).read_text()) for name in render_docs.doc_names(root)}
   mismatches, missing = check(root, docs)
   rendered = {name: render_docs.spans(doc.text) for name, doc in docs.items()}
   found = uncovered(docs, rendered)

@@ -1,9 +1,11 @@
 """The docs cannot drift from the evidence: rendered tables equal what their JSON
 renders (bench/render_docs.py), checked figures match their files, and every other
 number is a setting or label that a NON_FIGURES or SETTINGS pattern names
-(bench/check_docs.py), so a changed or unchecked figure anywhere fails here."""
+(bench/check_docs.py), so a changed or unchecked figure anywhere fails here. The
+module example in docs/modules.md runs as written, and every relative link resolves."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,9 +14,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "RESULTS.md", "BENCHMARKS.md")
 sys.path.insert(0, str(ROOT / "bench"))
 import check_docs  # noqa: E402
+import render_docs  # noqa: E402
 
 
 def run(script: str, root: Path, *args) -> subprocess.CompletedProcess:
@@ -25,7 +27,8 @@ def run(script: str, root: Path, *args) -> subprocess.CompletedProcess:
 @pytest.fixture
 def copy(tmp_path):
   """The docs, the configs and the test conftest in a scratch root; results/ linked."""
-  for name in DOCS:
+  for name in render_docs.doc_names(ROOT):
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(ROOT / name, tmp_path / name)
   (tmp_path / "bench").mkdir()
   shutil.copytree(ROOT / "configs", tmp_path / "configs")
@@ -52,10 +55,15 @@ def test_every_number_is_checked_rendered_or_a_setting():
   assert result.returncode == 0, result.stdout
 
 
-def test_a_changed_rendered_figure_fails(copy):
-  edit(copy / "README.md", "| 40.4 | 40.9 | 64.3 |", "| 40.4 | 41.9 | 64.3 |")
+@pytest.mark.parametrize("doc, old, new", [
+    ("README.md", "| 40.4 | 40.9 | 64.3 |", "| 40.4 | 41.9 | 64.3 |"),
+    # A table on a docs/ page (WMT14's downloads).
+    ("docs/wmt14.md", "| 1.70 GB |", "| 1.71 GB |"),
+])
+def test_a_changed_rendered_figure_fails(copy, doc, old, new):
+  edit(copy / doc, old, new)
   result = run("render_docs.py", copy, "--check")
-  assert result.returncode == 1 and "README.md" in result.stdout
+  assert result.returncode == 1 and doc in result.stdout
 
 
 @pytest.mark.parametrize("doc, old, new, named", [
@@ -74,6 +82,9 @@ def test_a_changed_rendered_figure_fails(copy):
     # A new figure added to prose without a check.
     ("README.md", "Curves (from", "Curves (3.5x smoother than before, from", "3.5"),
     ("BENCHMARKS.md", "Filler rows: the last batch", "Filler rows (2.5x more of them): the last batch", "2.5"),
+    # The same on docs/ pages: a checked figure (the H100 run's JSON) and a new one.
+    ("docs/accelerators.md", "ran at 6.1 ms/step", "ran at 6.2 ms/step", "readme_job_ms_per_step"),
+    ("docs/faults.md", "the same command resumes", "the same command resumes 3.5x faster", "3.5"),
 ])
 def test_a_changed_number_anywhere_fails(copy, doc, old, new, named):
   edit(copy / doc, old, new)
@@ -96,3 +107,48 @@ def test_settings_are_exempt_and_measurements_are_not():
   found = check_docs.uncovered({"README.md": doc, "RESULTS.md": check_docs.Doc(""),
                                 "BENCHMARKS.md": check_docs.Doc("")}, {})
   assert [entry.split("\t")[0] for _, _, entry in found] == ["38.5", "12.3", "0.3", "2"]
+
+
+def python_block(doc: Path, heading: str) -> str:
+  """The first ```python block after `heading` in doc."""
+  text = doc.read_text()
+  return re.search(r"```python\n(.*?)```", text[text.index(heading):], re.S).group(1)
+
+
+def test_the_module_example_runs_as_written():
+  """docs/modules.md's first example, executed as it stands: its incremental decoding
+  step gives the teacher-forced model's first-position logits."""
+  import jax.numpy as jnp
+  import numpy as np
+
+  example = {}
+  exec(python_block(ROOT / "docs" / "modules.md", "# Reusing the modules"), example)
+  model, params = example["model"], example["params"]
+  forced = model.apply({"params": params}, example["inputs"], example["targets"])
+  step = example["logits"]
+  assert step.shape == (1, 1, example["config"].vocab_size)
+  assert bool(jnp.isfinite(step).all())
+  np.testing.assert_allclose(step, forced[:, :1], atol=1e-5)
+
+
+# A relative link target in markdown: [text](target) or ![alt](target), no URL scheme.
+LINK = re.compile(r"!?\[[^\]]*\]\((?![a-z]+:)([^)\s#]*)(?:#[^)\s]*)?\)")
+
+
+def broken_links(root: Path) -> list[str]:
+  """'doc: target' for each relative link in the docs (README, docs/, ...) naming no file."""
+  return [f"{name}: {target}" for name in render_docs.doc_names(root)
+          for target in LINK.findall((root / name).read_text())
+          if target and not ((root / name).parent / target).exists()]
+
+
+def test_every_relative_link_resolves():
+  assert broken_links(ROOT) == []
+  assert LINK.findall("[a](docs/faults.md#x) ![b](results/c.png) [u](https://x.org/y)") == [
+      "docs/faults.md", "results/c.png"]
+
+
+def test_a_broken_link_is_found(copy):
+  edit(copy / "README.md", "(docs/faults.md)", "(docs/fault.md)")
+  edit(copy / "docs" / "multi_host.md", "(faults.md)", "(../faults.md)")
+  assert broken_links(copy) == ["README.md: docs/fault.md", "docs/multi_host.md: ../faults.md"]
