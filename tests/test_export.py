@@ -125,7 +125,7 @@ def test_ctranslate2_beam_bleu_within_0_3_of_decode_py(workdir, test_2016, multi
   references = [lines(multi30k_dir, "test_2016_flickr.de.gz")]
   ours_bleu = sacrebleu.corpus_bleu(decoded, references).score
   their_bleu = sacrebleu.corpus_bleu(theirs, references).score
-  # Same model and penalty; only where the two beams prune differs (README, export.py).
+  # Same model and penalty; only where the two beams prune differs (docs/decoding.md, export.py).
   assert abs(ours_bleu - their_bleu) <= 0.3, (ours_bleu, their_bleu)
 
 
