@@ -425,7 +425,7 @@ def two_processes(command: list[str]) -> list[str]:
 
 def test_slurm_job_is_detected_without_flags_and_writes_one_bucket(s3_bucket, multi30k_dir):
   """Two tasks of a SLURM job step (as srun sets them up): one run over two processes,
-  its workdir in an S3 bucket (the README's recipe), both processes' checkpoint shards
+  its workdir in an S3 bucket (docs/multi_host.md's recipe), both processes' checkpoint shards
   in it."""
   from flax_transformer.training import metrics
   from flax_transformer.workdir import Workdir
