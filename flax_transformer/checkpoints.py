@@ -27,6 +27,7 @@ from flax_transformer import storage
 from flax_transformer.errors import CheckpointError, CheckpointSaveError, ConfigError
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.model import Transformer
+from flax_transformer.training import distributed
 from flax_transformer.workdir import Workdir, read_run
 
 class Checkpointer:
@@ -46,10 +47,8 @@ class Checkpointer:
         max_to_keep=max_to_keep, create=not read_only, read_only=read_only,
         enable_async_checkpointing=asynchronous, cleanup_tmp_directories=not read_only,
         **bucket_options)
-    self.manager = ocp.CheckpointManager(
-        self.directory, options=options,
-        item_handlers={"state": ocp.PyTreeCheckpointHandler(),
-                       "data": grain.checkpoint.CheckpointHandler()})
+    self.manager = ocp.CheckpointManager(self.directory, options=options,
+                                         item_handlers=_item_handlers())
 
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
@@ -88,43 +87,62 @@ class Checkpointer:
   def close(self) -> None:
     self.manager.close()
 
-  def restore(self, step: int, abstract_state: Any, data_iterator=None):
-    """The state at `step` (shaped and sharded like `abstract_state`); sets the iterator."""
-    restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_state)
-    items = {"state": ocp.args.PyTreeRestore(item=abstract_state, restore_args=restore_args)}
-    if data_iterator is not None:
-      items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
-    restored = self.manager.restore(step, args=ocp.args.Composite(**items))
-    return restored["state"]
-
   def restore_latest(self, abstract_state: Any, data_iterator=None):
     """(step, state) of the newest checkpoint that loads, or (None, None) if there are none.
 
     A newer checkpoint that fails to load is reported and skipped; if every one
     fails, CheckpointError: existing work is never silently replaced by a fresh start.
+    With several processes, a step counts as loaded only if it loaded in every one:
+    each tries it, then all agree (one collective), so that all resume from one step
+    even when the damage is one process's own (its data-iterator file).
     """
     steps = self.steps()
     problems = []
-    for step in reversed(steps):
-      try:
-        state = self.restore(step, abstract_state, data_iterator)
-      except Exception as e:  # orbax/tensorstore raise many types for damaged files.
-        problem = f"step {step}: {type(e).__name__}: {_first_line(e)}"
+    reader = ocp.CompositeCheckpointHandler(**_item_handlers())
+    try:
+      for step in reversed(steps):
+        state, own = self._read(reader, step, abstract_state, data_iterator)
+        failed = {i: p for i, p in enumerate(distributed.each_process(own)) if p}
+        if not failed:
+          if problems:
+            logging.warning("Resumed from step %d; newer checkpoints were unusable: %s", step,
+                            "; ".join(problems))
+            self._set_aside([s for s in steps if s > step])
+          return step, state
+        problem = f"step {step}: " + (own if jax.process_count() == 1 else "; ".join(
+            f"process {i}: {p}" for i, p in failed.items()))
         problems.append(problem)
         logging.warning("Checkpoint %s/%d cannot be loaded (%s); trying an older one",
                         self.directory, step, problem)
-        continue
-      if problems:
-        logging.warning("Resumed from step %d; newer checkpoints were unusable: %s", step,
-                        "; ".join(problems))
-        self._set_aside([s for s in steps if s > step])
-      return step, state
+    finally:
+      reader.close()
     if problems:
       raise CheckpointError(
           f"none of the {len(steps)} checkpoints in {self.directory} can be loaded ("
           + "; ".join(problems) + "). Refusing to start from scratch over existing work: "
           "fix or move that directory away.")
     return None, None
+
+  def _read(self, reader, step: int, abstract_state: Any, data_iterator) -> tuple[Any, str]:
+    """(state, "") or (None, what failed): this process's part of checkpoint `step` (the
+    state shaped and sharded like `abstract_state`; sets the iterator).
+
+    Read by orbax's handler itself, not CheckpointManager.restore: that ends in a barrier
+    of every process (orbax 0.12: jax's sync_global_devices, a device collective without
+    a timeout, of one name for every step) which a process whose read raised skips. The
+    others would wait there for its next try, of an older step, and each would go on
+    from its own step. `restore_latest` agrees on the outcome instead.
+    """
+    restore_args = ocp.checkpoint_utils.construct_restore_args(abstract_state)
+    items = {"state": ocp.args.PyTreeRestore(item=abstract_state, restore_args=restore_args)}
+    if data_iterator is not None:
+      items["data"] = grain.checkpoint.CheckpointRestore(data_iterator)
+    try:
+      restored = reader.restore(self.manager.directory / str(step),
+                                args=ocp.args.Composite(**items))
+    except Exception as e:  # orbax/tensorstore/grain raise many types for damaged files.
+      return None, f"{type(e).__name__}: {_first_line(e)}"
+    return restored["state"], ""
 
   def _set_aside(self, steps: Sequence[int]) -> None:
     """Renames unusable checkpoints (kept for inspection) so their steps can be saved anew.
@@ -153,6 +171,10 @@ class Checkpointer:
         state=ocp.args.PyTreeRestore(item=target, restore_args=restore_args,
                                      partial_restore=True)))
     return restored["state"]["params"]
+
+
+def _item_handlers() -> dict:
+  return {"state": ocp.PyTreeCheckpointHandler(), "data": grain.checkpoint.CheckpointHandler()}
 
 
 def _tensorstore_reaches_s3() -> None:

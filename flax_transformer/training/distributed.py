@@ -73,6 +73,18 @@ def agreed(flag: bool) -> bool:
   return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag)))
 
 
+def each_process(text: str, max_bytes: int = 1024) -> list[str]:
+  """Every process's `text` (its first `max_bytes` of UTF-8), indexed by process, on
+  every process: one collective."""
+  if jax.process_count() == 1:
+    return [text]
+  mine = np.zeros(max_bytes, np.uint8)  # A fixed shape: every process's must match.
+  encoded = text.encode()[:max_bytes]
+  mine[:len(encoded)] = np.frombuffer(encoded, np.uint8)
+  return [bytes(row).rstrip(b"\0").decode(errors="ignore")
+          for row in multihost_utils.process_allgather(mine)]
+
+
 def run_watched(work: Callable[[], None]) -> None:
   """Runs `work()` on every process of a multi-process run, ending all of them with one
   line once a peer is lost, and leaving jax.distributed in an order that cannot abort
