@@ -42,13 +42,21 @@ def multi30k_tokenizer(multi30k_dir, tmp_path_factory):
                                    vocab_size=4000)
 
 
+# The session's compilation cache (pytest_configure): the train.py and decode.py runs
+# the tests launch use it too, so a fresh machine compiles each of their programs once,
+# and a developer's own cache (~/.cache) neither hides those compiles nor collects them.
+XLA_CACHE = ""
+
+
 def train_command(workdir, multi30k_dir, *overrides) -> list[str]:
-  """train.py on the tiny config: no BLEU, no evaluation, a checkpoint every 10 steps;
+  """train.py on the tiny config: no BLEU, evaluation only at the last step (one batch
+  shape: one compile), a checkpoint every 10 steps, the session's compilation cache;
   later overrides win."""
   return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/tiny.py"),
           f"--workdir={workdir}", f"--config.manual_dir={multi30k_dir}",
           "--config.bleu_every_steps=0", "--config.eval_every_steps=1000",
-          "--config.checkpoint_every_steps=10", *overrides]
+          "--config.eval_max_shapes=1", "--config.checkpoint_every_steps=10",
+          f"--config.compilation_cache_dir={XLA_CACHE}", *overrides]
 
 
 def translation_info(builder):
@@ -77,22 +85,32 @@ def final_params(workdir):
   return step, restored["state"]["params"]
 
 
-def wait_for_checkpoint(workdir, minimum_step, process, timeout=120) -> None:
+def wait_for_checkpoint(workdir, minimum_step, process, timeout=120, hold=False) -> None:
   """Returns once `process` has completed a checkpoint of `minimum_step` or later in
-  `workdir` (a directory or a bucket), as a reader (orbax, through Checkpointer) sees it."""
+  `workdir` (a directory or a bucket), as a reader (orbax, through Checkpointer) sees it.
+  hold: in a local `workdir`, `process` is stopped (SIGSTOP) while each listing is read,
+  and returned stopped: it runs only between listings (0.1 s), so a short run cannot
+  reach its end unseen. Not in a bucket: a stopped client stalls the single-threaded GCS
+  emulator (and our listing with it); there each save takes seconds, ample time to see
+  a checkpoint before the run ends."""
   from flax_transformer import storage
   from flax_transformer.checkpoints import Checkpointer
   from flax_transformer.workdir import Workdir
 
   checkpoints = Workdir(workdir).checkpoints
+  hold = hold and not storage.is_remote(checkpoints)
   deadline = time.time() + timeout
   while time.time() < deadline:
+    if hold:
+      process.send_signal(signal.SIGSTOP)
     storage.forget_listings(checkpoints)  # A bucket's new objects, not a stale listing.
     steps = Checkpointer(workdir, read_only=True).steps() if checkpoints.exists() else []
     if steps and steps[-1] >= minimum_step:
       return
     assert process.poll() is None, process.stderr.read()
-    time.sleep(0.2)
+    if hold:
+      process.send_signal(signal.SIGCONT)
+    time.sleep(0.1 if hold else 0.2)
   raise TimeoutError(f"no checkpoint of step {minimum_step} or later in {checkpoints}")
 
 
@@ -106,9 +124,12 @@ def kill_resume_and_compare(workdir, multi30k_dir, uninterrupted) -> None:
   command = train_command(workdir, multi30k_dir, f"--config.num_train_steps={RUN_STEPS}")
   process = subprocess.Popen(command, env=cpu_env(), stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-  wait_for_checkpoint(workdir, 20, process)
-  process.send_signal(signal.SIGKILL)
-  process.wait()
+  try:
+    wait_for_checkpoint(workdir, 20, process, hold=True)
+  finally:  # Also when the wait fails: no run left behind, stopped or running.
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+  assert process.returncode == -signal.SIGKILL, "the run ended before it was killed"
   resumed = subprocess.run(command, env=cpu_env(), capture_output=True, text=True)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert "Resumed from the checkpoint of step" in resumed.stderr
@@ -119,8 +140,10 @@ def kill_resume_and_compare(workdir, multi30k_dir, uninterrupted) -> None:
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-# Long enough that a test sees a checkpoint of step 20 and kills the run before its end.
-RUN_STEPS = 200
+# Past the kill at step 20 by 4 more checkpoints: the resumed launch saves several
+# times, as the killed one would have. (wait_for_checkpoint's `hold` makes sure the kill
+# comes before the end, however fast the run.)
+RUN_STEPS = 60
 
 
 @pytest.fixture(scope="session")
@@ -131,6 +154,24 @@ def uninterrupted(tmp_path_factory, multi30k_dir):
   subprocess.run(train_command(workdir, multi30k_dir, f"--config.num_train_steps={RUN_STEPS}"),
                  env=cpu_env(), check=True, capture_output=True)
   return (workdir, *final_params(workdir))
+
+
+# The checkpoints of `trained_tiny`: two, so averaging and ensembles have a choice.
+TRAINED_TINY_CHECKPOINTS = (30, 60)
+
+
+@pytest.fixture(scope="session")
+def trained_tiny(tmp_path_factory, multi30k_dir):
+  """The workdir of one tiny run (60 steps: a model that tells sentences apart, with
+  checkpoints at TRAINED_TINY_CHECKPOINTS), trained once for the session. Shared by the
+  decode, export and averaging tests: they read it, and never write into it."""
+  workdir = tmp_path_factory.mktemp("trained_tiny") / "run"
+  steps, every = TRAINED_TINY_CHECKPOINTS[-1], TRAINED_TINY_CHECKPOINTS[0]
+  done = subprocess.run(train_command(workdir, multi30k_dir, f"--config.num_train_steps={steps}",
+                                      f"--config.checkpoint_every_steps={every}"),
+                        env=cpu_env(), capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return workdir
 
 
 # --- Buckets on localhost: a GCS emulator, an S3-compatible server ---------------------
@@ -209,7 +250,8 @@ def pytest_configure(config):
   # in-process moves jax to its workdir's cache, as train.py does).
   from flax_transformer import compilation
 
-  config.xla_cache = tempfile.mkdtemp(prefix="flax_transformer_test_xla_")
+  global XLA_CACHE
+  config.xla_cache = XLA_CACHE = tempfile.mkdtemp(prefix="flax_transformer_test_xla_")
   compilation.enable_cache(config.xla_cache)
   config.addinivalue_line("markers", "devices(n): needs n devices (the CPU's 8 simulated ones)")
   if os.environ["JAX_PLATFORMS"] != "cpu":
