@@ -18,7 +18,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   def work():
-    from flax_transformer.checkpoints import write_averaged
+    from flax_transformer.averaging import write_averaged
 
     steps = write_averaged(FLAGS.workdir, FLAGS.output, FLAGS.last)
     print(f"averaged steps {steps} -> {FLAGS.output}")

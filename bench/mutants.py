@@ -37,7 +37,7 @@ LAYERS = "flax_transformer/network/layers.py"
 MODEL = "flax_transformer/network/model.py"
 ATTENTION = "flax_transformer/network/attention.py"
 SEARCH = "flax_transformer/translation/search.py"
-CHECKPOINTS = "flax_transformer/checkpoints.py"
+AVERAGING = "flax_transformer/averaging.py"
 DEFAULTS = "configs/default.py"
 
 
@@ -142,15 +142,15 @@ MUTANTS = [
            'return layer_norm(cfg, "norm")(x + dropout(sublayer(x)))',
            'return x + dropout(sublayer(layer_norm(cfg, "norm")(x)))', (PAPER,)),
     # --- Checkpoint averaging (section 6.1) ----------------------------------------
-    Mutant("averaging divides by one more checkpoint", CHECKPOINTS,
+    Mutant("averaging divides by one more checkpoint", AVERAGING,
            "scale = np.float32(1.0 / len(steps))", "scale = np.float32(1.0 / (len(steps) + 1))",
            ("tests/test_reliability.py::test_average_is_the_elementwise_mean",)),
-    Mutant("'average' of the first and last checkpoint only", CHECKPOINTS,
+    Mutant("'average' of the first and last checkpoint only", AVERAGING,
            "  for step in steps:\n    params = checkpointer.restore_params(step, abstract)",
            "  for step in (steps[0], steps[-1]) if len(steps) > 2 else steps:\n"
            "    params = checkpointer.restore_params(step, abstract)",
            ("tests/test_reliability.py::test_average_is_the_elementwise_mean",)),
-    Mutant("the oldest checkpoints averaged instead of the newest", CHECKPOINTS,
+    Mutant("the oldest checkpoints averaged instead of the newest", AVERAGING,
            "chosen = steps[-average_last:]", "chosen = steps[:average_last]",
            ("tests/test_decoding.py::test_average_checkpoints_cli_writes_a_decodable_workdir",)),
     # --- Beam search (section 6.1) ------------------------------------------------

@@ -43,9 +43,8 @@ from pathlib import Path
 
 import jax
 
-from flax_transformer import storage
+from flax_transformer import collectives, storage
 from flax_transformer.errors import WorkdirBusyError
-from flax_transformer.training import distributed
 from flax_transformer.workdir import Workdir
 
 HEARTBEAT_S = 15.0
@@ -275,7 +274,7 @@ def check(lock: LaunchLock | None, step: int, *, everywhere: bool = False) -> No
     if lock is not None:
       lock.check(step)
     return
-  if distributed.agreed(lock is not None and lock.lost.is_set()):
+  if collectives.broadcast_from_process0(lock is not None and lock.lost.is_set()):
     if lock is not None:
       lock.check(step)
     raise WorkdirBusyError(f"process 0 found the workdir's lock taken over by another launch: "
@@ -308,7 +307,7 @@ def hold(workdir, launch: dict | None = None):
       lock = LaunchLock(workdir, " ".join(map(str, argv))).take()
     except Exception as e:  # noqa: BLE001 -- raised below, once every process knows.
       error = e
-  if not distributed.agreed(error is None):
+  if not collectives.broadcast_from_process0(error is None):
     raise error or WorkdirBusyError(
         f"process 0 could not take the lock of workdir {workdir} (its log says why): stopping")
   try:

@@ -9,13 +9,15 @@ PACKAGE = Path(__file__).resolve().parents[1] / "flax_transformer"
 # Each part's layer: a module may import modules of its own part and of lower layers.
 LAYERS = {
     "errors": 0, "compilation": 0, "host": 0, "provenance": 0, "storage": 0,  # Bottom.
+    "collectives": 0,  # What the processes agree on (one host-level collective each).
     # They import nothing of ours but each other (provenance reads host, storage errors).
     "network": 1,  # config, attention, layers, model.
     "data": 2,  # tokenizer, sources, wmt, token_cache, pipeline.
     # A run's directory: its layout and record (workdir), its checkpoints. Training
     # writes them, translation reads them: below both.
     "workdir": 3, "checkpoints": 3,
-    "training": 4,  # sharding, steps, metrics, distributed, host_allocator.
+    "training": 4,  # sharding, steps, metrics, distributed, host_allocator, the loop's parts.
+    "averaging": 4,  # The paper's checkpoint averaging: what translation loads.
     "launch_lock": 5,  # One launch per workdir: agreed on over the processes (training).
     "translation": 5,  # search, batching, translator, attention_plot.
     "evaluation": 6,  # Eval loss and BLEU during training (it translates).

@@ -429,7 +429,7 @@ def test_decode_cli_attention_plots_of_several_sentences(workdir, tmp_path):
 
 
 def test_translator_ensemble_of_two_checkpoints(workdir):
-  from flax_transformer.checkpoints import load_params
+  from flax_transformer.averaging import load_params
   from flax_transformer.workdir import read_run
 
   config, tokenizer = read_run(workdir)
@@ -473,7 +473,7 @@ def test_decode_cli_missing_workdir_is_one_clear_error(tmp_path):
 
 
 def test_average_checkpoints_cli_writes_a_decodable_workdir(workdir, tmp_path):
-  from flax_transformer.checkpoints import load_params
+  from flax_transformer.averaging import load_params
   from flax_transformer.workdir import read_run
 
   env = dict(os.environ, XLA_FLAGS="")

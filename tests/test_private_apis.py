@@ -3,7 +3,7 @@ attributes it uses: a version bump that removes one fails here, not in a user's 
 
 - jax: `jax._src.distributed.global_state.client` (training/distributed.py: the
   coordination service's barrier and live-node list; jax has no public API for them).
-- orbax: `tensorstore_utils.build_kvstore_tspec` (checkpoints.py wraps it to reach
+- orbax: `tensorstore_utils.build_kvstore_tspec` (storage.tensorstore_reaches_s3 wraps it to reach
   S3) and the gs:// spec layout the wrapper rewrites.
 - etils: `epath.Path._backend`, which storage.as_path checks, and
   `backend.fsspec_backend.fs`, whose listings storage.forget_listings drops.

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flax_transformer.checkpoints import CheckpointError, Checkpointer
-from flax_transformer.checkpoints import average_params
+from flax_transformer.averaging import average_params
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # configs/
@@ -346,7 +346,7 @@ def small_workdir(tmp_path, multi30k_tokenizer):
   times 1, 2, 3."""
 
   from flax_transformer import TransformerConfig
-  from flax_transformer.checkpoints import abstract_params
+  from flax_transformer.averaging import abstract_params
   from flax_transformer.workdir import Workdir, record_run
 
   config = TransformerConfig(vocab_size=multi30k_tokenizer.vocab_size, d_model=8, d_ff=16,
@@ -365,7 +365,7 @@ def small_workdir(tmp_path, multi30k_tokenizer):
 
 
 def test_load_params_of_a_missing_step_leaves_nothing_open(small_workdir):
-  from flax_transformer.checkpoints import load_params
+  from flax_transformer.averaging import load_params
 
   workdir, config = small_workdir
   assert_releases(workdir, lambda: load_params(workdir, config, checkpoint_step=15),
@@ -376,7 +376,7 @@ def test_write_averaged_failing_leaves_nothing_open_and_the_output_as_found(smal
                                                                           tmp_path_factory):
   import resource
 
-  from flax_transformer.checkpoints import write_averaged
+  from flax_transformer.averaging import write_averaged
   from flax_transformer.errors import CheckpointSaveError
 
   workdir, _ = small_workdir
@@ -407,7 +407,7 @@ def test_write_averaged_failing_leaves_nothing_open_and_the_output_as_found(smal
 
 
 def test_average_last_below_one_is_named_by_every_entry_point(small_workdir, tmp_path_factory):
-  from flax_transformer.checkpoints import load_params, write_averaged
+  from flax_transformer.averaging import load_params, write_averaged
   from flax_transformer.cli.export import run_export
   from flax_transformer.errors import ConfigError
   from flax_transformer.translation.translator import SearchConfig, Translator
@@ -505,7 +505,7 @@ def test_average_params_is_numpys_float32_mean_then_cast(layout, count, choices,
 @given(count=st.integers(1, 4), choices=st.data(), seed=st.integers(0, 2**16))
 def test_load_params_averages_the_last_k_up_to_the_step_asked_for(count, choices, seed):
   from flax_transformer import TransformerConfig
-  from flax_transformer.checkpoints import abstract_params, load_params
+  from flax_transformer.averaging import abstract_params, load_params
 
   config = TransformerConfig(vocab_size=16, d_model=8, d_ff=16, num_heads=2, num_layers=1,
                              max_len=16)

@@ -110,14 +110,14 @@ def test_training_in_a_bucket_killed_resumes_bit_exactly_and_decodes(
   assert from_bucket == local_translations and len(from_bucket.splitlines()) == 2
 
   # average_checkpoints.py's work, bucket to bucket: the mean of the last two.
-  from flax_transformer import checkpoints
+  from flax_transformer import averaging
   from flax_transformer.workdir import Workdir, read_run
 
   averaged = f"{workdir}-avg2"
-  assert checkpoints.write_averaged(workdir, averaged, last=2) == [RUN_STEPS - 10, RUN_STEPS]
+  assert averaging.write_averaged(workdir, averaged, last=2) == [RUN_STEPS - 10, RUN_STEPS]
   model_config, _ = read_run(averaged)
-  read_back, _ = checkpoints.load_params(averaged, model_config)
-  expected, _ = checkpoints.load_params(uninterrupted[0], model_config, average_last=2)
+  read_back, _ = averaging.load_params(averaged, model_config)
+  expected, _ = averaging.load_params(uninterrupted[0], model_config, average_last=2)
   for a, b in zip(jax.tree_util.tree_leaves(read_back), jax.tree_util.tree_leaves(expected)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from flax_transformer.training import distributed
+from flax_transformer import collectives
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +36,7 @@ def work_due_after(config, step: int, stopping: bool = False,
 
   log = every(config.log_every_steps)
   by_time = (config.checkpoint_every_minutes > 0 and log
-             and distributed.agreed(seconds_since_save >= 60 * config.checkpoint_every_minutes))
+             and collectives.broadcast_from_process0(seconds_since_save >= 60 * config.checkpoint_every_minutes))
   return WorkDue(log=log or stopping,
              eval=every(config.eval_every_steps), bleu=every(config.bleu_every_steps),
              test_bleu=every(config.test_bleu_every_steps),

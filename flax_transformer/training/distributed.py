@@ -1,4 +1,5 @@
-"""Several processes (one per host) as one run: joining, agreeing, a lost peer, leaving.
+"""Several processes (one per host) as one run: joining, a lost peer, leaving (what they
+agree on: `flax_transformer.collectives`).
 
 jax.distributed connects the processes; its coordination service (hosted by
 process 0) is asked here which peers are alive, so that a lost process ends the
@@ -16,8 +17,6 @@ import time
 from typing import Callable
 
 import jax
-import numpy as np
-from jax.experimental import multihost_utils
 
 from flax_transformer import errors
 
@@ -64,25 +63,6 @@ def initialize(coordinator_address: str | None, num_processes: int | None,
     return
   logging.info("Cluster detected by jax.distributed: process %d of %d", jax.process_index(),
                jax.process_count())
-
-
-def agreed(flag: bool) -> bool:
-  """Process 0's `flag`, on every process (a decision all must take alike)."""
-  if jax.process_count() == 1:
-    return flag
-  return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag)))
-
-
-def each_process(text: str, max_bytes: int = 1024) -> list[str]:
-  """Every process's `text` (its first `max_bytes` of UTF-8), indexed by process, on
-  every process: one collective."""
-  if jax.process_count() == 1:
-    return [text]
-  mine = np.zeros(max_bytes, np.uint8)  # A fixed shape: every process's must match.
-  encoded = text.encode()[:max_bytes]
-  mine[:len(encoded)] = np.frombuffer(encoded, np.uint8)
-  return [bytes(row).rstrip(b"\0").decode(errors="ignore")
-          for row in multihost_utils.process_allgather(mine)]
 
 
 def run_watched(work: Callable[[], None]) -> None:

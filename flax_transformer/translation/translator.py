@@ -23,7 +23,7 @@ from flax_transformer.data.tokenizer import EOS_ID, Tokenizer, trim
 from flax_transformer.errors import ConfigError, DataError
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.model import Transformer, init_cache
-from flax_transformer import checkpoints
+from flax_transformer import averaging
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.translation import batching
 from flax_transformer.translation import search as search_lib
@@ -301,7 +301,7 @@ class Translator:
       elif not tokenizer.same_vocabulary(member_tokenizer):
         raise DataError(f"ensemble: {member_tokenizer.path} is not the vocabulary of "
                         f"{tokenizer.path}; members must share one vocabulary")
-      params, steps = checkpoints.load_params(path, model_config,
+      params, steps = averaging.load_params(path, model_config,
                                               checkpoint_step=checkpoint_step,
                                               average_last=average_last)
       logging.info("Loaded %s from checkpoint step(s) %s", path, steps)
