@@ -63,18 +63,24 @@ def smoothed_loss_numpy(logits, targets, eps):
   return total / tokens
 
 
-def reference_gradients(trainer, params, batch, eps):
-  """d(mean smoothed loss)/d(params) by autodiff of optax's smoothed cross-entropy."""
+def reference_gradients(trainer, eps):
+  """(params, batch) -> d(mean smoothed loss)/d(params) by autodiff of optax's smoothed
+  cross-entropy; jitted, so batches of one shape compile it once."""
   import optax
 
-  targets = jnp.asarray(batch["targets"])
-  weights = (targets != 0).astype(jnp.float32)
-
-  def loss(p):
-    logits = trainer.eval_model.apply({"params": p}, jnp.asarray(batch["inputs"]), targets)
+  def loss(p, inputs, targets):
+    weights = (targets != 0).astype(jnp.float32)
+    logits = trainer.eval_model.apply({"params": p}, inputs, targets)
     labels = optax.smooth_labels(jax.nn.one_hot(targets, logits.shape[-1]), eps)
     return jnp.sum(weights * optax.softmax_cross_entropy(logits, labels)) / jnp.sum(weights)
-  return jax.grad(loss)(params)
+  gradients = jax.jit(jax.grad(loss))
+  return lambda params, batch: gradients(params, batch["inputs"], batch["targets"])
+
+
+def eval_logits(trainer):
+  """(params, batch) -> the deterministic model's logits, jitted (one compile a shape)."""
+  apply = jax.jit(trainer.eval_model.apply)
+  return lambda params, batch: apply({"params": params}, batch["inputs"], batch["targets"])
 
 
 def test_train_step_is_the_papers_smoothed_loss_schedule_and_adam():
@@ -87,11 +93,13 @@ def test_train_step_is_the_papers_smoothed_loss_schedule_and_adam():
   m = [np.zeros_like(p) for p in leaves(state.params)]
   v = [np.zeros_like(p) for p in leaves(state.params)]
   b1, b2, eps = PAPER_ADAM["b1"], PAPER_ADAM["b2"], PAPER_ADAM["eps"]
+  logits_of = eval_logits(trainer)
+  gradients_of = reference_gradients(trainer, PAPER_LABEL_SMOOTHING)
   for step, batch in enumerate(batches(5), start=1):
     before = jax.device_get(state.params)
-    logits = trainer.eval_model.apply({"params": before}, batch["inputs"], batch["targets"])
+    logits = logits_of(before, batch)
     expected_loss = smoothed_loss_numpy(logits, batch["targets"], PAPER_LABEL_SMOOTHING)
-    grads = leaves(reference_gradients(trainer, before, batch, PAPER_LABEL_SMOOTHING))
+    grads = leaves(gradients_of(before, batch))
     state, metrics = trainer.train_step(state, jax.device_put(batch, trainer.batch_sharding))
 
     np.testing.assert_allclose(float(metrics["loss"]), expected_loss, rtol=1e-5)
@@ -148,7 +156,7 @@ def test_train_step_applies_the_configured_dropout():
     trainer = trainer_for(MODEL.replace(dropout_rate=rate), config)
     state = trainer.init_state(seed=0)  # The same parameters whatever the dropout seed.
     params = jax.device_get(state.params)
-    logits = trainer.eval_model.apply({"params": params}, batch["inputs"], batch["targets"])
+    logits = eval_logits(trainer)(params, batch)
     _, metrics = trainer.train_step(state, jax.device_put(batch, trainer.batch_sharding))
     return float(metrics["loss"]), smoothed_loss_numpy(logits, batch["targets"],
                                                        PAPER_LABEL_SMOOTHING)
