@@ -20,6 +20,8 @@ from flax_transformer.data.tokenizer import trim
 from flax_transformer.translation import search as decoding
 from flax_transformer.translation.translator import SearchConfig, Translator, make_search_fn
 
+from conftest import TRAINED_TINY_CHECKPOINTS
+
 ROOT = Path(__file__).resolve().parents[1]
 EOS = 1
 
@@ -67,8 +69,15 @@ def uncached_tokens_to_logits(cfg, params, inputs, beams, length):
   return tokens_to_logits, cache
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def full_logits(cfg, params, inputs, targets):
+  """The whole model's teacher-forced logits, jitted: one compile per shape, where
+  running it op by op compiles every operation of the first call on its own."""
+  return Transformer(cfg).apply({"params": params}, inputs, targets)
+
+
 def sequence_log_prob(cfg, params, inputs, tokens):
-  logits = Transformer(cfg).apply({"params": params}, inputs, jnp.array([tokens], jnp.int32))
+  logits = full_logits(cfg, params, inputs, jnp.array([tokens], jnp.int32))
   log_probs = np.asarray(jax.nn.log_softmax(logits[0]))
   return float(sum(log_probs[t, tok] for t, tok in enumerate(tokens)))
 
@@ -259,7 +268,6 @@ def test_ensemble_greedy_equals_mean_of_full_model_probabilities():
   search_fn = jax.jit(make_search_fn(configs, SearchConfig(beam_size=1, max_extra=max_extra)))
   inputs = np.array([[2, 5, 7, 9, EOS], [3, 4, EOS, 0, 0]], np.int32)
   out = search_fn((params_a, params_b), jnp.asarray(inputs), jax.random.PRNGKey(0))
-  model = Transformer(cfg)
   for row in range(2):
     limit = min(int((inputs[row] != 0).sum()) + max_extra, inputs.shape[1] + max_extra)
     tokens, total = [], 0.0
@@ -267,7 +275,7 @@ def test_ensemble_greedy_equals_mean_of_full_model_probabilities():
       # The whole decoder over the prefix; positions not generated yet are masked by causality.
       targets = jnp.array([tokens + [EOS] * (limit - len(tokens))], jnp.int32)
       probs = np.mean([np.asarray(jax.nn.softmax(
-          model.apply({"params": p}, jnp.asarray(inputs[row:row + 1]), targets)[0, len(tokens)]))
+          full_logits(cfg, p, jnp.asarray(inputs[row:row + 1]), targets)[0, len(tokens)]))
           for p in (params_a, params_b)], axis=0)
       probs[0] = 0.0  # Never pad.
       token = EOS if len(tokens) + 1 >= limit else int(np.argmax(probs))
@@ -290,16 +298,13 @@ def test_ensemble_of_one_model_twice_equals_the_model():
 
 # --- Translator and decode.py on a trained tiny workdir -------------------------
 
+FIRST, LAST = TRAINED_TINY_CHECKPOINTS  # Its two checkpoints' steps.
+
+
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory, multi30k_dir):
-  path = tmp_path_factory.mktemp("decode")
-  env = dict(os.environ, XLA_FLAGS="")
-  subprocess.run([sys.executable, str(ROOT / "train.py"), "--config",
-                  str(ROOT / "configs/tiny.py"), f"--workdir={path}",
-                  f"--config.manual_dir={multi30k_dir}", "--config.bleu_every_steps=0",
-                  "--config.num_train_steps=20", "--config.checkpoint_every_steps=10"],
-                 env=env, check=True, capture_output=True)
-  return path
+def workdir(trained_tiny):
+  """The session's trained tiny run (conftest.trained_tiny): read, never written."""
+  return trained_tiny
 
 
 def decode(workdir, *args, stdin=b""):
@@ -313,7 +318,7 @@ def test_translator_api(workdir):
   translator = Translator.from_workdir(workdir,
                                        search=SearchConfig(beam_size=2, max_extra=5, nbest=2),
                                        average_last=2)
-  assert translator.checkpoint_steps == ([10, 20],)
+  assert translator.checkpoint_steps == ([FIRST, LAST],)
   out = translator.translate(["A dog runs.", "", "Two men talk."])
   assert len(out) == 3 and out[1] == "" and out[0]
   nbest = translator.translate_nbest(["A dog runs."])[0]
@@ -355,15 +360,34 @@ def test_sampling_over_devices_draws_afresh_on_each_and_repeats_with_the_seed(wo
   assert make().translate(sentences) == samples
 
 
-def test_decode_cli_splits_batches_over_cpu_devices(workdir, tmp_path, multi30k_dir):
-  (tmp_path / "in.en").write_text("\n".join(val_sentences(multi30k_dir, 7)) + "\n")
-  outputs = {}
-  for count in (1, 3):
-    result = decode(workdir, f"--input={tmp_path / 'in.en'}", f"--cpu_devices={count}")
-    assert result.returncode == 0, result.stderr.decode()
-    assert f"Decoding on {count} cpu device(s)" in result.stderr.decode()
-    outputs[count] = result.stdout.decode()
-  assert outputs[3] == outputs[1] and len(outputs[1].splitlines()) == 7
+@pytest.fixture(scope="module")
+def decoded_val(workdir, tmp_path_factory, multi30k_dir):
+  """One decode.py launch that the CLI tests below check each their own way (a launch
+  is a Python and jax start and a restore): an empty line, then 8 validation
+  sentences, on one CPU device, scored against their references, attention plots of
+  the first two. (folder, its in.en, completed process)."""
+  import gzip
+
+  folder = tmp_path_factory.mktemp("decoded_val")
+  with gzip.open(Path(multi30k_dir) / "val.de.gz", "rt") as f:
+    references = [next(f).rstrip("\n") for _ in range(8)]
+  (folder / "in.en").write_text("\n".join(["", *val_sentences(multi30k_dir, 8)]) + "\n")
+  (folder / "ref.de").write_text("\n".join(["", *references]) + "\n")
+  result = decode(workdir, f"--input={folder / 'in.en'}", f"--output={folder / 'out.de'}",
+                  f"--reference={folder / 'ref.de'}", "--nbest=1", "--cpu_devices=1",
+                  f"--attention_plot={folder / 'att.png'}", "--attention_sentences=2")
+  assert result.returncode == 0, result.stderr.decode()
+  return folder, folder / "in.en", result
+
+
+def test_decode_cli_splits_batches_over_cpu_devices(workdir, decoded_val):
+  folder, inputs, one = decoded_val
+  assert "Decoding on 1 cpu device(s)" in one.stderr.decode()
+  three = decode(workdir, f"--input={inputs}", "--cpu_devices=3")
+  assert three.returncode == 0, three.stderr.decode()
+  assert "Decoding on 3 cpu device(s)" in three.stderr.decode()
+  assert three.stdout.decode() == (folder / "out.de").read_text()
+  assert len(three.stdout.decode().splitlines()) == 9
 
 
 def test_decode_cli_fuzz_keeps_one_line_per_input(workdir):
@@ -381,48 +405,36 @@ def test_decode_cli_fuzz_keeps_one_line_per_input(workdir):
   assert "truncated" in stderr
 
 
-def test_decode_cli_scores_with_reference(workdir, tmp_path, multi30k_dir):
-  import gzip
-
-  sources = [line + "\n" for line in val_sentences(multi30k_dir, 8)]
-  with gzip.open(Path(multi30k_dir) / "val.de.gz", "rt") as f:
-    references = [next(f) for _ in range(8)]
-  (tmp_path / "in.en").write_text("".join(sources))
-  (tmp_path / "ref.de").write_text("".join(references))
-  result = decode(workdir, f"--input={tmp_path / 'in.en'}", f"--output={tmp_path / 'out.de'}",
-                  f"--reference={tmp_path / 'ref.de'}", "--nbest=1")
-  assert result.returncode == 0, result.stderr.decode()
-  assert len((tmp_path / "out.de").read_text().splitlines()) == 8
+def test_decode_cli_scores_with_reference(workdir, decoded_val):
+  folder, inputs, result = decoded_val
+  assert len((folder / "out.de").read_text().splitlines()) == 9
   stderr = result.stderr.decode()
   assert "BLEU = " in stderr and "nrefs:1|case:mixed" in stderr and "CHRF = " in stderr
-  bad = decode(workdir, f"--input={tmp_path / 'in.en'}", f"--reference={tmp_path / 'in.en'}x")
+  bad = decode(workdir, f"--input={inputs}", f"--reference={inputs}x")
   assert bad.returncode == 2 and b"does not exist" in bad.stderr
 
 
-def test_decode_cli_attention_plots_of_several_sentences(workdir, tmp_path):
+def test_decode_cli_attention_plots_of_several_sentences(workdir, decoded_val):
   from flax_transformer.translation.attention_plot import attention_maps
 
-  (tmp_path / "in.en").write_text("\nA dog runs.\nTwo men sit on a bench.\nA girl.\n")
-  plot = tmp_path / "att.png"
-  result = decode(workdir, f"--input={tmp_path / 'in.en'}", "--output=-",
-                  f"--attention_plot={plot}", "--attention_sentences=2")
-  assert result.returncode == 0, result.stderr.decode()
+  folder, inputs, _ = decoded_val
   # Line 1 is empty, so the first two sentences are input lines 2 and 3.
-  written = sorted(p.name for p in tmp_path.glob("att*.png"))
+  written = sorted(p.name for p in folder.glob("att*.png"))
   assert written == ["att_2.png", "att_3.png"]
   for name in written:
-    assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (folder / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   # The plotted weights are distributions over the source tokens.
   translator = Translator.from_workdir(workdir, search=SearchConfig(beam_size=2, max_extra=5))
-  source = translator.tokenizer.tokenize("Two men sit on a bench.")
-  target = translator.tokenizer.tokenize(translator.translate(["Two men sit on a bench."])[0])
+  sentence = inputs.read_text().splitlines()[2]
+  source = translator.tokenizer.tokenize(sentence)
+  target = translator.tokenizer.tokenize(translator.translate([sentence])[0])
   self_attn, cross_attn = attention_maps(*translator.member(0), source, target)
   heads = translator.model_config.num_heads
   assert self_attn.shape == (heads, len(source), len(source))
   assert cross_attn.shape == (heads, len(target), len(source))
   np.testing.assert_allclose(self_attn.sum(-1), 1.0, atol=1e-5)
   np.testing.assert_allclose(cross_attn.sum(-1), 1.0, atol=1e-5)
-  bad = decode(workdir, f"--input={tmp_path / 'in.en'}", f"--attention_plot={plot}",
+  bad = decode(workdir, f"--input={inputs}", f"--attention_plot={folder / 'bad.png'}",
                "--attention_sentences=0")
   assert bad.returncode == 2 and b"attention_sentences" in bad.stderr
   assert b"Traceback" not in bad.stderr
@@ -433,18 +445,18 @@ def test_translator_ensemble_of_two_checkpoints(workdir):
   from flax_transformer.workdir import read_run
 
   config, tokenizer = read_run(workdir)
-  step10, _ = load_params(workdir, config, checkpoint_step=10)
-  step20, _ = load_params(workdir, config, checkpoint_step=20)
+  first, _ = load_params(workdir, config, checkpoint_step=FIRST)
+  last, _ = load_params(workdir, config, checkpoint_step=LAST)
   search = SearchConfig(beam_size=2, max_extra=5)
   sentences = ["A dog runs.", "", "Two men talk on a bench."]
-  both = Translator([config, config], [step10, step20], tokenizer, search).translate(sentences)
+  both = Translator([config, config], [first, last], tokenizer, search).translate(sentences)
   assert len(both) == 3 and both[1] == "" and both[0]
   # From workdirs: a model voting with itself is the model.
   alone = Translator.from_workdir(workdir, search=SearchConfig(beam_size=2, max_extra=5))
   itself = Translator.from_workdir(workdir,
                                    search=SearchConfig(beam_size=2, max_extra=5),
                                    ensemble=[workdir])
-  assert itself.checkpoint_steps == ([20], [20])
+  assert itself.checkpoint_steps == ([LAST], [LAST])
   assert itself.translate(sentences) == alone.translate(sentences)
 
 
@@ -484,10 +496,10 @@ def test_average_checkpoints_cli_writes_a_decodable_workdir(workdir, tmp_path):
   assert result.returncode == 0, result.stderr
   config, _ = read_run(output)
   averaged, steps = load_params(output, config)
-  assert steps == [20]
-  assert load_params(workdir, config, average_last=1)[1] == [20]  # The newest, not the first.
-  a, _ = load_params(workdir, config, checkpoint_step=10)
-  b, _ = load_params(workdir, config, checkpoint_step=20)
+  assert steps == [LAST]
+  assert load_params(workdir, config, average_last=1)[1] == [LAST]  # The newest, not the first.
+  a, _ = load_params(workdir, config, checkpoint_step=FIRST)
+  b, _ = load_params(workdir, config, checkpoint_step=LAST)
   for x, y, m in zip(*(jax.tree_util.tree_leaves(t) for t in (a, b, averaged))):
     np.testing.assert_allclose(m, (np.asarray(x) + np.asarray(y)) / 2, rtol=1e-6, atol=1e-7)
   assert decode(output, stdin=b"A dog.\n").returncode == 0
