@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import conftest
 from flax_transformer.checkpoints import CheckpointError, Checkpointer
 from flax_transformer.averaging import average_params
 
@@ -141,6 +142,7 @@ def tiny_setup_config(multi30k_dir):
 
   config = tiny.get_config()
   config.manual_dir, config.compile_ahead = multi30k_dir, False
+  config.compilation_cache_dir = conftest.XLA_CACHE  # Not the developer's ~/.cache.
   config.data_workers = 0  # Worker processes need absl's parsed flags (train.py's).
   return config
 
@@ -200,10 +202,10 @@ TRAIN_ENV = dict(os.environ, XLA_FLAGS="")
 
 
 def train_command(workdir, multi30k_dir, *overrides) -> list[str]:
-  """train.py on the tiny config, no BLEU; later overrides win."""
-  return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/tiny.py"),
-          f"--workdir={workdir}", f"--config.manual_dir={multi30k_dir}",
-          "--config.bleu_every_steps=0", "--config.log_every_steps=5", *overrides]
+  """conftest's train.py command (the tiny config, the session's compilation cache),
+  logging every 5 steps; later overrides win."""
+  return conftest.train_command(workdir, multi30k_dir, "--config.log_every_steps=5",
+                                *overrides)
 
 
 def run_train(tmp_path, multi30k_dir, *overrides):
@@ -300,41 +302,55 @@ def test_checkpoints_by_time_as_the_paper_saved_them(tmp_path, multi30k_dir):
   assert saved == [5, 10, 15, 20]
 
 
-def test_a_bad_config_argument_is_one_line_without_a_traceback(tmp_path):
-  result = subprocess.run([sys.executable, str(ROOT / "train.py"),
-                           "--config=" + str(ROOT / "configs/multi30k_best.py") + ":en-xx",
-                           f"--workdir={tmp_path}"], env=TRAIN_ENV, capture_output=True,
-                          text=True, timeout=120)
-  assert result.returncode == 2
-  assert "Traceback" not in result.stderr
-  assert "unknown pair 'en-xx': choose one of en-de, en-fr" in result.stderr.splitlines()[0]
+# train.py runs that stop at their --config flag or just after it (their time is Python's
+# and jax's start): `config_flag_runs` launches them all at once, the cores sharing them.
+BEST = str(ROOT / "configs/multi30k_best.py")
+CONFIG_FLAG_RUNS = {  # name -> train.py's flags, given the run's own folder.
+    "unknown_pair": lambda d: [f"--config={BEST}:en-xx", f"--workdir={d}"],
+    "missing_file": lambda d: [f"--config={d / 'my_config.py'}", f"--workdir={d / 'w'}"],
+    "broken_file": lambda d: [f"--config={d / 'my_config.py'}", f"--workdir={d / 'w'}"],
+    "pair_argument": lambda d: [f"--config={BEST}:en-fr", f"--workdir={d / 'w'}",
+                                f"--config.manual_dir={d / 'absent'}"],
+}
 
 
-@pytest.mark.parametrize("content,message", [
-    (None, "does not exist"), ("def get_config(:\n", "line 1: invalid syntax")])
-def test_a_missing_or_broken_config_file_is_named(tmp_path, content, message):
-  config = tmp_path / "my_config.py"
-  if content is not None:
-    config.write_text(content)
-  result = subprocess.run([sys.executable, str(ROOT / "train.py"), f"--config={config}",
-                           f"--workdir={tmp_path / 'w'}"], env=TRAIN_ENV, capture_output=True,
-                          text=True, timeout=120)
-  assert result.returncode == 2, result.stderr
-  assert "Traceback" not in result.stderr
-  assert str(config) in result.stderr and message in result.stderr
+@pytest.fixture(scope="module")
+def config_flag_runs(tmp_path_factory) -> dict[str, tuple[Path, int, str]]:
+  """CONFIG_FLAG_RUNS, launched at once: name -> (its folder, exit code, stderr). The
+  broken file's folder holds a my_config.py with a syntax error."""
+  folders = {name: tmp_path_factory.mktemp(name) for name in CONFIG_FLAG_RUNS}
+  (folders["broken_file"] / "my_config.py").write_text("def get_config(:\n")
+  processes = {name: subprocess.Popen(
+      [sys.executable, str(ROOT / "train.py"), *flags(folders[name])], env=TRAIN_ENV,
+      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+      for name, flags in CONFIG_FLAG_RUNS.items()}
+  stderrs = {name: p.communicate(timeout=120)[1] for name, p in processes.items()}
+  return {name: (folders[name], p.returncode, stderrs[name]) for name, p in processes.items()}
 
 
-def test_a_config_argument_reaches_get_config(tmp_path):
+def test_a_bad_config_argument_is_one_line_without_a_traceback(config_flag_runs):
+  _, returncode, stderr = config_flag_runs["unknown_pair"]
+  assert returncode == 2
+  assert "Traceback" not in stderr
+  assert "unknown pair 'en-xx': choose one of en-de, en-fr" in stderr.splitlines()[0]
+
+
+@pytest.mark.parametrize("name,message", [
+    ("missing_file", "does not exist"), ("broken_file", "line 1: invalid syntax")])
+def test_a_missing_or_broken_config_file_is_named(config_flag_runs, name, message):
+  folder, returncode, stderr = config_flag_runs[name]
+  assert returncode == 2, stderr
+  assert "Traceback" not in stderr
+  assert str(folder / "my_config.py") in stderr and message in stderr
+
+
+def test_a_config_argument_reaches_get_config(config_flag_runs):
   # "FILE:ARG" names FILE (the README's best-recipe commands): the run gets as far
   # as reading data, here a missing directory, instead of stopping at the flag.
-  result = subprocess.run([sys.executable, str(ROOT / "train.py"),
-                           "--config=" + str(ROOT / "configs/multi30k_best.py") + ":en-fr",
-                           f"--workdir={tmp_path / 'w'}",
-                           f"--config.manual_dir={tmp_path / 'absent'}"],
-                          env=TRAIN_ENV, capture_output=True, text=True, timeout=120)
-  assert result.returncode == 2, result.stderr
-  assert "does not exist" not in result.stderr
-  assert f"{tmp_path / 'absent'}/train.en.gz: no such file" in result.stderr
+  folder, returncode, stderr = config_flag_runs["pair_argument"]
+  assert returncode == 2, stderr
+  assert "does not exist" not in stderr
+  assert f"{folder / 'absent'}/train.en.gz: no such file" in stderr
 
 
 # --- Checkpoint averaging: its failure paths, its flag, its arithmetic -----------------
