@@ -14,6 +14,7 @@ import pytest
 from gcsfs.retry import HttpError
 
 from configs import tiny
+import conftest
 from conftest import cpu_env, train_command
 from flax_transformer import launch_lock, storage
 from flax_transformer.checkpoints import Checkpointer
@@ -231,6 +232,7 @@ def test_a_launch_whose_lock_is_taken_over_stops_at_the_next_step(tmp_path, mult
   monkeypatch.setattr(launch_lock, "HEARTBEAT_S", 0.05)
   config = tiny.get_config()
   config.manual_dir = multi30k_dir
+  config.compilation_cache_dir = conftest.XLA_CACHE  # Not the developer's ~/.cache.
   config.num_train_steps, config.log_every_steps = 500, 1
   config.bleu_every_steps = config.test_bleu_every_steps = 0
   config.eval_every_steps = config.checkpoint_every_steps = 1_000_000

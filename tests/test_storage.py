@@ -12,6 +12,7 @@ import pytest
 
 import jax
 
+import conftest
 from conftest import RUN_STEPS, ROOT, cpu_env, kill_resume_and_compare
 from flax_transformer import storage
 from flax_transformer.errors import ConfigError
@@ -131,7 +132,8 @@ def decode(workdir, tmp_path) -> str:
   source = tmp_path / "in.en"
   source.write_text("A man rides a bike.\nTwo dogs play in the snow.\n")
   result = subprocess.run([sys.executable, str(ROOT / "decode.py"), f"--workdir={workdir}",
-                           f"--input={source}"], env=cpu_env(), capture_output=True, text=True)
+                           f"--input={source}", f"--compilation_cache_dir={conftest.XLA_CACHE}"],
+                          env=cpu_env(), capture_output=True, text=True)
   assert result.returncode == 0, result.stderr[-2000:]
   return result.stdout
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+import conftest
 from conftest import translation_info
 from flax_transformer.data import sources
 from flax_transformer.data import wmt
@@ -102,7 +103,8 @@ def test_base_config_trains_and_evaluates_on_prepared_wmt14(wmt14, tmp_path):
        "--config.max_target_length=64", "--config.num_train_steps=1",
        "--config.eval_every_steps=1", "--config.bleu_every_steps=0",
        "--config.log_every_steps=1", "--config.checkpoint_every_steps=1",
-       "--config.eval_max_shapes=1"],  # One eval compile: the suite's time.
+       "--config.eval_max_shapes=1",  # One eval compile: the suite's time.
+       f"--config.compilation_cache_dir={conftest.XLA_CACHE}"],
       env=dict(os.environ, XLA_FLAGS=""), capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
