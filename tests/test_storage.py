@@ -111,7 +111,7 @@ def test_training_in_a_bucket_killed_resumes_bit_exactly_and_decodes(
   assert from_bucket == local_translations and len(from_bucket.splitlines()) == 2
 
   # average_checkpoints.py's work, bucket to bucket: the mean of the last two.
-  from flax_transformer import averaging
+  from flax_transformer import averaging, checkpoints
   from flax_transformer.workdir import Workdir, read_run
 
   averaged = f"{workdir}-avg2"
