@@ -25,7 +25,7 @@ what it measured):
 7. decode_vs_peer: beam search (8 x 32, beam 4, alpha 0.6, random small model),
    ours against the peer's `decode.beam_search`; decode_base: the same at the
    paper's base shape (bf16) and length bound, batches 8, 32 and 128, with tokens/s.
-Writes results/accelerator_<device>.json (or --out).
+Writes results/device_runs/accelerator_<device>.json (or --out).
 """
 
 from __future__ import annotations
@@ -116,7 +116,8 @@ class Bench:
     if self.out is None:
       device = self.record.get("device", "unknown")
       name = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
-      self.out = ROOT / "results" / f"accelerator_{name}{'_tiny' if self.tiny else ''}.json"
+      tiny = "_tiny" if self.tiny else ""
+      self.out = ROOT / "results" / "device_runs" / f"accelerator_{name}{tiny}.json"
     self.out.parent.mkdir(parents=True, exist_ok=True)
     self.out.write_text(json.dumps(self.record, indent=1, default=float))
 
@@ -827,7 +828,8 @@ def main():
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--peer_path", help="Flax's examples/wmt directory (models.py, decode.py)")
   parser.add_argument("--data", default=str(MULTI30K), help="the Multi30k .gz files")
-  parser.add_argument("--out", help="JSON path (default results/accelerator_<device>.json)")
+  parser.add_argument("--out", help="JSON path (default "
+                      "results/device_runs/accelerator_<device>.json)")
   parser.add_argument("--scratch", help="workdirs, caches and logs (default: a temp dir)")
   parser.add_argument("--tiny", action="store_true",
                       help="tiny shapes and few steps: every code path, on a CPU, in minutes")

@@ -26,7 +26,7 @@ from pathlib import Path
 import render_docs
 
 ROOT = Path(__file__).resolve().parents[1]
-H100 = "results/accelerator_runs/2026-11-26_h100_run{}/{}.json"
+H100 = "results/device_runs/2026-11-26_h100_run{}/{}.json"
 H100_ROUND2 = "results/device_runs/2026-11-27_h100_5ecb8c5/accelerator.json"
 
 
@@ -55,7 +55,7 @@ ROWS = [
      H100.format(3, "no_triton_gemm"), step_row("small_f32")),
 ]
 
-TORCH = "results/train_step_runs/2026-11-26_torch_compiled/{}.json"
+TORCH = "results/bench/train_step_runs/2026-11-26_torch_compiled/{}.json"
 ROWS += [
     ("BENCHMARKS.md", f"{run} | {name}", TORCH.format(run),
      [(f"results.{index}.ms_per_step", "{:.0f}")]
@@ -66,7 +66,7 @@ ROWS += [
     for index, name in enumerate(("small", "base"))
     for run in ("run1", "run2", "run3", "eager_run1", "eager_run2")]
 
-DECODE = "results/decode_runs/2026-11-26/run{}.json"
+DECODE = "results/bench/decode_runs/2026-11-26/run{}.json"
 ROWS += [("BENCHMARKS.md", f"{run} | {plain1:.3f}", DECODE.format(run), [
     ("rows.0.s_per_batch", "{:.3f}"), ("rows.1.s_per_batch", "{:.3f}"),
     ("rows.2.s_per_batch", "{:.3f}"), ("rows.3.s_per_batch", "{:.3f}"),
@@ -75,11 +75,11 @@ ROWS += [("BENCHMARKS.md", f"{run} | {plain1:.3f}", DECODE.format(run), [
     (lambda r: r["rows"][5]["sentences_per_s"] / r["rows"][4]["sentences_per_s"], "{:.2f}")])
     for run, plain1 in ((1, 0.699), (2, 0.831), (3, 0.817), (4, 0.813), (5, 0.826))]
 
-ROWS += [("BENCHMARKS.md", "220,276", "results/input_pipeline.json",
+ROWS += [("BENCHMARKS.md", "220,276", "results/bench/input_pipeline.json",
           [("nonpad_fraction", "{:.3f}"), ("batch_tokens", "{:d}"),
            ("train_tokens_per_s", "{:,.0f} tokens/s"), ("ratio_to_training", "{:.0f}x")])]
 
-ROWS += [("RESULTS.md", f"{step} | ", "results/multi30k_en-de.json",
+ROWS += [("RESULTS.md", f"{step} | ", render_docs.run_json("multi30k_en-de"),
           [(f"validation_bleu_curve.{i}.1", lambda s: f"{s / 60:.1f} min"),
            (f"validation_bleu_curve.{i}.2", "{:.2f}")])
          for i, step in enumerate((400, 800, 1200, 1600, 2000))]
@@ -151,10 +151,10 @@ CURVES = [
     ("### Subword regularisation for EN->FR >> BPE-dropout 0.02: wall time (min)",
      "en-fr_bpd0.02_7000steps", range(1000, 7001, 1000), "wall"),
 ]
-ROWS += [("RESULTS.md", first, f"results/multi30k_{name}.json", curve(steps, what))
+ROWS += [("RESULTS.md", first, render_docs.run_json(f"multi30k_{name}"), curve(steps, what))
          for first, name, steps, what in CURVES]
 
-ROWS += [("RESULTS.md", first, f"results/multi30k_{name}.json",
+ROWS += [("RESULTS.md", first, render_docs.run_json(f"multi30k_{name}"),
           [("bleu", "{:.1f}"), ("bleu_lowercase", "{:.1f}"), ("chrf", "{:.1f}")])
          for first, name in [
              ("EN->DE BPE-dropout 0.05, 10000 steps, beam 8", "en-de_bpd0.05_10000steps_b8_a1.4"),
@@ -171,7 +171,8 @@ def logged(step: int, key: str):
   return pick
 
 
-RERUN = "results/best_en-de_rerun_attempt_2026-11-27/"
+BEST_DE = "results/runs/multi30k_en-de_best_config/"
+RERUN = BEST_DE + "rerun_attempt_2026-11-27/"
 
 
 def step_times(text: str) -> list[float]:
@@ -201,8 +202,8 @@ SLASHED_SCORES = (bleu_and_chrf, lambda x: f"{x[0]:.2f} / {x[1]:.2f}")
 
 
 # Text files (not JSON) are passed to the key functions whole.
-BIASED = "results/behaviour_2026-11-26/readme_job_metrics.jsonl"
-EXACT = "results/readme_job_2026-11-26_paper_exact/"
+BIASED = "results/runs/multi30k_en-de_biased_2026-11-26/readme_job_metrics.jsonl"
+EXACT = "results/runs/multi30k_en-de_paper_exact/"
 ROWS += [
     ("RESULTS.md", "loss at step 2000", BIASED, [(logged(2000, "eval_loss"), "{:.4f}")]),
     ("RESULTS.md", "loss at step 2000", EXACT + "metrics.jsonl",
@@ -215,8 +216,9 @@ ROWS += [
 
 # The train-step tables of the 2026-11-23 and 2026-11-24 hosts: one row per run and
 # config, from the run's tuned-malloc JSON and the system-malloc run beside it.
-STEP_RUNS = {"Five runs on the 2026-11-23 host": "results/train_step_runs/{}_{}.json",
-             "Five runs on the 2026-11-24 host": "results/train_step_runs/2026-11-24/{}_{}.json"}
+STEP_RUNS = {"Five runs on the 2026-11-23 host": "results/bench/train_step_runs/{}_{}.json",
+             "Five runs on the 2026-11-24 host":
+             "results/bench/train_step_runs/2026-11-24/{}_{}.json"}
 ROWS += [("BENCHMARKS.md", f"{anchor} >> {config} | {run}", files.format("tuned_malloc", run), [
     (f"results.{index}.ms_per_step", "{:.0f}"), (f"results.{index}.tokens_per_s", "{:.0f}"),
     (f"results.{index}.gflops_per_s", "{:.0f}"),
@@ -231,11 +233,11 @@ ROWS += [("BENCHMARKS.md", f"{anchor} >> {config} | {run}", files.format("system
          for index, config in enumerate(("small", "base")) for run in range(1, 6)]
 
 # The 2026-11-23 beam-search runs: plain cached, ours, ratio.
-ROWS += [("BENCHMARKS.md", f"2026-11-23 | {run}", f"results/decode_runs/decode_{run}.json",
+ROWS += [("BENCHMARKS.md", f"2026-11-23 | {run}", f"results/bench/decode_runs/decode_{run}.json",
           [("plain_s_per_batch", "{:.3f}"), ("s_per_batch", "{:.3f}"),
            ("speedup_vs_plain", "{:.2f}")]) for run in range(1, 6)]
 
-CPU_ABLATIONS = "results/accelerator_runs/2026-11-26_cpu_ablations/accelerator.json"
+CPU_ABLATIONS = "results/device_runs/2026-11-26_cpu_ablations/accelerator.json"
 ROWS += [("BENCHMARKS.md", "ours (hand-written pieces)", CPU_ABLATIONS,
           [("small_f32_with_ablations.ours_ms", "{:.1f}"),
            (lambda r: r["small_f32_with_ablations"]["ours_ms"] / r["small_f32_with_ablations"][
@@ -250,24 +252,24 @@ ROWS += [("BENCHMARKS.md", "ours (hand-written pieces)", CPU_ABLATIONS,
 # first 400 characters, in order.
 SCORES = [("bleu", "{:.1f}"), ("bleu_lowercase", "{:.1f}"), ("chrf", "{:.1f}")]
 SENTENCES = [
-    ("BENCHMARKS.md", "**The StableHLO runner equals decode.py**", "results/export.json",
+    ("BENCHMARKS.md", "**The StableHLO runner equals decode.py**", "results/bench/export.json",
      [("rows.1.lines_equal_to_decode_py", "all {} lines")]),
-    ("BENCHMARKS.md", "**CTranslate2 int8 meets the aim**", "results/export.json",
+    ("BENCHMARKS.md", "**CTranslate2 int8 meets the aim**", "results/bench/export.json",
      [("rows.3.speedup_vs_decode_py", "{:.2f}x"), ("rows.3.bleu_minus_decode_py", "BLEU {:+.2f}"),
       ("greedy_validation_100.ctranslate2 int8", "ours on {} of 100")]),
-    ("BENCHMARKS.md", "**Threads, not fidelity, decided it**", "results/export.json",
+    ("BENCHMARKS.md", "**Threads, not fidelity, decided it**", "results/bench/export.json",
      [("rows.5.speedup_vs_decode_py", "int8 ran at {:.2f}x"),
       ("rows.4.speedup_vs_decode_py", "float32 at {:.2f}x"),
       ("rows.3.speedup_vs_decode_py", "{:.2f}x"), ("rows.2.speedup_vs_decode_py", "and {:.2f}x")]),
-    ("BENCHMARKS.md", "**CTranslate2 float32**: BLEU within", "results/export.json",
+    ("BENCHMARKS.md", "**CTranslate2 float32**: BLEU within", "results/bench/export.json",
      [("rows.2.bleu_minus_decode_py", "({:+.2f})")]),
-    ("BENCHMARKS.md", "Fits (log-log slope): step time vs batch", "results/scaling.json",
+    ("BENCHMARKS.md", "Fits (log-log slope): step time vs batch", "results/bench/scaling.json",
      [("batch_exponent", "**{:.2f}**"), ("length_exponent_fixed_tokens", "**{:.2f}**"),
       ("memory_length_exponent_fixed_tokens", "memory **{:.2f}**")]),
-    ("RESULTS.md", "Its validation curve (", "results/multi30k_en-de_reproduced.json",
+    ("RESULTS.md", "Its validation curve (", render_docs.run_json("multi30k_en-de_reproduced"),
      [(f"validation_bleu_curve.{i}.2", "{:.2f}") for i in range(5)]),
     ("RESULTS.md", "BLEU; the first EN->DE row's run, on an older",
-     "results/multi30k_en-de_paper_exact.json",
+     render_docs.run_json("multi30k_en-de_paper_exact"),
      [("train_wall_s", lambda s: f"{s / 60:.1f} minutes")]),
     ("RESULTS.md", "The decode the project reports (last 5 averaged)", EXACT + "paired_bs_validation.txt",
      [(p_values,
@@ -331,21 +333,21 @@ SENTENCES = [
         f"{x['ours_mfu_of_bf16_peak']:.1%} MFU, {x['speedup_vs_peer']:.2f}x the peer")])
      for run, name in ((3, "default"), (4, "no_triton_gemm"))] + [
     ("RESULTS.md", "Validation, last 10 averaged (`decode_validation.log`)",
-     "results/best_en-de_2026-11-26/decode_validation.log",
+     "results/runs/multi30k_en-de_best_config/decode_validation.log",
      LABELLED_SCORES),
 ] + [("RESULTS.md", "inside this run's own 95% bootstrap interval on test",
-        f"results/best_{pair}_2026-11-26/test_bleu_confidence.txt",
+        f"results/runs/multi30k_{pair}_best_config/test_bleu_confidence.txt",
         [(lambda t: json.loads(t)["confidence"].split("= ")[1].replace("±", "+-"), "{}")])
        for pair in ("en-fr", "en-de")] + [
     ("docs/provenance.md", "The EN->DE run the recipe was chosen from",
-     "results/multi30k_en-de_bpd0.02_9000steps.json", SCORES),
+     render_docs.run_json("multi30k_en-de_bpd0.02_9000steps"), SCORES),
     ("docs/provenance.md", "the EN->FR one scored",
-     "results/multi30k_en-fr_bpd0.02_7000steps.json", SCORES),
+     render_docs.run_json("multi30k_en-fr_bpd0.02_7000steps"), SCORES),
     ("RESULTS.md", "Validation, last 5 averaged (`decode_validation.log`)",
-     "results/best_en-fr_2026-11-26/decode_validation.log",
+     "results/runs/multi30k_en-fr_best_config/decode_validation.log",
      LABELLED_SCORES),
     ("docs/provenance.md", "The same command with the biases the projections had before",
-     "results/multi30k_en-de_biased_2026-11-26.json", SCORES),
+     render_docs.run_json("multi30k_en-de_biased_2026-11-26"), SCORES),
     ("docs/accelerators.md", "Measured on one H100 80GB (jax 0.11.2, 2026-11-27", H100_ROUND2,
      [("readme_job_wall_s", "took {:.0f} s end to end"),
       ("readme_job_train_wall_s", "({:.0f} s train.py"),
@@ -369,14 +371,14 @@ SENTENCES += [
     ("README.md", "The main job trains", M30K,
      [("num_train_steps", "trains {} steps"), ("eval_every_steps", "every {} steps"),
       ("bleu_every_steps", "BLEU every {}")]),
-    ("README.md", "The main job trains", "results/multi30k_en-de_paper_exact.json",
+    ("README.md", "The main job trains", render_docs.run_json("multi30k_en-de_paper_exact"),
      [("train_wall_s", lambda s: f"{s / 60:.1f} minutes of training")]),
     ("README.md", "Test 2016 (beam", M30K, [("beam_size", "(beam {},"), ("alpha", "alpha {},")]),
     ("docs/provenance.md", "inside the one-command run's own 95% interval",
-     "results/best_en-de_2026-11-26/test_bleu_confidence.txt",
+     "results/runs/multi30k_en-de_best_config/test_bleu_confidence.txt",
      [(lambda t: json.loads(t)["confidence"].split("± ")[1], "+-{}")]),
     ("docs/provenance.md", "the EN->FR one scored",
-     "results/best_en-fr_2026-11-26/test_bleu_confidence.txt",
+     "results/runs/multi30k_en-fr_best_config/test_bleu_confidence.txt",
      [(lambda t: json.loads(t)["confidence"].split("± ")[1], "inside +-{}")]),
     ("docs/accelerators.md", "Measured on one H100 80GB (jax 0.11.2, 2026-11-27", M30K,
      [("num_train_steps", "its {} steps")]),
@@ -388,7 +390,7 @@ SENTENCES += [
      [(lambda c: (c["adam_b1"], c["adam_b2"], c["adam_eps"]),
        lambda b: f"Adam({b[0]}, {b[1]}, {b[2]:.0e})".replace("e-0", "e-"))]),
     ("docs/provenance.md", "| vocabulary | BPE", DEFAULT, [("vocab_size", "`vocab_size` {}")]),
-    ("docs/provenance.md", "| batch size |", "results/input_pipeline.json",
+    ("docs/provenance.md", "| batch size |", "results/bench/input_pipeline.json",
      [("nonpad_fraction", "{:.1%} on Multi30k")]),
     ("docs/provenance.md", "| attention dropout |", DEFAULT,
      [("model.attention_dropout_rate", "default {}")]),
@@ -400,14 +402,15 @@ SENTENCES += [
       (lambda c: (c["model"]["num_layers"], c["model"]["num_decoder_layers"] or
                   c["model"]["num_layers"]), lambda n: f"{n[0]}+{n[1]} layers"),
       ("vocab_size", lambda v: f"{v // 1000}k vocabulary"), ("warmup_steps", "warmup {}")]),
-    ("docs/provenance.md", "runs the tests named for each on a copy", "results/mutants.json",
+    ("docs/provenance.md", "runs the tests named for each on a copy", "results/bench/mutants.json",
      [(lambda r: (r["caught"], r["total"]), lambda c: f"{c[0]} of {c[1]} mutants caught"),
       (lambda r: r["unmutated"]["seconds"] + sum(m["seconds"] for m in r["mutants"]),
        lambda s: f"about {s / 60:.0f} minutes")]),
-    ("RESULTS.md", "It was not re-run to the end", "results/multi30k_en-de_best_config.json",
+    ("RESULTS.md", "It was not re-run to the end",
+     render_docs.run_json("multi30k_en-de_best_config"),
      [("train_wall_s", lambda s: f"{s / 60:.0f} minutes of both cores")]),
     ("RESULTS.md", "session's host ran the step in",
-     (RERUN + "metrics.jsonl", "results/best_en-de_2026-11-26/metrics.jsonl", RERUN + "train.log"), [
+     (RERUN + "metrics.jsonl", BEST_DE + "metrics.jsonl", RERUN + "train.log"), [
         (lambda t: statistics.median(step_times(t[0])), "in {:.2f} s"),
         (lambda t: statistics.median(step_times(t[1])[:len(step_times(t[0]))]), "against {:.2f} s"),
         (lambda t: re.findall(r"ETA (\w+)", t[2])[-1], "ETA read {}"),
@@ -421,7 +424,7 @@ SENTENCES += [
 # sentence quotes from a log (the test suite's count from CI's log).
 # Figures that compare runs: the key function gets the records of every file named.
 def results(*names):
-  return tuple(f"results/multi30k_{name}.json" for name in names)
+  return tuple(render_docs.run_json(f"multi30k_{name}") for name in names)
 
 
 def spread(records):
@@ -593,7 +596,7 @@ SENTENCES += [
 
 
 # The beam-search runs: medians over the five runs of each host, and the prose on them.
-DECODE_23 = tuple(f"results/decode_runs/decode_{run}.json" for run in range(1, 6))
+DECODE_23 = tuple(f"results/bench/decode_runs/decode_{run}.json" for run in range(1, 6))
 DECODE_26 = tuple(DECODE.format(run) for run in range(1, 6))
 
 
@@ -675,17 +678,17 @@ SENTENCES += [
 ]
 
 SENTENCES += [
-    ("BENCHMARKS.md", "| 220,276 |", "results/input_pipeline.json",
+    ("BENCHMARKS.md", "| 220,276 |", "results/bench/input_pipeline.json",
      [("tokens_per_s", "| {:,.0f} |")]),
-    ("BENCHMARKS.md", "The corpus (`bench/wmt_corpus.py`)", "results/wmt_scale.json",
+    ("BENCHMARKS.md", "The corpus (`bench/wmt_corpus.py`)", "results/bench/wmt_scale.json",
      [("pairs", lambda n: f"{n / 1e6:.1f}M EN-DE pairs")]),
-    ("BENCHMARKS.md", "**Peak RSS <= 8 GB while training**", "results/wmt_scale.json",
+    ("BENCHMARKS.md", "**Peak RSS <= 8 GB while training**", "results/bench/wmt_scale.json",
      [("stages.first_batch.train_pairs", lambda n: f"holds {n / 1e6:.1f}M pairs"),
       ("stages.first_batch.peak_rss_mb", lambda mb: f"about {mb / 1000:.0f} GB")]),
-    ("BENCHMARKS.md", "At the shape the device runs measured", "results/projection.json",
+    ("BENCHMARKS.md", "At the shape the device runs measured", "results/bench/projection.json",
      [("inputs.H100.input_cores_8_at_measured_shape", "{:.1f} for the H100"),
       ("inputs.H200.input_cores_8_at_measured_shape", "{:.1f} for the")]),
-    ("BENCHMARKS.md", "n^2 term (per token", "results/scaling.json",
+    ("BENCHMARKS.md", "n^2 term (per token", "results/bench/scaling.json",
      [(lambda r: next(p["ms_per_step"] for p in r["by_length"] if p["length"] == 64) / 1000,
        "({:.1f} s at 64"),
       (lambda r: next(p["ms_per_step"] for p in r["by_length"] if p["length"] == 512) / 1000,
@@ -694,7 +697,7 @@ SENTENCES += [
 
 # The H100 sessions' prose (BENCHMARKS): runs 1 and 2 of accelerator.py, runs 3 and 4 of
 # its variants.
-RUN1, RUN2 = (f"results/accelerator_runs/2026-11-26_h100_run{run}/accelerator.json"
+RUN1, RUN2 = (f"results/device_runs/2026-11-26_h100_run{run}/accelerator.json"
               for run in (1, 2))
 VARIANTS = (H100.format(3, "default"), H100.format(4, "no_triton_gemm"), H100.format(4, "default"),
             H100.format(3, "command_buffers"), H100.format(3, "no_triton_gemm"))
@@ -839,7 +842,7 @@ LOGS = [
 # from the file (a log the run wrote).
 QUOTED_BLOCKS = [
     ("README.md", "a second launch loads the compiled steps from the cache):",
-     "results/readme_job_2026-11-26_paper_exact/train.log"),
+     "results/runs/multi30k_en-de_paper_exact/train.log"),
 ]
 
 # (doc, phrase, why its numbers are no figures): settings, the paper's own numbers,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One accelerator run of the GPU issue: bench/accelerator.py, then the device-independent
-# tests on the GPU. Everything it measures goes to $OUT (default results/device_run/).
+# tests on the GPU. Everything it measures goes to $OUT (default
+# results/device_runs/<date>_<commit>/; add the device to the name when you commit it).
 #
 #   bash bench/device_run.sh            # on the GPU machine, from the repository root
 #   TINY=1 bash bench/device_run.sh     # CPU dry run: tiny shapes, the same steps
@@ -11,7 +12,7 @@
 #   .device/multi30k  the Multi30k .gz files; .device/peer: Flax examples/wmt's
 #                     models.py and decode.py (the peer)
 set -u -o pipefail
-OUT=${OUT:-results/device_run}
+OUT=${OUT:-results/device_runs/$(date +%F)_$(git rev-parse --short HEAD)}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 ROOT=$(pwd)

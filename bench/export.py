@@ -1,6 +1,6 @@
 """decode.py, the exported StableHLO runner and CTranslate2 (float32, int8), side by side.
 
-python bench/export.py --workdir=DIR [--runs 3] [--json results/export.json]
+python bench/export.py --workdir=DIR [--runs 3] [--json results/bench/export.json]
 
 One trained workdir (the README job's model), Multi30k test 2016 (1000 sentences),
 beam 4, alpha 0.6, max_extra 50, on this machine's cores. The workdir is exported

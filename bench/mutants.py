@@ -1,6 +1,6 @@
 """Mutation check: each paper-critical detail, broken on purpose, must fail its tests.
 
-python bench/mutants.py [--only NAME ...] [--json results/mutants.json]
+python bench/mutants.py [--only NAME ...] [--json results/bench/mutants.json]
 
 Every mutant is one small patch (a unique piece of text in one file and what
 replaces it) and the tests named for it. The checkout's files (tracked and
@@ -239,7 +239,7 @@ def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--only", nargs="*", default=None, help="mutant names to run")
-  parser.add_argument("--json", default="results/mutants.json")
+  parser.add_argument("--json", default="results/bench/mutants.json")
   parser.add_argument("--timeout", type=int, default=900, help="seconds per pytest run")
   args = parser.parse_args()
   mutants = [m for m in MUTANTS if args.only is None or m.name in args.only]

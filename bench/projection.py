@@ -1,6 +1,6 @@
 """A projection, not a measurement: the paper's training runs at our measured step rates.
 
-python bench/projection.py [--json results/projection.json]
+python bench/projection.py [--json results/bench/projection.json]
 
 Inputs (all committed files):
 - the base model's bf16 train step measured on one H200 and one H100
@@ -28,9 +28,9 @@ from common import ROOT, print_table, write_json
 
 DEVICE_RUNS = {
     "H200": ("results/device_runs/2026-11-26_h200_f31bb47/base.json", "base_bf16"),
-    "H100": ("results/accelerator_nvidia-h100-80gb-hbm3.json", "base_bf16"),
+    "H100": ("results/device_runs/accelerator_nvidia-h100-80gb-hbm3.json", "base_bf16"),
 }
-WMT_SCALE = "results/wmt_scale.json"
+WMT_SCALE = "results/bench/wmt_scale.json"
 PAPER = {"base": {"steps": 100_000, "p100_hours": 12.0, "step_s": 0.4},
          "big": {"steps": 300_000, "p100_hours": 3.5 * 24, "step_s": 1.0}}
 GPUS = 8

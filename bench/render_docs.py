@@ -1,4 +1,4 @@
-"""Renders the docs' result tables from results/*.json, between markers, so that a
+"""Renders the docs' result tables from the JSON under results/, between markers, so that a
 table cannot say what its files do not.
 
 python bench/render_docs.py            # rewrite every rendered table in place
@@ -24,6 +24,23 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "RESULTS.md", "BENCHMARKS.md", "docs/*.md")
 BLOCK = re.compile(r"(<!-- render: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end: (?P=name) -->)",
                    re.S)
+
+
+# results/: runs/<name>/ holds one training run's record (<name>.json: test scores,
+# curves), its hypotheses, curve plots and logs; bench/ the bench scripts' JSON;
+# device_runs/ the GPU sessions; ci/ the suite's logs.
+RUNS, BENCH = "results/runs", "results/bench"
+
+
+def run_json(name: str) -> str:
+  """A training run's record, relative to the repository ('multi30k_en-de' ->
+  'results/runs/multi30k_en-de/multi30k_en-de.json')."""
+  return f"{RUNS}/{name}/{name}.json"
+
+
+def bench_json(root: Path, name: str) -> dict:
+  """A bench script's JSON under results/bench/ ('scaling' -> its record)."""
+  return json.loads((root / BENCH / f"{name}.json").read_text())
 
 
 def doc_names(root: Path) -> list[str]:
@@ -60,7 +77,7 @@ README_ROWS = [
 def readme_results(root: Path) -> str:
   rows = []
   for pair, config, name in README_ROWS:
-    record = json.loads((root / "results" / f"{name}.json").read_text())
+    record = json.loads((root / run_json(name)).read_text())
     last = averaged(record)
     label = config + (f", last {last} averaged" if last != 5 else "")
     rows.append([pair, label, f"{record['steps']:d}", f"{record['train_wall_s'] / 60:.0f} min",
@@ -120,7 +137,7 @@ RESULTS_ROWS = [
 def results_runs(root: Path) -> str:
   rows = []
   for label, name in RESULTS_ROWS:
-    record = json.loads((root / "results" / f"{name}.json").read_text())
+    record = json.loads((root / run_json(name)).read_text())
     members = record.get("members")
     steps = f"{len(members)} runs, {record['steps']:d}" if members else f"{record['steps']:d}"
     wall = f"{record['train_wall_s'] / 60:.1f} min" + (" (sum)" if members else "")
@@ -131,7 +148,7 @@ def results_runs(root: Path) -> str:
 
 def scaling(root: Path) -> str:
   """bench/scaling.py's step time and XLA temporary memory, by length then by batch."""
-  record = json.loads((root / "results" / "scaling.json").read_text())
+  record = bench_json(root, "scaling")
   rows = [[f"{r['rows']}", f"{r['length']}", f"{r['tokens']}", f"{r['ms_per_step']:.0f}",
            f"{r['temp_mb']:.0f}"] for r in record["by_length"] + record["by_batch"]]
   return table(["rows", "length", "tokens (both sides)", "ms/step", "XLA temp MB"], rows)
@@ -140,7 +157,7 @@ def scaling(root: Path) -> str:
 def faults(root: Path) -> str:
   """bench/faults.py's scenarios: how often, what happened, whether the parameters equal
   an uninterrupted run's bit for bit, and the most steps any restart lost."""
-  record = json.loads((root / "results" / "faults.json").read_text())
+  record = bench_json(root, "faults")
   rows = [[r["fault"], f"{r['times']}", r["outcome"], "yes" if r["params_equal"] else "**no**",
            f"{r['steps_lost_max']}"] for r in record["rows"]]
   return table(["fault", "times", "outcome", "params equal", "steps lost (max)"], rows)
@@ -148,7 +165,7 @@ def faults(root: Path) -> str:
 
 def export(root: Path) -> str:
   """bench/export.py: decode.py, the StableHLO runner and CTranslate2 on test 2016."""
-  record = json.loads((root / "results" / "export.json").read_text())
+  record = bench_json(root, "export")
   rows = [[f"`{r['engine']}`" if r["engine"] == "decode.py" else r["engine"],
            f"{r['sentences_per_s']:.1f}", f"{r['speedup_vs_decode_py']:.2f}x",
            f"{r['bleu']:.2f}", f"{r['bleu_minus_decode_py']:+.2f}",
@@ -165,7 +182,7 @@ def _gb(n_bytes: float) -> str:
 
 def wmt_scale(root: Path) -> str:
   """bench/wmt_scale.py at 4.5M pairs: each stage's time, disk and peak RSS."""
-  st = json.loads((root / "results" / "wmt_scale.json").read_text())["stages"]
+  st = bench_json(root, "wmt_scale")["stages"]
   g, p, v, t, f, th, tr = (st[k] for k in ("generate", "prepare", "vocab", "tokens",
                                             "first_batch", "throughput", "train"))
   rss = lambda r: f"{r['peak_rss_mb'] / 1024:.2f} GB"  # noqa: E731
@@ -197,7 +214,7 @@ def wmt_scale(root: Path) -> str:
 def token_cache_workers(root: Path) -> str:
   """bench/token_cache_workers.py: input workers over the 4.5M-pair token cache, the cache
   pickled as its folder (now) and as its arrays (before)."""
-  record = json.loads((root / "results" / "token_cache_workers.json").read_text())
+  record = bench_json(root, "token_cache_workers")
   labels = {"new": "as its folder (now)", "old": "as its arrays (before)"}
   mb = lambda x: f"{x:,.0f} MB"  # noqa: E731
   rows = [[labels[v["variant"]], str(v["workers"]), f"{v['pickle_bytes']:,} B",
@@ -209,7 +226,7 @@ def token_cache_workers(root: Path) -> str:
 
 def soak(root: Path) -> str:
   """bench/soak.py: train.py on the 4.5M-pair corpus, killed once, resumed, finished."""
-  record = json.loads((root / "results" / "soak.json").read_text())
+  record = bench_json(root, "soak")
   mb = lambda x: f"{x / 1024:.2f} GB"  # noqa: E731
   rows = []
   for result in record["soaks"]:
@@ -229,8 +246,8 @@ def soak(root: Path) -> str:
 
 def wmt_download(root: Path) -> str:
   """The archives tfds registers for each WMT14 config, and our measured preparation."""
-  record = json.loads((root / "results" / "projection.json").read_text())["tfds_registry"]
-  stages = json.loads((root / "results" / "wmt_scale.json").read_text())["stages"]
+  record = bench_json(root, "projection")["tfds_registry"]
+  stages = bench_json(root, "wmt_scale")["stages"]
   prepare, vocab, tokens = (stages[k] for k in ("prepare", "vocab", "tokens"))
   seconds = prepare["prepare_s"] + vocab["vocab_s"] + tokens["tokens_s"]
   disk = prepare["array_record_bytes"] + prepare["extracted_bytes"] + tokens["token_cache_bytes"]
@@ -244,7 +261,7 @@ def wmt_download(root: Path) -> str:
 
 def projection(root: Path) -> str:
   """bench/projection.py: the paper's runs at our measured step rates (a projection)."""
-  record = json.loads((root / "results" / "projection.json").read_text())
+  record = bench_json(root, "projection")
   rows = [[r["model"], r["device"], f"{r['steps']:,}", f"{r['step_ms_1']:.1f}",
            f"{r['hours_1']:.1f} h", f"{r['step_ms_8']:.1f}", f"{r['hours_8']:.2f} h",
            f"{r['paper_hours_8_p100']:.0f} h", f"{r['speedup_8_vs_paper']:.0f}x",
@@ -306,7 +323,7 @@ def met(ok: bool) -> str:
 def h100_aims(root: Path) -> str:
   """The GPU issue's aims against run A (README job, base bf16) and B (small f32, search)."""
   a, b = _h100(root)["A"], _h100(root)["B"]
-  cpu = json.loads((root / "results" / "multi30k_en-de_paper_exact.json").read_text())
+  cpu = json.loads((root / run_json("multi30k_en-de_paper_exact")).read_text())
   base, small = a["base_bf16"], b["small_f32"]
   search = b["decode_base"]["batches"]
   fastest = lambda section: min(section["variants"].items(), key=lambda kv: kv[1]["ms"])  # noqa: E731
@@ -379,9 +396,9 @@ TABLES = {"readme-results": ("README.md", readme_results),
           "projection": ("BENCHMARKS.md", projection),
           "wmt-download": ("docs/wmt14.md", wmt_download),
           "train-step-2026-11-23": ("BENCHMARKS.md",
-                                    train_step_runs("results/train_step_runs")),
+                                    train_step_runs(f"{BENCH}/train_step_runs")),
           "train-step-2026-11-24": ("BENCHMARKS.md",
-                                    train_step_runs("results/train_step_runs/2026-11-24")),
+                                    train_step_runs(f"{BENCH}/train_step_runs/2026-11-24")),
           "h100-aims": ("BENCHMARKS.md", h100_aims),
           "h100-variants": ("BENCHMARKS.md", h100_variants)}
 

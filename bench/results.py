@@ -1,7 +1,7 @@
-"""Test-set scores of a trained Multi30k workdir, as results/multi30k_<src>-<tgt>.json.
+"""Test-set scores of a trained Multi30k workdir, as results/runs/NAME/NAME.json.
 
 python bench/results.py --workdir DIR [--ensemble DIR2,DIR3] [--average_last 5]
-    [--beam_size 4 --alpha 0.6] [--command CMD ...] [--out results/...json]
+    [--beam_size 4 --alpha 0.6] [--command CMD ...] [--out results/runs/NAME/NAME.json]
 Decodes test_2016_flickr with beam 4, alpha 0.6 (the paper's search; another one
 only once it was chosen on validation), averaging the last checkpoints;
 reports sacreBLEU (cased, detokenized, with signature), lowercased BLEU, chrF,

@@ -1,7 +1,7 @@
 """A scale soak: train.py on the 4.5M-pair synthetic WMT corpus, killed once, resumed, finished.
 
 python bench/soak.py --scratch /tmp/ws [--steps 300] [--kill_at 150] [--workers -1 8]
-                     [--json results/soak.json]
+                     [--json results/bench/soak.json]
 
 --scratch is bench/wmt_scale.py's folder: the corpus prepared as array_record
 (`data/`), the 37k vocabulary (`vocab.model`) and the token cache (`tokens/`, built

@@ -1,7 +1,7 @@
 """Memory of the training input path with worker processes over the token cache.
 
 python bench/token_cache_workers.py --scratch /tmp/ws [--workers 8] [--old_workers 2]
-    [--seconds 60] [--json results/token_cache_workers.json]
+    [--seconds 60] [--json results/bench/token_cache_workers.json]
 
 --scratch: bench/wmt_scale.py's folder (its stages generate prepare vocab tokens: the
 4.5M-pair WMT-shaped corpus, its vocabulary and token cache). The training pipeline is

@@ -57,7 +57,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Token slots per side per batch (rows = batch_tokens // max_target_length). The
   # paper counts real tokens (~25k source + ~25k target); with packing, pairs fill
   # the slots (>= 90% real tokens, tests/test_data.py; 92.5% on Multi30k,
-  # results/input_pipeline.json), so the two agree to within that. Without packing,
+  # results/bench/input_pipeline.json), so the two agree to within that. Without packing,
   # rows are padded.
   config.batch_tokens = 25_000
   # > 0: fixed batches of per_device_batch_size rows per data-parallel device

@@ -152,3 +152,46 @@ def test_a_broken_link_is_found(copy):
   edit(copy / "README.md", "(docs/faults.md)", "(docs/fault.md)")
   edit(copy / "docs" / "multi_host.md", "(faults.md)", "(../faults.md)")
   assert broken_links(copy) == ["README.md: docs/fault.md", "docs/multi_host.md: ../faults.md"]
+
+
+# A results/ path the docs or bench/ name, and the flag before it when decode.py's
+# --attention_plot (a stem: decode.py writes <stem>_<n>.png).
+RESULTS_PATH = re.compile(r"(--attention_plot=)?(?<![\w/.-])(results/[\w./{},<>*+-]*)")
+
+
+def expansions(path: str) -> list[str]:
+  """The globs a named path stands for: '{a,b}' and '{1..3}' each alternative;
+  placeholders ('{}', '{run}', '<device>', 'NAME') any name."""
+  brace = re.search(r"\{([^{}]*(?:,|\.\.)[^{}]*)\}", path)
+  if brace:
+    lo, dots, hi = brace[1].partition("..")
+    parts = [str(i) for i in range(int(lo), int(hi) + 1)] if dots else brace[1].split(",")
+    return [g for part in parts
+            for g in expansions(path[:brace.start()] + part + path[brace.end():])]
+  return [re.sub(r"\{[^{}]*\}|<[^<>]*>|\bNAME\b", "*", path)]
+
+
+def missing_results(root: Path) -> list[str]:
+  """'file: path' for each results/ path named in the docs or bench/*.py (defaults,
+  usage lines, the files check_docs reads) that no file matches."""
+  files = render_docs.doc_names(root) + [p.relative_to(root).as_posix()
+                                         for p in sorted(root.glob("bench/*.py"))]
+  missing = []
+  for name in files:
+    for stem, path in RESULTS_PATH.findall((root / name).read_text()):
+      path = path.rstrip(".,")
+      if stem:
+        path = path.replace(".png", "_*.png")
+      if not all(any(root.glob(g)) for g in expansions(path)):
+        missing.append(f"{name}: {path}")
+  return missing
+
+
+def test_every_named_results_path_exists(copy):
+  assert missing_results(ROOT) == []
+  assert expansions("results/x_{1..2}/{a,b}_{}.json") == [
+      "results/x_1/a_*.json", "results/x_1/b_*.json", "results/x_2/a_*.json",
+      "results/x_2/b_*.json"]
+  # A path the layout moved, named in a doc as it was.
+  edit(copy / "README.md", "`results/ci/", "`results/scaling.json`, `results/ci/")
+  assert missing_results(copy) == ["README.md: results/scaling.json"]

@@ -1,5 +1,5 @@
 """The mutation check (bench/mutants.py) stays runnable and its committed run current:
-each paper-critical mutant still patches the code it names, results/mutants.json
+each paper-critical mutant still patches the code it names, results/bench/mutants.json
 records a run of exactly these mutants, every one caught, and one mutant run live
 here, through the bench's own machinery, is caught."""
 
@@ -18,14 +18,14 @@ def test_every_mutant_still_applies_to_exactly_one_place():
 
 
 def test_the_committed_run_is_of_these_mutants_and_caught_them_all():
-  record = json.loads((ROOT / "results" / "mutants.json").read_text())
+  record = json.loads((ROOT / "results" / "bench" / "mutants.json").read_text())
   ran = [(m["name"], m["file"], m["old"], m["new"], tuple(m["tests"])) for m in record["mutants"]]
   assert ran == [tuple(m) for m in mutants.MUTANTS], "re-run python bench/mutants.py"
   assert record["unmutated"]["passed"] is True
   assert [m["name"] for m in record["mutants"] if m["outcome"] != "caught"] == []
 
 
-# The cheapest mutant to run live: its one named test takes seconds (results/mutants.json).
+# The cheapest mutant to run live: its one named test takes seconds (results/bench/mutants.json).
 LIVE = "averaging divides by one more checkpoint"
 
 
