@@ -5,9 +5,10 @@ python bench/render_docs.py            # rewrite every rendered table in place
 python bench/render_docs.py --check    # exit 1 naming each table that differs
 
 A table sits between `<!-- render: NAME -->` and `<!-- end: NAME -->`; TABLES maps
-NAME to the function that writes it. Edit the JSON (or the table's row list here),
-never the table itself: tests/test_docs.py fails when the committed docs differ from
-what this renders.
+NAME to the function that writes it. Each training run's folder, results/runs/NAME/,
+gets a README.md rendered whole from its NAME.json (run_readme). Edit the JSON (or the
+table's row list here), never the table or page itself: tests/test_docs.py fails when
+the committed docs differ from what this renders.
 """
 
 from __future__ import annotations
@@ -419,6 +420,61 @@ def rendered(root: Path) -> dict[str, str]:
   return out
 
 
+# What each kind of file in a run's folder is, by name pattern (the first that matches).
+RUN_FILES = [("*.hyp", "hypotheses"),
+             ("curves_*.png", "loss and BLEU curves (bench/plot_curves.py)"),
+             ("attention_*.png", "attention plots (decode.py --attention_plot)"),
+             ("run.json", "train.py's run record (config, versions, launches)"),
+             ("*metrics.jsonl", "train.py's logged metrics"), ("*train.log", "train.py's log"),
+             ("decode_*.log", "decode.py's log"), ("results.log", "bench/results.py's log"),
+             ("paired_bs_*.txt", "sacreBLEU's paired bootstrap test"),
+             ("test_bleu_confidence.txt", "sacreBLEU's 95% bootstrap interval on test"),
+             ("first20_losses_*.txt", "the first 20 losses logged"), ("*.md", "notes"), ("*", "")]
+
+
+def run_readme(root: Path, name: str) -> str:
+  """results/runs/NAME/README.md: the run's record (NAME.json) as a page, and its files."""
+  folder = root / RUNS / name
+  r = json.loads((folder / f"{name}.json").read_text())
+  label = dict((n, text) for text, n in RESULTS_ROWS).get(name)
+  steps = r.get("averaged_checkpoints") or []
+  rows = [["pair", r["pair"].upper().replace("-", "->")], ["command", f"`{r['command']}`"]]
+  if r.get("members"):
+    rows.append(["ensemble of", ", ".join(f"`{m['workdir']}` ({m['steps']} steps)"
+                                         for m in r["members"])])
+  if r.get("git_commit"):
+    rows.append(["trained at commit", r["git_commit"][:7]])
+  rows += [["steps", f"{r['steps']:d}"], ["train wall time", f"{r['train_wall_s'] / 60:.1f} min"],
+           ["checkpoints averaged", f"{averaged(r)}" + (f" (steps {steps[0]}-{steps[-1]})"
+                                                        if steps and isinstance(steps[0], int)
+                                                        else "")],
+           ["search", f"beam {r['beam_size']}, alpha {r['alpha']}" if "beam_size" in r
+            else "not recorded (bench/results.py's default then)"],
+           [f"{r['split']}: BLEU (sacreBLEU, cased, detok.)", f"{r['bleu']:.2f}"],
+           ["lowercased BLEU", f"{r['bleu_lowercase']:.2f}"], ["chrF", f"{r['chrf']:.2f}"]]
+  out = [f"# {name}\n", *([label + "\n"] if label else []),
+         f"Rendered from [`{name}.json`]({name}.json) by `python bench/render_docs.py` "
+         "(edit the JSON, not this page).\n", table(["", ""], rows)]
+  curve = r.get("validation_bleu_curve") or []
+  if curve:
+    out += ["## Validation BLEU by step (newest checkpoint)\n",
+            table(["step", "wall time", "BLEU"],
+                  [[f"{s}", f"{w / 60:.1f} min", f"{b:.2f}"] for s, w, b in curve])]
+  files = sorted(p for p in folder.iterdir() if p.name != "README.md")
+  described = lambda p: next(text for pattern, text in RUN_FILES if p.match(pattern))  # noqa: E731
+  out += ["## Files\n", "\n".join(
+      f"- [`{p.name}{'/' if p.is_dir() else ''}`]({p.name})"
+      + (": this record" if p.name == f"{name}.json" else
+         f": {described(p)}" if described(p) and not p.is_dir() else "") for p in files) + "\n"]
+  return "\n".join(out)
+
+
+def run_readmes(root: Path) -> dict[str, str]:
+  """Each run folder's README.md (relative path -> text), rendered afresh."""
+  return {f"{RUNS}/{d.name}/README.md": run_readme(root, d.name)
+          for d in sorted((root / RUNS).iterdir()) if (d / f"{d.name}.json").is_file()}
+
+
 def spans(text: str) -> list[tuple[int, int]]:
   """Where the rendered blocks of a doc's text are (for bench/check_docs.py)."""
   return [m.span("body") for m in BLOCK.finditer(text)]
@@ -438,16 +494,17 @@ def main() -> int:
     print(f"no markers for the tables {missing} in the docs")
     return 2
   stale = []
-  for name, text in rendered(root).items():
-    if text != (root / name).read_text():
+  for name, text in {**rendered(root), **run_readmes(root)}.items():
+    path = root / name
+    if not path.is_file() or text != path.read_text():
       stale.append(name)
       if not args.check:
-        (root / name).write_text(text)
+        path.write_text(text)
   if args.check and stale:
-    print(f"{', '.join(stale)}: rendered tables differ from their data; run "
+    print(f"{', '.join(stale)}: rendered tables or pages differ from their data; run "
           "python bench/render_docs.py (and edit the JSON or the row lists, not the tables)")
     return 1
-  print(f"{len(found)} tables {'checked' if args.check else 'rendered'}"
+  print(f"{len(found)} tables and the run folders' pages {'checked' if args.check else 'rendered'}"
         + (f"; rewrote {', '.join(stale)}" if stale and not args.check else ""))
   return 0
 

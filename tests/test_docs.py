@@ -195,3 +195,23 @@ def test_every_named_results_path_exists(copy):
   # A path the layout moved, named in a doc as it was.
   edit(copy / "README.md", "`results/ci/", "`results/scaling.json`, `results/ci/")
   assert missing_results(copy) == ["README.md: results/scaling.json"]
+
+
+def test_each_run_folder_has_the_page_its_record_renders(copy):
+  """results/runs/NAME/README.md is rendered from NAME.json: a changed figure on it, or
+  a missing page, fails --check (runs/ copied, the rest of results/ linked)."""
+  (copy / "results").unlink()
+  (copy / "results").mkdir()
+  for entry in (ROOT / "results").iterdir():
+    if entry.name != "runs":
+      os.symlink(entry, copy / "results" / entry.name)
+  shutil.copytree(ROOT / "results" / "runs", copy / "results" / "runs")
+  assert run("render_docs.py", copy, "--check").returncode == 0
+  page = "results/runs/multi30k_en-de_paper_exact/README.md"
+  edit(copy / page, "| 38.57 |", "| 38.58 |")
+  (copy / "results/runs/multi30k_en-fr/README.md").unlink()
+  result = run("render_docs.py", copy, "--check")
+  assert result.returncode == 1
+  assert page in result.stdout and "results/runs/multi30k_en-fr/README.md" in result.stdout
+  assert run("render_docs.py", copy).returncode == 0  # Writes them back.
+  assert (copy / page).read_text() == (ROOT / page).read_text()
