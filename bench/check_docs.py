@@ -26,6 +26,8 @@ from pathlib import Path
 import render_docs
 
 ROOT = Path(__file__).resolve().parents[1]
+# Superseded runs, moved out of BENCHMARKS.md with their claims.
+HISTORY = "docs/benchmarks_history.md"
 H100 = "results/device_runs/2026-11-26_h100_run{}/{}.json"
 H100_ROUND2 = "results/device_runs/2026-11-27_h100_5ecb8c5/accelerator.json"
 
@@ -42,16 +44,16 @@ def step_row(section: str):
 # The result tables of README and RESULTS are rendered from their JSON
 # (bench/render_docs.py); these are the other tables' rows.
 ROWS = [
-    ("BENCHMARKS.md", "XLA defaults | base bf16", H100.format(3, "default"),
+    (HISTORY, "XLA defaults | base bf16", H100.format(3, "default"),
      step_row("base_bf16") + [("base_bf16.ours_mfu_of_bf16_peak", "{:.1%}")]),
-    ("BENCHMARKS.md", "`--xla_gpu_enable_triton_gemm=false` | base bf16",
+    (HISTORY, "`--xla_gpu_enable_triton_gemm=false` | base bf16",
      H100.format(4, "no_triton_gemm"),
      step_row("base_bf16") + [("base_bf16.ours_mfu_of_bf16_peak", "{:.1%}")]),
-    ("BENCHMARKS.md", "XLA defaults | small f32", H100.format(4, "default"),
+    (HISTORY, "XLA defaults | small f32", H100.format(4, "default"),
      step_row("small_f32")),
-    ("BENCHMARKS.md", "`--xla_gpu_enable_command_buffer=", H100.format(3, "command_buffers"),
+    (HISTORY, "`--xla_gpu_enable_command_buffer=", H100.format(3, "command_buffers"),
      step_row("small_f32")),
-    ("BENCHMARKS.md", "`--xla_gpu_enable_triton_gemm=false` | small f32",
+    (HISTORY, "`--xla_gpu_enable_triton_gemm=false` | small f32",
      H100.format(3, "no_triton_gemm"), step_row("small_f32")),
 ]
 
@@ -233,7 +235,7 @@ ROWS += [("BENCHMARKS.md", f"{anchor} >> {config} | {run}", files.format("system
          for index, config in enumerate(("small", "base")) for run in range(1, 6)]
 
 # The 2026-11-23 beam-search runs: plain cached, ours, ratio.
-ROWS += [("BENCHMARKS.md", f"2026-11-23 | {run}", f"results/bench/decode_runs/decode_{run}.json",
+ROWS += [(HISTORY, f"2026-11-23 | {run}", f"results/bench/decode_runs/decode_{run}.json",
           [("plain_s_per_batch", "{:.3f}"), ("s_per_batch", "{:.3f}"),
            ("speedup_vs_plain", "{:.2f}")]) for run in range(1, 6)]
 
@@ -286,18 +288,18 @@ SENTENCES = [
     ("docs/provenance.md", "On validation (decode.py's default", EXACT + "paired_bs_validation.txt",
      [(p_values,
        lambda ps: f"p = {ps[0]:.2f} and {ps[1]:.2f}")]),
-    ("BENCHMARKS.md", "README job end to end (2000 steps", H100.format(1, "accelerator"),
+    (HISTORY, "README job end to end (2000 steps", H100.format(1, "accelerator"),
      [(lambda r: (r["readme_job_wall_s"], r["readme_job_train_wall_s"],
                   r["readme_job_decode_wall_s"]),
        lambda w: f"{w[0]:.0f} s ({w[1]:.0f} s train + {w[2]:.0f} s decode)")]),
-    ("BENCHMARKS.md", "README job end to end (2000 steps", H100.format(2, "accelerator"),
+    (HISTORY, "README job end to end (2000 steps", H100.format(2, "accelerator"),
      [(lambda r: (r["readme_job_wall_s"], r["readme_job_train_wall_s"],
                   r["readme_job_decode_wall_s"]),
        lambda w: f"{w[0]:.0f} s ({w[1]:.0f} + {w[2]:.0f};")]),
-] + [("BENCHMARKS.md", "its test BLEU within 0.5 of the CPU run", H100.format(run, "accelerator"),
+] + [(HISTORY, "its test BLEU within 0.5 of the CPU run", H100.format(run, "accelerator"),
       [(lambda r: (r["readme_job_test_bleu"], r["readme_job_test_bleu_lowercased"]),
         lambda b: f"{b[0]:.1f} / {b[1]:.1f} lowercased")]) for run in (1, 2)] + [
-    ("BENCHMARKS.md", start, H100.format(run, "accelerator"), [(key, fmt)])
+    (HISTORY, start, H100.format(run, "accelerator"), [(key, fmt)])
     for start, key, fmt, runs in [
         ("train step cold compile <= 30 s |", "train_step_compile_s_cold", "{:.1f} s", (1, 2)),
         ("second launch <= 5 s |", "train_step_compile_s_warm", "{:.1f} s", (1, 2)),
@@ -307,28 +309,28 @@ SENTENCES = [
         ("beam search compile <= 20 s per shape |", "decode_compile_s", "{:.1f} s at 8 x 32",
          (1,))]
     for run in runs] + [
-    ("BENCHMARKS.md", "within 1.25x of the step fed one batch", H100.format(2, "accelerator"),
+    (HISTORY, "within 1.25x of the step fed one batch", H100.format(2, "accelerator"),
      [(lambda r: (r["readme_job_ms_per_step"], r["readme_job_ms_per_step_repeated_batch"],
                   r["readme_step_ms_fed"]),
        lambda m: f"job {m[0]:.1f} / {m[1]:.1f} = {m[0] / m[1]:.2f}x; in-process, 8 workers: "
                  f"{m[2]:.1f} / {m[1]:.1f} = {m[2] / m[1]:.2f}x")]),
-    ("BENCHMARKS.md", "small f32 (32 x 64) >= 1.3x the peer |", H100.format(1, "accelerator"),
+    (HISTORY, "small f32 (32 x 64) >= 1.3x the peer |", H100.format(1, "accelerator"),
      [(lambda r: r["small_f32"], lambda x: f"ours {x['ours_ms']:.2f} ms, peer {x['peer_ms']:.2f} "
        f"ms: {x['speedup_vs_peer']:.2f}x; compile {x['ours_compile_s']:.1f} s vs "
        f"{x['peer_compile_s']:.1f} s")]),
-    ("BENCHMARKS.md", "small f32 (32 x 64) >= 1.3x the peer |", H100.format(3, "no_triton_gemm"),
+    (HISTORY, "small f32 (32 x 64) >= 1.3x the peer |", H100.format(3, "no_triton_gemm"),
      [(lambda r: r["small_f32"],
        lambda x: f"{x['ours_ms']:.2f} vs {x['peer_ms']:.2f} ms: {x['speedup_vs_peer']:.2f}x")]),
-    ("BENCHMARKS.md", "beam search >= 2x the peer (8 x 32", H100.format(1, "accelerator"),
+    (HISTORY, "beam search >= 2x the peer (8 x 32", H100.format(1, "accelerator"),
      [(lambda r: r["decode_vs_peer"],
        lambda x: f"ours {x['ours_s_per_batch'] * 1000:.1f} ms, peer "
                  f"{x['peer_s_per_batch'] * 1000:.1f} ms per batch: {x['speedup_vs_peer']:.2f}x "
                  f"({x['ours_sentences_per_s']:.0f} vs {x['peer_sentences_per_s']:.0f} "
                  "sentences/s)")]),
-    ("BENCHMARKS.md", "test 2016, 1000 sentences, same output as on the CPU |",
+    (HISTORY, "test 2016, 1000 sentences, same output as on the CPU |",
      H100.format(1, "accelerator"),
      [("decode_test2016_lines_differing_from_cpu", lambda n: f"{1000 - n} of 1000 lines")]),
-] + [("BENCHMARKS.md", "base bf16, ~25k tokens a side (192 x 128)", H100.format(run, name),
+] + [(HISTORY, "base bf16, ~25k tokens a side (192 x 128)", H100.format(run, name),
       [(lambda r: r["base_bf16"], lambda x: f"{x['ours_ms']:.1f} ms/step, "
         f"{x['ours_mfu_of_bf16_peak']:.1%} MFU, {x['speedup_vs_peer']:.2f}x the peer")])
      for run, name in ((3, "default"), (4, "no_triton_gemm"))] + [
@@ -611,11 +613,11 @@ def trained_ratio(r):
 
 
 ROWS += [
-    ("BENCHMARKS.md", "2026-11-23 | median", DECODE_23,
+    (HISTORY, "2026-11-23 | median", DECODE_23,
      [(median(each(key)), fmt) for key, fmt in (("plain_s_per_batch", "{:.3f}"),
                                                 ("s_per_batch", "{:.3f}"),
                                                 ("speedup_vs_plain", "{:.2f}"))]),
-    ("BENCHMARKS.md", "small, random weights, ours (2026-11-23 host, median: run 5)",
+    (HISTORY, "small, random weights, ours (2026-11-23 host, median: run 5)",
      DECODE_23[4], [("s_per_batch", "{:.3f}"), ("sentences_per_s", "{:.1f}"),
                     ("tokens_per_s", "{:.0f}")]),
     ("BENCHMARKS.md", "median | 0.817", DECODE_26,
@@ -628,7 +630,7 @@ ROWS += [
 SENTENCES += [
     ("BENCHMARKS.md", "| **median** | 0.817", DECODE_26,
      [(median(each("rows.0.s_per_batch")), "| {:.3f}")]),
-    ("BENCHMARKS.md", "The aim of 2x a plain cached beam search", DECODE_23 + DECODE_26, [
+    (HISTORY, "The aim of 2x a plain cached beam search", DECODE_23 + DECODE_26, [
         (lambda rs: each("speedup_vs_plain")(rs[:5]), span("{:.2f}", "x")),
         (lambda rs: statistics.median(each("speedup_vs_plain")(rs[:5])), "(median {:.2f}x;"),
         (lambda rs: statistics.median(fastest_plain_ratio(r) for r in rs[5:]), "{:.2f}x on")]),
@@ -724,7 +726,7 @@ def init_compiles(logs, sections):
 
 
 SENTENCES += [
-    ("BENCHMARKS.md", "What differed between the runs", (RUN1, RUN2), [
+    (HISTORY, "What differed between the runs", (RUN1, RUN2), [
         (lambda r: [b / a for a, b in zip(seconds(r[0]["readme_job_compiles"], "Beam search"),
                                           seconds(r[1]["readme_job_compiles"], "Beam search"))],
          lambda xs: f"{min(xs):.0f}-{max(xs):.0f}x slower"),
@@ -734,22 +736,22 @@ SENTENCES += [
                    f"{min(x[1]):.0f}-{max(x[1]):.0f} s)"),
         (lambda r: r[0]["decode_test2016_sentences_per_s"] / r[1]["decode_test2016_sentences_per_s"],
          "decode {:.1f}x slower")]),
-    ("BENCHMARKS.md", "| | 211 s (196 + 16;", RUN2, [
+    (HISTORY, "| | 211 s (196 + 16;", RUN2, [
         (lambda r: sum(seconds(r["readme_job_compiles"], "Beam search")), "{:.0f} s of it")]),
-    ("BENCHMARKS.md", "| its test BLEU within 0.5 of the CPU run",
+    (HISTORY, "| its test BLEU within 0.5 of the CPU run",
      results("en-de", "en-de_reproduced"), [
         (lambda r: (r[0]["bleu"], r[0]["bleu_lowercase"]), lambda b: f"({b[0]:.1f} / {b[1]:.1f}"),
         (lambda r: (r[1]["bleu"], r[1]["bleu_lowercase"]), lambda b: f"re-run {b[0]:.1f} / {b[1]:.1f})")]),
-    ("BENCHMARKS.md", "| second launch <= 5 s |", RUN1, [
+    (HISTORY, "| second launch <= 5 s |", RUN1, [
         (lambda r: [c["seconds"] for c in r["warm_launch_compiles"][1:]], span("{:.1f}", " s each"))]),
-    ("BENCHMARKS.md", "| beam search compile <= 20 s per shape |", RUN1, [
+    (HISTORY, "| beam search compile <= 20 s per shape |", RUN1, [
         (lambda r: seconds(r["readme_job_compiles"], "Beam search"), span("{:.1f}", " s per BLEU"))]),
-    ("BENCHMARKS.md", "| test 2016, 1000 sentences, same output as on the CPU |", RUN1, [
+    (HISTORY, "| test 2016, 1000 sentences, same output as on the CPU |", RUN1, [
         (lambda r: [d["line"] for d in r["decode_test2016_first_differences"]],
          lambda lines: f"lines {lines[0]} and {lines[1]} differ")]),
-    ("BENCHMARKS.md", "| test 2016 decode speed |", RUN1, [
+    (HISTORY, "| test 2016 decode speed |", RUN1, [
         (lambda r: statistics.median(r["decode_test2016_runs_s"]), "({:.3f} s for")]),
-    ("BENCHMARKS.md", "**Triton GEMMs off** is faster", VARIANTS, [
+    (HISTORY, "**Triton GEMMs off** is faster", VARIANTS, [
         (lambda r: 1 - r[1]["base_bf16"]["ours_ms"] / r[0]["base_bf16"]["ours_ms"], "({:.0%} at base"),
         (lambda r: 1 - r[4]["small_f32"]["ours_ms"] / r[2]["small_f32"]["ours_ms"], "{:.0%} at small"),
         (lambda r: [r[0]["base_bf16"]["ours_compile_s"] / r[1]["base_bf16"]["ours_compile_s"]]
@@ -762,43 +764,43 @@ SENTENCES += [
         (lambda r: (r[4]["small_f32"]["peer_ms"], [r[i]["small_f32"]["peer_ms"] for i in (2, 3)],
                     r[1]["base_bf16"]["peer_ms"], r[0]["base_bf16"]["peer_ms"]),
          lambda x: f"({x[0]:.2f} vs {min(x[1]):.2f}-{max(x[1]):.2f} ms, {x[2]:.1f} vs {x[3]:.1f} ms)")]),
-    ("BENCHMARKS.md", "**Base bf16 against the aims**", VARIANTS[1], [
+    (HISTORY, "**Base bf16 against the aims**", VARIANTS[1], [
         ("base_bf16.speedup_vs_peer", "{:.2f}x the peer"),
         ("base_bf16.ours_mfu_of_bf16_peak", lambda m: f"{100 * m:.1f}% MFU")]),
-    ("BENCHMARKS.md", "**Skipping a non-finite step by a select", (VARIANTS[2], RUN1), [
+    (HISTORY, "**Skipping a non-finite step by a select", (VARIANTS[2], RUN1), [
         (lambda r: (r[0]["small_f32"]["ours_ms"], r[0]["small_f32"]["peer_ms"]),
          lambda x: f"ours {x[0]:.2f} ms vs the peer's {x[1]:.2f}"),
         (lambda r: (r[1]["small_f32"]["ours_ms"], r[1]["small_f32"]["peer_ms"]),
          lambda x: f"against {x[0]:.2f} vs {x[1]:.2f}"),
         (lambda r: (r[0]["small_f32"]["speedup_vs_peer"], r[1]["small_f32"]["speedup_vs_peer"]),
          lambda x: f"{x[0]:.2f}x vs {x[1]:.2f}x")]),
-    ("BENCHMARKS.md", "**Ablations** (each hand-written step piece", VARIANT_LOGS, [
+    (HISTORY, "**Ablations** (each hand-written step piece", VARIANT_LOGS, [
         (lambda logs: init_compiles(logs, {"small_f32_ablations"}), span("{:.0f}", " s each"))]),
-    ("BENCHMARKS.md", "**Parameter initialisation compiles slowly", VARIANT_LOGS, [
+    (HISTORY, "**Parameter initialisation compiles slowly", VARIANT_LOGS, [
         (lambda logs: init_compiles(logs, {"small_f32", "small_f32_ablations"}),
          span("{:.0f}", " s for the small")),
         (lambda logs: init_compiles(logs, {"base_bf16"}), span("{:.0f}", " s for the base"))]),
-    ("BENCHMARKS.md", "**Input pipeline.** One process formed", (RUN1, RUN2), [
+    (HISTORY, "**Input pipeline.** One process formed", (RUN1, RUN2), [
         (lambda r: r[0]["host_ms_per_batch_one_process"], "in {:.1f} ms (run 1"),
         (lambda r: r[1]["host_ms_per_batch_one_process"], "and {:.1f} ms (run 2"),
         (lambda r: r[0]["readme_step_runs_ms"]["0"]["fed"], span("{:.0f}", " ms (run 1)")),
         (lambda r: r[1]["readme_step_runs_ms"]["0"]["fed"], span("{:.0f}", " ms (run 2)")),
         (lambda r: r[0]["readme_job_ms_per_step_repeated_batch"], "against {:.1f} ms")]),
-    ("BENCHMARKS.md", "**Cold compiles on the GPU** (run 1)", RUN1, [
+    (HISTORY, "**Cold compiles on the GPU** (run 1)", RUN1, [
         (lambda r: seconds(r["readme_job_compiles"], "Eval step"), span("{:.1f}", " s per shape")),
         (lambda r: seconds(r["readme_job_compiles"], "Beam search"), span("{:.1f}", " s per shape")),
         (lambda r: seconds(r["readme_job_decode_compiles"], "Beam search"), span("{:.1f}", " s per shape"))]),
 ]
 
 ROUND2 = "results/device_runs/2026-11-27_h100_5ecb8c5/"
-ROWS += [("BENCHMARKS.md", "XLA defaults | beam search, 8 x 32, beam 4", H100.format(3, "default"),
+ROWS += [(HISTORY, "XLA defaults | beam search, 8 x 32, beam 4", H100.format(3, "default"),
           [("decode_vs_peer.ours_s_per_batch", lambda s: f"{1000 * s:.2f} ms/batch"),
            ("decode_vs_peer.peer_s_per_batch", lambda s: f"{1000 * s:.2f}"),
            ("decode_vs_peer.speedup_vs_peer", "{:.2f}x"),
            ("decode_vs_peer.ours_compile_s", "{:.1f} s"),
            ("decode_vs_peer.peer_compile_s", "{:.1f} s")])]
 SENTENCES += [
-    ("BENCHMARKS.md", "Not measured with it: the README", (RUN1, RUN2), [
+    (HISTORY, "Not measured with it: the README", (RUN1, RUN2), [
         (lambda r: [x["train_step_compile_s_cold"] for x in r], span("{:.0f}", " s without it"))]),
     ("BENCHMARKS.md", "**The README job, second by second**", ROUND2 + "accelerator.json", [
         (lambda r: seconds(r["readme_job_compiles"], "Parameter initialisation")[0], "in {:.1f} s"),
