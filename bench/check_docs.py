@@ -216,23 +216,11 @@ ROWS += [
 ] + [("RESULTS.md", "BLEU / chrF, last 5 averaged", EXACT + f"decode_validation_{name}.log",
       [SLASHED_SCORES]) for name in ("biased", "paper_exact")]
 
-# The train-step tables of the 2026-11-23 and 2026-11-24 hosts: one row per run and
-# config, from the run's tuned-malloc JSON and the system-malloc run beside it.
+# The train-step runs of the 2026-11-23 and 2026-11-24 hosts (BENCHMARKS renders their
+# tables, bench/render_docs.py; the prose below quotes their ranges and medians).
 STEP_RUNS = {"Five runs on the 2026-11-23 host": "results/bench/train_step_runs/{}_{}.json",
              "Five runs on the 2026-11-24 host":
              "results/bench/train_step_runs/2026-11-24/{}_{}.json"}
-ROWS += [("BENCHMARKS.md", f"{anchor} >> {config} | {run}", files.format("tuned_malloc", run), [
-    (f"results.{index}.ms_per_step", "{:.0f}"), (f"results.{index}.tokens_per_s", "{:.0f}"),
-    (f"results.{index}.gflops_per_s", "{:.0f}"),
-    (f"results.{index}.matmul_peak_gflops_per_s", "{:.0f}"),
-    (f"results.{index}.fraction_of_matmul_peak", "{:.0%}"),
-    (f"results.{index}.compile_s", "{:.1f}"), (f"results.{index}.torch_ms_per_step", "{:.0f}"),
-    (f"results.{index}.speedup_vs_torch", "{:.2f}")]) for anchor, files in STEP_RUNS.items()
-    for index, config in enumerate(("small", "base")) for run in range(1, 6)]
-ROWS += [("BENCHMARKS.md", f"{anchor} >> {config} | {run}", files.format("system_malloc", run),
-          [(f"results.{index}.ms_per_step", "{:.0f}")])
-         for anchor, files in STEP_RUNS.items()
-         for index, config in enumerate(("small", "base")) for run in range(1, 6)]
 
 # The 2026-11-23 beam-search runs: plain cached, ours, ratio.
 ROWS += [(HISTORY, f"2026-11-23 | {run}", f"results/bench/decode_runs/decode_{run}.json",
