@@ -20,6 +20,7 @@ from flax_transformer.data.tokenizer import trim
 from flax_transformer.translation import search as decoding
 from flax_transformer.translation.translator import SearchConfig, Translator, make_search_fn
 
+import conftest
 from conftest import TRAINED_TINY_CHECKPOINTS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -309,8 +310,10 @@ def workdir(trained_tiny):
 
 def decode(workdir, *args, stdin=b""):
   env = dict(os.environ, XLA_FLAGS="")
+  # The session's compilation cache, not the developer's ~/.cache; a test's own flag wins.
   return subprocess.run([sys.executable, str(ROOT / "decode.py"), f"--workdir={workdir}",
-                         "--batch_tokens=256", "--max_extra=5", *args], input=stdin,
+                         "--batch_tokens=256", "--max_extra=5",
+                         f"--compilation_cache_dir={conftest.XLA_CACHE}", *args], input=stdin,
                         capture_output=True, env=env)
 
 
