@@ -21,7 +21,7 @@ def main(argv):
   def work():
     from flax_transformer.data import sources
 
-    for line in sources.prepare(FLAGS.config):
+    for line in sources.prepare_datasets(FLAGS.config):
       print(line)
 
   cli.run_main(argv, work)

@@ -80,7 +80,7 @@ def measure(args) -> dict:
   from flax_transformer.data import token_cache
 
   config, pairs, tokenizer = wmt_scale._open(args)  # noqa: SLF001 (the bench's own opener)
-  ids = token_cache.cached(pairs, tokenizer, config.token_cache_dir)  # As training_ids does.
+  ids = token_cache.load_or_build(pairs, tokenizer, config.token_cache_dir)  # As training_ids does.
   if args.variant == "old":
     ids = PickledWithItsArrays(ids.folder)
   start = time.perf_counter()

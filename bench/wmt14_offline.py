@@ -173,4 +173,4 @@ def prepare(config_name: str, data_dir: str | Path, archives_dir: str | Path,
 
   builder = offline_builder(scratch)(config=config_name, data_dir=str(data_dir),
                                      file_format="array_record")
-  wmt.prepare(builder, str(archives_dir), download=False, register_checksums=True)
+  wmt.prepare_from_archives(builder, str(archives_dir), download=False, register_checksums=True)

@@ -31,7 +31,7 @@ class Checkpointer:
     self.directory = Workdir(workdir).checkpoints
     bucket_options = {}
     if storage.is_remote(self.directory):
-      storage.forget_listings(self.directory)  # Steps saved by other processes since.
+      storage.drop_cached_listings(self.directory)  # Steps saved by other processes since.
       storage.tensorstore_reaches_s3()
       # Objects cannot be renamed in one step: a checkpoint is complete when its
       # commit_success.txt is written last (orbax's choice for gs://, made for s3:// too).
@@ -153,7 +153,7 @@ class Checkpointer:
           logging.warning("Moved the unusable checkpoint %s to %s", path, aside)
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices("flax_transformer_set_aside")
-      storage.forget_listings(self.directory)  # A bucket's listing from before the renames.
+      storage.drop_cached_listings(self.directory)  # A bucket's listing from before the renames.
     self.manager.reload()
 
   def restore_params(self, step: int, abstract_params: Any) -> Any:

@@ -17,7 +17,7 @@ from flax_transformer.training.cadence import WorkDue
 from flax_transformer.training.steps import Trainer, evaluate
 from flax_transformer.translation import batching
 from flax_transformer.translation.translator import (SearchConfig, batch_keys, make_search_fn,
-                                                     per_shape, search_batches, translate_ids)
+                                                     search_batches, search_per_shape, translate_ids)
 
 
 @dataclasses.dataclass
@@ -60,7 +60,7 @@ class Evaluation:
                  config.eval_max_shapes)
     search = SearchConfig(beam_size=config.beam_size, alpha=config.alpha,
                           max_extra=config.max_extra)
-    self.search_fn = per_shape(
+    self.search_fn = search_per_shape(
         jax.jit(make_search_fn(model_config, search),
                 out_shardings=sharding_lib.replicated(self.mesh)),
         search, max_shapes=config.eval_max_shapes * len(self.sets),  # Each set's widths.

@@ -166,7 +166,7 @@ class LaunchLock:
         if holder is None:  # Moved aside for a moment by a taker checking it: create it.
           storage.create_exclusively(self.path, self._text())
         else:
-          storage.write_whole(self.path, self._text())
+          storage.write_atomically(self.path, self._text())
       except Exception as e:  # noqa: BLE001 -- gcsfs' HttpError, auth refreshes: try again.
         logging.warning("Refreshing the launch lock %s failed (%s)", self.path, e)
 
@@ -176,7 +176,7 @@ def read(path) -> dict | None:
   cut short: a crash mid-write, a host lost before its disk had it) gives one marked
   `unreadable` whose heartbeat is the file's modification time, so RULE's age test
   judges it: it never blocks a resume for good."""
-  storage.forget_listings(path)
+  storage.drop_cached_listings(path)
   path = storage.as_path(path)
   try:
     record = json.loads(path.read_text())

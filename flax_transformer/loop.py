@@ -21,7 +21,7 @@ from flax_transformer import compilation, launch_lock
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.checkpoints import Checkpointer
 from flax_transformer.data import pipeline as data_lib
-from flax_transformer.data.sources import load_pairs, prepare as prepare_data
+from flax_transformer.data.sources import load_pairs, prepare_datasets
 from flax_transformer.errors import CheckpointSaveError
 from flax_transformer.evaluation import Evaluation
 from flax_transformer.training import distributed, host_allocator
@@ -107,7 +107,7 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
   global_rows = train_batching.rows * process_count
   sharding_lib.check_divisible(global_rows, mesh, micro_batches=config.grad_accum_steps)
   _log_devices(config, mesh, process_count)
-  for line in prepare_data(config, process_index, process_count,  # Process 0's, once.
+  for line in prepare_datasets(config, process_index, process_count,  # Process 0's, once.
                           barrier=distributed.wait_at_barrier):
     logging.info("Data: %s", line)
   train_pairs = load_pairs(config, config.train_split)

@@ -77,7 +77,7 @@ def s3_kvstore(location: str) -> dict:
   return spec
 
 
-def forget_listings(location) -> None:
+def drop_cached_listings(location) -> None:
   """Drops what fsspec remembers of a bucket's listings, so objects that another
   process wrote since are seen (a no-op for local paths)."""
   text = os.fspath(location) if isinstance(location, (str, os.PathLike)) else str(location)
@@ -91,7 +91,7 @@ def is_remote(path) -> bool:
   return "://" in os.fspath(path) if isinstance(path, (str, os.PathLike)) else True
 
 
-def write_whole(path, data: str | bytes) -> None:
+def write_atomically(path, data: str | bytes) -> None:
   """Writes `path` whole or not at all: local files through a rename (a reader or a
   crash never sees half of it); objects in a bucket are replaced whole by the store."""
   path = as_path(path)
@@ -138,7 +138,7 @@ def create_exclusively(path, data: str) -> bool:
   return True
 
 
-def local_dir_for(destination, prefix: str) -> str:
+def local_staging_dir(destination, prefix: str) -> str:
   """Where a tool that writes only local files (tensorboardX, jax's profiler) should
   write for `destination`: that directory itself, or for a bucket a fresh temporary
   one, which `upload_tree` copies there."""

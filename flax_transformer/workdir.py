@@ -117,7 +117,7 @@ def record_launch(workdir: Workdir, model_config: TransformerConfig, vocab_size:
 
 def _write_record(path, record: dict) -> None:
   try:
-    storage.write_whole(path, json.dumps(record, indent=1, default=str))
+    storage.write_atomically(path, json.dumps(record, indent=1, default=str))
   except OSError as e:
     raise WorkdirWriteError(f"writing {path} failed ({e.strerror or e}); is the disk full or "
                             "the directory unwritable? The previous record, if any, is "

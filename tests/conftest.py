@@ -103,7 +103,7 @@ def wait_for_checkpoint(workdir, minimum_step, process, timeout=120, hold=False)
   while time.time() < deadline:
     if hold:
       process.send_signal(signal.SIGSTOP)
-    storage.forget_listings(checkpoints)  # A bucket's new objects, not a stale listing.
+    storage.drop_cached_listings(checkpoints)  # A bucket's new objects, not a stale listing.
     steps = Checkpointer(workdir, read_only=True).steps() if checkpoints.exists() else []
     if steps and steps[-1] >= minimum_step:
       return

@@ -342,12 +342,12 @@ def test_token_cache_key_follows_the_files_and_is_checked(tmp_path, multi30k_tok
   src, tgt = tmp_path / "a.en", tmp_path / "a.de"
   write(src, b"A dog runs.\nTwo men talk.\n")
   write(tgt, b"Ein Hund rennt.\nZwei Manner reden.\n")
-  first = token_cache.cached(sources.read_parallel_files(src, tgt), multi30k_tokenizer,
+  first = token_cache.load_or_build(sources.read_parallel_files(src, tgt), multi30k_tokenizer,
                              tmp_path / "tokens")
   write(src, b"A cat sleeps.\nTwo women sing.\n")  # Same files, same count, new text.
   pairs = sources.read_parallel_files(src, tgt)
   with caplog.at_level(logging.INFO):
-    second = token_cache.cached(pairs, multi30k_tokenizer, tmp_path / "tokens")
+    second = token_cache.load_or_build(pairs, multi30k_tokenizer, tmp_path / "tokens")
   assert second.folder != first.folder
   # The stale cache stays (only the user knows no run needs it), but the log names it.
   assert "1 other token cache(s) of" in caplog.text and first.folder.name in caplog.text
@@ -364,7 +364,7 @@ def test_token_cache_pickles_as_its_folder(multi30k_dir, multi30k_tokenizer, tmp
   sizes = {}
   for split in ("validation", "train"):
     pairs = sources.multi30k(split, "en", "de", manual_dir=multi30k_dir)
-    ids = token_cache.cached(pairs, multi30k_tokenizer, tmp_path / "tokens")
+    ids = token_cache.load_or_build(pairs, multi30k_tokenizer, tmp_path / "tokens")
     blob = pickle.dumps(ids)
     sizes[split] = len(blob)
     copy = pickle.loads(blob)
@@ -421,7 +421,7 @@ def test_pairs_to_ids_to_packed_batches_to_resumed_iterator(
   folders = {}
   for direction, pairs in (("forward", forward), ("backward", [(t, s) for s, t in forward])):
     pairs = sources.TextPairs([s for s, _ in pairs], [t for _, t in pairs])
-    ids = token_cache.cached(pairs, tok, cache_dir)
+    ids = token_cache.load_or_build(pairs, tok, cache_dir)
     folders[direction] = ids.folder
     assert_ids_equal(ids, pairs, tok)
     epoch = lambda examples, **kw: list(data.train_dataset(  # noqa: E731

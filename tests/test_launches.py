@@ -176,14 +176,14 @@ def test_a_heartbeat_error_that_is_not_an_oserror_does_not_stop_the_heartbeat(
     tmp_path, monkeypatch, caplog):
   """gcsfs raises HttpError (not an OSError) for a bucket's 503: the next beat retries."""
   monkeypatch.setattr(launch_lock, "HEARTBEAT_S", 0.05)
-  failures, real_write = [HttpError({"code": 503, "message": "Backend Error"})], storage.write_whole
+  failures, real_write = [HttpError({"code": 503, "message": "Backend Error"})], storage.write_atomically
 
-  def write_whole(path, data):
+  def write_atomically(path, data):
     if failures:
       raise failures.pop()
     real_write(path, data)
 
-  monkeypatch.setattr(storage, "write_whole", write_whole)
+  monkeypatch.setattr(storage, "write_atomically", write_atomically)
   with caplog.at_level(logging.WARNING):
     assert_heartbeats(tmp_path, "the heartbeat died")
   assert not failures and "Backend Error" in caplog.text

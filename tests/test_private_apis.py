@@ -6,7 +6,7 @@ attributes it uses: a version bump that removes one fails here, not in a user's 
 - orbax: `tensorstore_utils.build_kvstore_tspec` (storage.tensorstore_reaches_s3 wraps it to reach
   S3) and the gs:// spec layout the wrapper rewrites.
 - etils: `epath.Path._backend`, which storage.as_path checks, and
-  `backend.fsspec_backend.fs`, whose listings storage.forget_listings drops.
+  `backend.fsspec_backend.fs`, whose listings storage.drop_cached_listings drops.
 """
 
 import subprocess
@@ -53,4 +53,4 @@ def test_etils_backend_attributes_storage_uses(gcs_bucket):
   path = storage.as_path(f"{gcs_bucket}/private-api")
   assert path._backend is backend.fsspec_backend  # noqa: SLF001
   assert callable(backend.fsspec_backend.fs(str(path)).invalidate_cache)
-  storage.forget_listings(path)
+  storage.drop_cached_listings(path)

@@ -58,7 +58,7 @@ def test_workdir_files_in_a_bucket(bucket, request, multi30k_tokenizer):
   run = workdir_lib.Workdir(f"{bucket}/run")
   assert str(run.checkpoints) == f"{bucket}/run/checkpoints"  # Not a local "gs:" folder.
   # The vocabulary, written whole and read back from the bucket.
-  storage.write_whole(run.vocab_file, multi30k_tokenizer.path.read_bytes())
+  storage.write_atomically(run.vocab_file, multi30k_tokenizer.path.read_bytes())
   tokenizer = Tokenizer(run.vocab_file)
   text = "A man rides a bike."
   np.testing.assert_array_equal(tokenizer.tokenize(text), multi30k_tokenizer.tokenize(text))
@@ -232,7 +232,7 @@ def test_metrics_of_a_bucket_workdir_from_before_the_per_flush_objects(gcs_bucke
   from flax_transformer.workdir import Workdir
 
   run = Workdir(f"{gcs_bucket}/old_layout")
-  storage.write_whole(run.metrics_file, '{"step": 1, "wall_s": 5.0}\n{"step": 2, "wall_s": 9.0}\n')
+  storage.write_atomically(run.metrics_file, '{"step": 1, "wall_s": 5.0}\n{"step": 2, "wall_s": 9.0}\n')
   assert metrics.previous_wall_time(run) == 9.0
   writer = metrics.create_writer(run)
   writer.write_scalars(3, {"wall_s": 12.0})

@@ -139,18 +139,18 @@ def test_50k_pairs_through_the_input_path(multi30k_dir, tmp_path):
   tok = tokenizer_lib.train_tokenizer(data.vocabulary_sentences(pairs, 10_000),
                                       tmp_path / "vocab.model", vocab_size=2000)
 
-  ids = token_cache.cached(pairs, tok, tmp_path / "tokens")
+  ids = token_cache.load_or_build(pairs, tok, tmp_path / "tokens")
   assert len(ids) == len(pairs)
   rng = np.random.default_rng(0)
   for i in rng.choice(len(pairs), 500, replace=False).tolist() + [0, len(pairs) - 1]:
     source, target = pairs[i]
     np.testing.assert_array_equal(ids[i]["inputs"], tok.tokenize(source))
     np.testing.assert_array_equal(ids[i]["targets"], tok.tokenize(target))
-  again = token_cache.cached(pairs, tok, tmp_path / "tokens")
+  again = token_cache.load_or_build(pairs, tok, tmp_path / "tokens")
   assert again.folder == ids.folder and again.meta == ids.meta  # Mapped, not rebuilt.
   other = tokenizer_lib.train_tokenizer(data.vocabulary_sentences(pairs, 5_000),
                                         tmp_path / "vocab2.model", vocab_size=1500)
-  assert token_cache.cached(pairs, other, tmp_path / "tokens").folder != ids.folder
+  assert token_cache.load_or_build(pairs, other, tmp_path / "tokens").folder != ids.folder
 
   batching = data.TrainBatching(rows=24, max_source_length=256, max_target_length=256)
   cached_stream = iter(data.train_dataset(ids, batching, seed=3))
@@ -412,13 +412,13 @@ def test_only_process_0_prepares_while_the_others_wait(counted_builder, tmp_path
   # Process 1 alone: it waits for process 0 first, and prepares nothing before.
   nobody = threading.Barrier(2, timeout=0.5)
   with pytest.raises(threading.BrokenBarrierError):
-    sources.prepare(config(shared), 1, 2, barrier=lambda name: nobody.wait())
+    sources.prepare_datasets(config(shared), 1, 2, barrier=lambda name: nobody.wait())
   assert counted_builder == []
 
   lines = {}
 
   def process(index, data_dir, barrier):
-    return lambda: lines.__setitem__(index, sources.prepare(
+    return lambda: lines.__setitem__(index, sources.prepare_datasets(
         config(data_dir), index, 2, barrier=lambda name: barrier.wait()))
 
   # One data_dir both see: process 0 prepares it, once; process 1 then finds it.
@@ -431,7 +431,7 @@ def test_only_process_0_prepares_while_the_others_wait(counted_builder, tmp_path
   assert run_together(process(1, local, both), process(0, shared, both)) == []
   assert counted_builder == [str(shared), str(local)]
   assert lines[1][0].startswith(f"prepare_once_translate: prepared in {local}")
-  sources.prepare(config(local))  # One process: no barrier; nothing left to prepare.
+  sources.prepare_datasets(config(local))  # One process: no barrier; nothing left to prepare.
   assert counted_builder == [str(shared), str(local)]
 
 
@@ -457,7 +457,7 @@ def _prepare_as_process(index: int, data_dir: str, log: str, start) -> list[str]
 
   config = types.SimpleNamespace(dataset_name="per_host_translate", eval_dataset_name="",
                                  data_dir=data_dir, manual_dir="")
-  return sources.prepare(config, index, 3, barrier=lambda name: start.wait(60))
+  return sources.prepare_datasets(config, index, 3, barrier=lambda name: start.wait(60))
 
 
 def test_processes_of_one_host_prepare_its_data_dir_once(tmp_path):

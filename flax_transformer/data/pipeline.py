@@ -67,7 +67,7 @@ def pretokenized(pairs: Sequence, tokenize: TokenizePair, *,
   if tokenize.sampling_alpha > 0:
     return None
   if len(pairs) > PRETOKENIZE_MAX_PAIRS:
-    return token_cache.cached(pairs, tokenize.tokenizer, cache_dir)
+    return token_cache.load_or_build(pairs, tokenize.tokenizer, cache_dir)
   start = time.perf_counter()
   out = [tokenize(pair) for pair in read_pairs(pairs, range(len(pairs)))]
   logging.info("Tokenized %d training pairs once in %.1f s", len(out),

@@ -204,7 +204,7 @@ def tfds_builder(name: str, data_dir: str | None):
     raise DataError(f"tfds dataset {name!r}: {e}") from None
 
 
-def prepare_tfds(builder, *, manual_dir: str = "", download: bool = True) -> None:
+def prepare_builder(builder, *, manual_dir: str = "", download: bool = True) -> None:
   """Prepares a tfds builder as array_record (WMT ones through `data.wmt`).
 
   manual_dir: a folder of already downloaded source files under their download
@@ -219,7 +219,7 @@ def prepare_tfds(builder, *, manual_dir: str = "", download: bool = True) -> Non
   if wmt.is_wmt(builder):
     logging.info("%s downloads %.2f GB of archives (tfds's registered sizes)", name,
                  wmt.download_size(builder) / 1e9)
-    wmt.prepare(builder, manual_dir, download=download)
+    wmt.prepare_from_archives(builder, manual_dir, download=download)
     return
   if not download:
     raise DataError(f"tfds dataset {name!r} is not prepared in {builder.data_dir}")
@@ -239,7 +239,7 @@ class TfdsPairs(Sequence):
     data_dir = data_dir or None
     builder = tfds_builder(name, data_dir)
     if not builder.is_prepared():
-      prepare_tfds(builder, manual_dir=manual_dir, download=download)
+      prepare_builder(builder, manual_dir=manual_dir, download=download)
     if split not in builder.info.splits:
       raise DataError(f"tfds dataset {name!r} has no split {split!r}; splits: "
                       f"{', '.join(builder.info.splits)}")
@@ -298,7 +298,7 @@ def _one_at_a_time(data_dir: str):
     yield
 
 
-def prepare(config, process_index: int = 0, process_count: int = 1,
+def prepare_datasets(config, process_index: int = 0, process_count: int = 1,
             barrier: Callable[[str], None] | None = None) -> list[str]:
   """Prepares the config's tfds datasets (training and evaluation) once, before a run.
 
@@ -324,7 +324,7 @@ def prepare(config, process_index: int = 0, process_count: int = 1,
     with _one_at_a_time(tfds_builder(name, config.data_dir).data_dir_root):
       builder = tfds_builder(name, config.data_dir)  # Sees what the lock's last holder wrote.
       if not builder.is_prepared():
-        prepare_tfds(builder, manual_dir=config.manual_dir)
+        prepare_builder(builder, manual_dir=config.manual_dir)
     splits = ", ".join(f"{s} {info.num_examples:,}" for s, info in builder.info.splits.items())
     lines.append(f"{name}: prepared in {builder.data_dir} ({splits})")
   if process_index == 0 and process_count > 1:

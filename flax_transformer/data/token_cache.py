@@ -171,7 +171,7 @@ def _mention_others(folder: Path) -> None:
                  len(others), label, folder.parent, size / 1e9, ", ".join(f.name for f in others))
 
 
-def cached(pairs: Sequence, tokenizer: Tokenizer, cache_dir: str | os.PathLike = "",
+def load_or_build(pairs: Sequence, tokenizer: Tokenizer, cache_dir: str | os.PathLike = "",
            threads: int | None = None) -> TokenizedPairs:
   """The ids of every pair of `pairs` from the cache in `cache_dir` (default
   ~/.cache/flax_transformer/tokens), built now if missing. The folder is found by

@@ -128,7 +128,7 @@ def train_tokenizer(sentences: Iterable[str], output_path: str | os.PathLike, *,
         input_sentence_size=0, shuffle_input_sentence=False,
         minloglevel=2, num_threads=os.cpu_count() or 1)
     # Whole: other processes wait for this file and must never read half of it.
-    storage.write_whole(output_path, Path(prefix + ".model").read_bytes())
+    storage.write_atomically(output_path, Path(prefix + ".model").read_bytes())
   logging.info("Vocabulary trained on %d sentences in %.1f s", count, time.time() - start)
   return Tokenizer(output_path)
 

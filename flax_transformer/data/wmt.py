@@ -196,7 +196,7 @@ def _needed_tensorflow(error: ModuleNotFoundError) -> tuple[str, int, str]:
   return needer or ("?", 0, "?")
 
 
-def prepare(builder, manual_dir: str = "", *, download: bool = True,
+def prepare_from_archives(builder, manual_dir: str = "", *, download: bool = True,
             register_checksums: bool = False) -> None:
   """Prepares a WMT builder as array_record from the statmt.org archives.
 

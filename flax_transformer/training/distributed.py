@@ -102,6 +102,27 @@ def wait_at_barrier(name: str, timeout_s: float = 24 * 3600) -> None:
   _client().wait_at_barrier(name, int(timeout_s * 1000))
 
 
+def enter_together(name: str) -> None:
+  """Before the run's first collective (the first train step): every process waits here
+  until all have compiled their steps, then all enter it at once. A no-op in one process.
+
+  On CPUs a clique's first collective sets up gloo's connections, and each process waits
+  at most 30 s for its peers there (checked: "Gloo context initialization failed:
+  DEADLINE_EXCEEDED: GetKeyValue() timed out ... 29.99s"). The failure sits unread in
+  the step's outputs while that process goes on to its next collective, and the processes
+  then wait on each other forever. One process can easily arrive 30 s early: jax's
+  persistent cache serves only process 0 on CPUs (its key holds each process's own
+  topology, and only process 0 writes), so on a relaunch process 0 loads its steps in
+  seconds while the others compile theirs (issue 57).
+  """
+  if jax.process_count() == 1:
+    return
+  start = time.monotonic()
+  wait_at_barrier(name)
+  logging.info("All %d processes ready for the first step (waited %.1f s for the others)",
+               jax.process_count(), time.monotonic() - start)
+
+
 def _client():
   return jax._src.distributed.global_state.client  # noqa: SLF001 (no public API)
 

@@ -76,7 +76,7 @@ class JsonlWriter:
       return
     if self._lines:
       self._flushes += 1
-      storage.write_whole(self.directory / f"{self.stamp}-{self._flushes:06d}.jsonl",
+      storage.write_atomically(self.directory / f"{self.stamp}-{self._flushes:06d}.jsonl",
                           "".join(self._lines))
       self._lines = []
 
@@ -100,7 +100,7 @@ class TensorBoardWriter:
   def __init__(self, logdir: str | os.PathLike, stamp: str | None = None):
     self.logdir = storage.as_path(logdir)
     self.remote = storage.is_remote(self.logdir)
-    self._local = storage.local_dir_for(self.logdir, prefix="tensorboard-")
+    self._local = storage.local_staging_dir(self.logdir, prefix="tensorboard-")
     self.stamp, self._files = stamp or launch_stamp(), 0
     self._writer = None
 
@@ -179,7 +179,7 @@ def metrics_files(workdir: str | os.PathLike) -> list:
   workdir's, or a bucket's from before the per-flush objects), then `metrics/*.jsonl`
   by name (launch start time, then flush number)."""
   workdir = Workdir(workdir)
-  storage.forget_listings(workdir.root)  # Objects another launch wrote since.
+  storage.drop_cached_listings(workdir.root)  # Objects another launch wrote since.
   files = [workdir.metrics_file] if workdir.metrics_file.exists() else []
   if workdir.metrics_dir.exists():
     files += sorted(workdir.metrics_dir.glob("*.jsonl"), key=lambda p: p.name)

@@ -27,7 +27,7 @@ class Profile:
   def before(self, step: int) -> None:
     if self.wanted and step == self.first:
       # jax's profiler writes local files only: a bucket's trace is uploaded at the end.
-      self.local = storage.local_dir_for(self.directory, prefix="profile-")
+      self.local = storage.local_staging_dir(self.directory, prefix="profile-")
       jax.profiler.start_trace(self.local)
       self.tracing = True
 

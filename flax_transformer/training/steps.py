@@ -20,6 +20,7 @@ from flax import linen as nn
 from flax_transformer import compilation
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.model import Transformer
+from flax_transformer.training import distributed
 from flax_transformer.training import sharding as sharding_lib
 
 MODEL_INPUT_KEYS = ("inputs", "targets", "inputs_positions", "targets_positions",
@@ -281,11 +282,16 @@ class Trainer:
     self._eval_step.compile_ahead(self.abstract_state.params, batch)
 
   def compile_train_step(self, state: TrainState, batch) -> float:
-    """Compiles the train step for this batch shape (logged); returns XLA's FLOP count."""
+    """Compiles the train step for this batch shape (logged); returns XLA's FLOP count.
+
+    With several processes it returns once every process has compiled (or loaded) its
+    own: the first step's collective must not wait for a slower peer
+    (`distributed.enter_together`)."""
     with self._context():
       self._compiled_train_step, self.train_step_compile_s = compilation.compile_logged(
           self._train_step, state, batch, name="Train step",
           detail=f"for batch {list(batch['inputs'].shape)}")
+    distributed.enter_together("flax_transformer_first_step")
     analysis = self._compiled_train_step.cost_analysis()
     if isinstance(analysis, (list, tuple)):
       analysis = analysis[0] if analysis else {}

@@ -125,7 +125,7 @@ def make_search_fn(model_config: Members, search: SearchConfig
   return search_fn
 
 
-def per_shape(jitted_search, search: SearchConfig, *, max_shapes: int | None = None,
+def search_per_shape(jitted_search, search: SearchConfig, *, max_shapes: int | None = None,
               context=contextlib.nullcontext) -> compilation.PerShape:
   """A jitted search compiled once per input shape, each compile logged by name."""
   sampling = search.temperature > 0 or search.beam_size == 1
@@ -269,7 +269,7 @@ class Translator:
     mesh = Mesh(np.asarray(self.devices), ("rows",))
     self._rows = NamedSharding(mesh, PartitionSpec("rows"))
     self._placed_params = jax.device_put(self.params, NamedSharding(mesh, PartitionSpec()))
-    self._search_fn = per_shape(
+    self._search_fn = search_per_shape(
         jax.jit(shard_search_fn(make_search_fn(self.model_configs, search), mesh)), search)
 
   @property
