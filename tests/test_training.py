@@ -374,17 +374,28 @@ def test_two_processes_of_4_devices_match_one_of_8(tmp_path, multi30k_dir):
   same math. Only the gradient all-reduce differs: across processes it is gloo's sum,
   in one process XLA's, and float32 sums in another order differ in the last bits,
   which Adam's updates carry forward step by step (measured: half the 20 losses
-  differ, by at most 2e-7 of the loss). Hence 1e-5 of the loss, not bit equality."""
+  differ, by at most 2e-7 of the loss). Hence 1e-5 of the loss, not bit equality.
+
+  The run starts from a compilation cache a 1-step run of the same steps filled: as on any
+  relaunch, process 0 loads its steps in seconds while process 1 compiles its own (jax's
+  CPU cache keys differ by process), and process 0 must not enter the first collective
+  alone (gloo gives a peer 30 s there; before the fix, 6 of 9 such launches hung)."""
   from flax_transformer.data import pipeline as data
   from flax_transformer.data import sources
   from flax_transformer.network.config import TransformerConfig
   from flax_transformer.data.tokenizer import Tokenizer
 
   steps = 20
+  overrides = ["--config.log_every_steps=1", "--config.eval_every_steps=20",
+               "--config.bleu_every_steps=20", "--config.num_bleu_sentences=8",
+               f"--config.compilation_cache_dir={tmp_path / 'xla'}"]
+  two_processes(train_command(tmp_path / "prime", multi30k_dir, "--config.num_train_steps=1",
+                              *overrides))
   command = train_command(tmp_path, multi30k_dir, f"--config.num_train_steps={steps}",
-                          "--config.log_every_steps=1", "--config.eval_every_steps=20",
-                          "--config.bleu_every_steps=20", "--config.num_bleu_sentences=8")
-  stderr = two_processes(command)[-1]
+                          *overrides)
+  first, stderr = two_processes(command)
+  assert "Train step for batch [16, 32] loaded from the compilation cache" in first
+  assert "Train step for batch [16, 32] compiled" in stderr
   assert "Devices: 8 (cpu), mesh {'data': 8, 'fsdp': 1, 'tensor': 1}, 2 process(es)" in stderr
   records = read_metrics(tmp_path)
   assert [r["step"] for r in records] == list(range(1, steps + 1))
