@@ -890,6 +890,7 @@ PHRASES = [
     ("docs/accelerators.md", "on the H100 runs 3 and 4", "run numbers"),
     ("docs/accelerators.md", "commit 5ecb8c5; run A in", "a commit and a run's name"),
     ("docs/faults.md", "heartbeat timeout (30 s here,", "a setting (training.distributed.HEARTBEAT_TIMEOUT_S)"),
+    ("docs/multi_host.md", "gives its peers only 30 s (gloo's", "gloo's connection timeout, a library setting"),
     ("docs/faults.md", "lost process and exit 1;", "an exit code"),
     ("docs/faults.md", "save it and exit 0,", "an exit code"),
     ("docs/faults.md", "When the lost process is process 0,", "a process index"),
