@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -90,12 +91,17 @@ class Checkpointer:
     even when the damage is one process's own (its data-iterator file).
     """
     steps = self.steps()
+    self._check_same_steps(steps)
     problems = []
     reader = ocp.CompositeCheckpointHandler(**_item_handlers())
     try:
       for step in reversed(steps):
-        state, own = self._read(reader, step, abstract_state, data_iterator)
-        failed = {i: p for i, p in enumerate(collectives.each_process_text(own)) if p}
+        for attempt in range(2):  # Read twice: one host's passing error (a bucket's 503).
+          state, own = self._read(reader, step, abstract_state, data_iterator)
+          failed = {i: p for i, p in enumerate(collectives.each_process_text(own)) if p}
+          if not failed:
+            break
+          state = None  # Never two states in memory while the next read runs.
         if not failed:
           if problems:
             logging.warning("Resumed from step %d; newer checkpoints were unusable: %s", step,
@@ -115,6 +121,21 @@ class Checkpointer:
           + "; ".join(problems) + "). Refusing to start from scratch over existing work: "
           "fix or move that directory away.")
     return None, None
+
+  def _check_same_steps(self, steps: Sequence[int]) -> None:
+    """Refuses to resume when the processes list different checkpoints (each lists its
+    own: a file system that shows hosts different files, a stale bucket listing): they
+    would resume from different steps."""
+    if jax.process_count() == 1:
+      return
+    mine = f"{zlib.crc32(repr(list(steps)).encode())}|{list(steps)[-3:]}"
+    seen = collectives.each_process_text(mine)
+    if len(set(seen)) > 1:
+      raise CheckpointError(
+          f"the processes list different checkpoints in {self.directory} (newest steps: "
+          + "; ".join(f"process {i}: {s.split('|', 1)[1]}" for i, s in enumerate(seen))
+          + "). Every host must see the same files: a network file system's attribute "
+          "cache, or a copy per host, would have them resume from different steps.")
 
   def _read(self, reader, step: int, abstract_state: Any, data_iterator) -> tuple[Any, str]:
     """(state, "") or (None, what failed): this process's part of checkpoint `step` (the
@@ -160,9 +181,15 @@ class Checkpointer:
     """Only the parameters of the checkpoint at `step` (no optimizer state)."""
     target = {"params": abstract_params}
     restore_args = ocp.checkpoint_utils.construct_restore_args(target)
-    restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.PyTreeRestore(item=target, restore_args=restore_args,
-                                     partial_restore=True)))
+    try:
+      restored = self.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.PyTreeRestore(item=target, restore_args=restore_args,
+                                       partial_restore=True)))
+    except Exception as e:  # orbax/tensorstore raise many types for damaged files.
+      raise CheckpointError(
+          f"checkpoint {self.directory}/{step} cannot be loaded ({type(e).__name__}: "
+          f"{_first_line(e)}); choose other steps (--checkpoint_step, or fewer to average)"
+      ) from None
     return restored["state"]["params"]
 
 

@@ -14,7 +14,7 @@ class ConfigError(ValueError):
   """A config value that cannot work; the message names the key and the fix."""
 
 
-class ShardingConfigError(ValueError):
+class ShardingConfigError(ConfigError):
   """A mesh or batch setting that cannot work; the message names key and fix."""
 
 

@@ -388,6 +388,21 @@ def test_load_params_of_a_missing_step_leaves_nothing_open(small_workdir):
                   CheckpointError, r"no checkpoint of step 15 .* steps: \[10, 20, 30\]", times=3)
 
 
+def test_averaging_over_a_damaged_checkpoint_names_it(small_workdir):
+  """decode.py, export.py and average_checkpoints.py reach this: one line naming the step
+  (a CheckpointError, exit 2), not a traceback from orbax's JSON or TensorStore reader."""
+  from flax_transformer.averaging import load_params
+
+  workdir, config = small_workdir
+  for f in data_files(workdir, 20):
+    f.write_bytes(b"{")
+  assert_releases(workdir, lambda: load_params(workdir, config, average_last=2),
+                  CheckpointError, r"checkpoint .*/20 cannot be loaded .*--checkpoint_step",
+                  times=1)
+  params, steps = load_params(workdir, config, checkpoint_step=10)  # Another choice works.
+  assert steps == [10]
+
+
 def test_write_averaged_failing_leaves_nothing_open_and_the_output_as_found(small_workdir,
                                                                           tmp_path_factory):
   import resource
