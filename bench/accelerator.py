@@ -306,7 +306,7 @@ class Bench:
     for workers in sorted({0, data_lib.auto_workers(-1)}):
       stream = iter(data_lib.prefetched(
           data_lib.train_dataset(ids, batching, seed=0),
-          lambda b: data_lib.to_global_arrays(b, trainer.batch_sharding), workers=workers,
+          lambda b: data_lib.shard_host_rows(b, trainer.batch_sharding), workers=workers,
           device_buffer=config.prefetch_batches))
       state = trainer.init_state(0)
       batch = next(stream)

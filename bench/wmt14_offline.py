@@ -166,7 +166,7 @@ def prepare(config_name: str, data_dir: str | Path, archives_dir: str | Path,
   """Prepares `wmt14_translate/<config_name>` as array_record from `archives_dir`.
 
   No network: every archive is in the manual folder under its download name. The
-  same code path as a user's (`flax_transformer.data.wmt.prepare`), with the
+  same code path as a user's (`flax_transformer.data.wmt.prepare_from_archives`), with the
   archives' checksums registered on the way.
   """
   from flax_transformer.data import wmt

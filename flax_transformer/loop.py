@@ -124,8 +124,8 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
   trainer = Trainer(model_config, config, mesh)
   # This host's rows of a training batch, or a global batch every host holds (evaluation,
   # BLEU) -> the global batch, sharded.
-  shard_host_rows = functools.partial(data_lib.to_global_arrays, sharding=trainer.batch_sharding)
-  shard_global_batch = functools.partial(data_lib.global_batch_to_arrays,
+  shard_host_rows = functools.partial(data_lib.shard_host_rows, sharding=trainer.batch_sharding)
+  shard_global_batch = functools.partial(data_lib.shard_global_batch,
                                          sharding=trainer.batch_sharding)
   train_iter = _input_pipeline(config, train_pairs, tokenizer, train_batching, shard_host_rows)
   opened.callback(data_lib.close_input, train_iter)  # Its prefetch threads and workers.

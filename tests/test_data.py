@@ -254,7 +254,7 @@ def test_two_hosts_eight_devices_see_every_example_once():
     for batch in data.train_dataset(synthetic_examples(n), batching, seed=3,
                                     process_index=host, process_count=2, num_epochs=1):
       seen.extend(example_ids(batch))
-      placed = data.to_global_arrays(batch, sharding)
+      placed = data.shard_host_rows(batch, sharding)
       assert placed["inputs"].sharding == sharding
       assert len(placed["inputs"].addressable_shards) == 8
       np.testing.assert_array_equal(np.asarray(placed["inputs"]), batch["inputs"])

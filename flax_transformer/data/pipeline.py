@@ -202,18 +202,18 @@ def host_rows(batch: dict[str, np.ndarray], process_index: int, process_count: i
   return {k: v[process_index * size:(process_index + 1) * size] for k, v in batch.items()}
 
 
-def to_global_arrays(local_batch: dict[str, np.ndarray],
+def shard_host_rows(local_batch: dict[str, np.ndarray],
                      sharding: jax.sharding.Sharding) -> dict[str, jax.Array]:
   """Host-local rows -> global `jax.Array`s sharded over the mesh's batch axes."""
   return {k: jax.make_array_from_process_local_data(sharding, v)
           for k, v in local_batch.items()}
 
 
-def global_batch_to_arrays(batch: dict[str, np.ndarray],
-                           sharding: jax.sharding.Sharding) -> dict[str, jax.Array]:
+def shard_global_batch(batch: dict[str, np.ndarray],
+                       sharding: jax.sharding.Sharding) -> dict[str, jax.Array]:
   """A global batch every host holds (evaluation, BLEU) -> global `jax.Array`s, each
   host placing its own rows."""
-  return to_global_arrays(host_rows(batch, jax.process_index(), jax.process_count()), sharding)
+  return shard_host_rows(host_rows(batch, jax.process_index(), jax.process_count()), sharding)
 
 
 # --- From a config ----------------------------------------------------------------

@@ -65,7 +65,7 @@ class Decoder(nn.Module):
   config: TransformerConfig
   embedding: nn.Module  # Also the pre-softmax projection when shared.
 
-  def _one_step(self, inputs, targets):
+  def _decode_step_inputs(self, inputs, targets):
     """Decoding: (decoder inputs, positions, self mask, cross mask, beams per sentence)
     of one position per row, with the cache's step and beam slots advanced."""
     # One position per call; the caller feeds the previous output token.
@@ -102,7 +102,7 @@ class Decoder(nn.Module):
     cfg = self.config
     beams = 1
     if cfg.decode:
-      decoder_inputs, positions, self_mask, cross_mask, beams = self._one_step(inputs, targets)
+      decoder_inputs, positions, self_mask, cross_mask, beams = self._decode_step_inputs(inputs, targets)
     else:
       decoder_inputs = shift_right(targets, targets_segmentation)
       positions = default_positions(targets) if targets_positions is None else targets_positions

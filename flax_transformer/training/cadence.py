@@ -35,9 +35,10 @@ def work_due_after(config, step: int, stopping: bool = False,
     return n > 0 and (step % n == 0 or last)
 
   log = every(config.log_every_steps)
-  by_time = (config.checkpoint_every_minutes > 0 and log
-             and collectives.broadcast_from_process0(seconds_since_save >= 60 * config.checkpoint_every_minutes))
+  minutes = config.checkpoint_every_minutes
+  by_time = minutes > 0 and log and collectives.broadcast_from_process0(
+      seconds_since_save >= 60 * minutes)
   return WorkDue(log=log or stopping,
-             eval=every(config.eval_every_steps), bleu=every(config.bleu_every_steps),
-             test_bleu=every(config.test_bleu_every_steps),
-             save=every(config.checkpoint_every_steps) or by_time or stopping)
+                 eval=every(config.eval_every_steps), bleu=every(config.bleu_every_steps),
+                 test_bleu=every(config.test_bleu_every_steps),
+                 save=every(config.checkpoint_every_steps) or by_time or stopping)

@@ -24,7 +24,7 @@ def format_duration(seconds: float) -> str:
       f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-def memory_in_use() -> str:
+def peak_memory() -> str:
   """Device memory where the backend reports it (GPU/TPU), else the host's peak RSS."""
   stats = jax.local_devices()[0].memory_stats() or {}
   if "peak_bytes_in_use" in stats:
@@ -94,7 +94,7 @@ def log_line(config, step: int, summary: dict[str, float], due: WorkDue) -> str:
   eta = (config.num_train_steps - step) * summary["step_time_s"]
   line = (f"step {step}/{config.num_train_steps} | loss {summary['loss']:.4f} | "
           f"lr {summary['learning_rate']:.2e} | {summary['tokens_per_s']:,.0f} tok/s | "
-          f"{summary['step_time_s']:.3f} s/step | ETA {format_duration(eta)} | {memory_in_use()}")
+          f"{summary['step_time_s']:.3f} s/step | ETA {format_duration(eta)} | {peak_memory()}")
   if "mfu" in summary:
     line += f" | MFU {100 * summary['mfu']:.1f}%"
   if due.eval:
