@@ -299,6 +299,12 @@ def test_mesh_errors_name_the_key():
     sharding.make_mesh({"data": 3, "fsdp": 2, "tensor": 1})
   with pytest.raises(sharding.ShardingConfigError, match="fixed axes multiply to 3"):
     sharding.make_mesh({"data": -1, "fsdp": 3, "tensor": 1})
+  # A batch that splits over the 8 devices but not into 3 micro-batches on each: a
+  # ConfigError as any bad setting (callers of setup_run catch that one type).
+  mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
+  sharding.check_divisible(48, mesh, micro_batches=3)
+  with pytest.raises(ConfigError, match="grad_accum_steps=3 micro-batches over 8"):
+    sharding.check_divisible(16, mesh, micro_batches=3)
 
 
 # --- The command line: kill -9, SIGTERM, bad configs ----------------------------
@@ -343,7 +349,7 @@ def bad_config_runs(tmp_path_factory, multi30k_dir) -> dict[str, tuple[int, str]
       train_command(tmp_path_factory.mktemp("bad_config"), multi30k_dir, override),
       env=cpu_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
       for override, _ in BAD_CONFIGS}
-  stderrs = {override: p.communicate(timeout=300)[1] for override, p in processes.items()}
+  stderrs = conftest.stderr_of_each(processes, timeout=300)
   return {override: (p.returncode, stderrs[override]) for override, p in processes.items()}
 
 
@@ -395,7 +401,11 @@ def test_two_processes_of_4_devices_match_one_of_8(tmp_path, multi30k_dir):
                           *overrides)
   first, stderr = two_processes(command)
   assert "Train step for batch [16, 32] loaded from the compilation cache" in first
-  assert "Train step for batch [16, 32] compiled" in stderr
+  # Process 0 began its first step only once process 1 had compiled its own (a hang
+  # needs a slow host; this fails on any host if process 0 does not wait).
+  ready = log_time(first, "processes ready for the first step")
+  compiled = log_time(stderr, "Train step for batch [16, 32] compiled")
+  assert ready and ready >= compiled, first[-3000:]
   assert "Devices: 8 (cpu), mesh {'data': 8, 'fsdp': 1, 'tensor': 1}, 2 process(es)" in stderr
   records = read_metrics(tmp_path)
   assert [r["step"] for r in records] == list(range(1, steps + 1))
@@ -442,6 +452,11 @@ def test_two_processes_of_4_devices_match_one_of_8(tmp_path, multi30k_dir):
   again = read_metrics(tmp_path)[steps:]
   assert [r["step"] for r in again] == list(range(11, 26))
   np.testing.assert_array_equal([r["loss"] for r in again[:10]], two_process[10:])
+
+
+def log_time(stderr: str, text: str) -> str:
+  """'MMDD HH:MM:SS.micros' of the first absl log line holding `text` ('' if none)."""
+  return next((line[1:21] for line in stderr.splitlines() if text in line), "")
 
 
 def two_processes(command: list[str]) -> list[str]:
