@@ -3,6 +3,7 @@ train.py command the tests launch and one uninterrupted reference run; buckets o
 localhost; the session's compilation cache and device count."""
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -57,6 +58,18 @@ def train_command(workdir, multi30k_dir, *overrides) -> list[str]:
           "--config.bleu_every_steps=0", "--config.eval_every_steps=1000",
           "--config.eval_max_shapes=1", "--config.checkpoint_every_steps=10",
           f"--config.compilation_cache_dir={XLA_CACHE}", *overrides]
+
+
+def stderr_of_each(processes: dict, timeout: float) -> dict:
+  """key -> stderr of each of `processes` (key -> Popen, stderr piped) once all exited;
+  on a timeout, every one still running is killed before the error propagates."""
+  try:
+    return {key: p.communicate(timeout=timeout)[1] for key, p in processes.items()}
+  finally:
+    for p in processes.values():
+      if p.poll() is None:
+        p.kill()
+        p.wait()
 
 
 def translation_info(builder):
@@ -132,7 +145,9 @@ def kill_resume_and_compare(workdir, multi30k_dir, uninterrupted) -> None:
   assert process.returncode == -signal.SIGKILL, "the run ended before it was killed"
   resumed = subprocess.run(command, env=cpu_env(), capture_output=True, text=True)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert "Resumed from the checkpoint of step" in resumed.stderr
+  # Resumed mid-run (a kill after the last save would leave nothing to train).
+  resumed_at = re.search(r"Resumed from the checkpoint of step (\d+)", resumed.stderr)
+  assert resumed_at and 20 <= int(resumed_at[1]) < RUN_STEPS, resumed.stderr[-3000:]
   step, params = final_params(workdir)
   _, expected_step, expected = uninterrupted
   assert step == expected_step == RUN_STEPS

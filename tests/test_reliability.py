@@ -324,7 +324,7 @@ def config_flag_runs(tmp_path_factory) -> dict[str, tuple[Path, int, str]]:
       [sys.executable, str(ROOT / "train.py"), *flags(folders[name])], env=TRAIN_ENV,
       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
       for name, flags in CONFIG_FLAG_RUNS.items()}
-  stderrs = {name: p.communicate(timeout=120)[1] for name, p in processes.items()}
+  stderrs = conftest.stderr_of_each(processes, timeout=120)
   return {name: (folders[name], p.returncode, stderrs[name]) for name, p in processes.items()}
 
 
