@@ -467,11 +467,8 @@ def two_processes(command: list[str]) -> list[str]:
   processes = [subprocess.Popen(command + [f"--process_id={i}"], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for i in range(2)]
-  try:  # A hang (processes waiting in each other's collectives) fails, leaving none behind.
-    outputs = [p.communicate(timeout=300)[1] for p in processes]
-  finally:
-    for p in processes:
-      p.kill()
+  # A hang (processes waiting in each other's collectives) fails, leaving none behind.
+  outputs = list(conftest.stderr_of_each(dict(enumerate(processes)), timeout=300).values())
   for p, stderr in zip(processes, outputs):
     assert p.returncode == 0, stderr[-3000:]
   return outputs
@@ -494,7 +491,7 @@ def test_slurm_job_is_detected_without_flags_and_writes_one_bucket(s3_bucket, mu
                                               "SLURM_LOCALID": str(i)},
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for i in range(2)]
-  outputs = [p.communicate(timeout=300)[1] for p in processes]
+  outputs = list(conftest.stderr_of_each(dict(enumerate(processes)), timeout=300).values())
   for p, stderr in zip(processes, outputs):
     assert p.returncode == 0, stderr
   assert "Cluster detected by jax.distributed: process 0 of 2" in outputs[0]
