@@ -18,13 +18,20 @@ import json
 import re
 import statistics
 import sys
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # The docs both scripts cover (bench/check_docs.py, tests/test_docs.py), as globs.
 DOCS = ("README.md", "RESULTS.md", "BENCHMARKS.md", "docs/*.md")
-BLOCK = re.compile(r"(<!-- render: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- end: (?P=name) -->)",
-                   re.S)
+# A table: `<!-- render: NAME -->` or `<!-- render: NAME ARGS -->` (ARGS a Python expression
+# passed to the table's function), its rows, `<!-- end: NAME -->`.
+BLOCK = re.compile(r"(<!-- render: (?P<name>[\w-]+)(?: (?P<args>[^\n]*?))? -->\n)(?P<body>.*?)"
+                   r"(<!-- end: (?P=name) -->)", re.S)
+# A figure in prose or in a hand-written table: `<!--{EXPR:FORMAT}-->TEXT<!--/-->`, the
+# comment an f-string template (without f and quotes) evaluated in NAMESPACE, TEXT what it
+# renders. Markdown hides the comments, so the reader sees TEXT only.
+FIGURE = re.compile(r"<!--(\{[^\n]*?)-->(.*?)<!--/-->", re.S)
 
 
 # results/: runs/<name>/ holds one training run's record (<name>.json: test scores,
@@ -302,6 +309,32 @@ def train_step_runs(directory: str):
   return render
 
 
+def one_decimal(x: float, published: str | None = None) -> str:
+  """x to one decimal; on a tie (37.05) the published rounding, when it is either one."""
+  half_up = str(Decimal(str(x)).quantize(Decimal("0.1"), ROUND_HALF_UP))
+  return published if published in (f"{x:.1f}", half_up) else f"{x:.1f}"
+
+
+def curves(root: Path, steps, *rows) -> str:
+  """Validation curves by step, one row per (label, run name, 'bleu' or 'wall'[, {step:
+  published tie rounding}]): BLEU to one decimal or wall time in minutes; blank where a
+  run has no point at a step."""
+  out = []
+  for label, name, what, *ties in rows:
+    points = {s: (w / 60 if what == "wall" else b)
+              for s, w, b in json.loads((root / run_json(name)).read_text())["validation_bleu_curve"]}
+    out.append([label] + [one_decimal(points[s], *[t.get(s) for t in ties]) if s in points
+                          else "" for s in steps])
+  return table(["step", *map(str, steps)], out).replace("|  |", "| |").replace("|  |", "| |")
+
+
+def curve_points(root: Path, name: str) -> str:
+  """A run's validation curve as step, wall time and BLEU rows (as its folder's page)."""
+  curve = json.loads((root / run_json(name)).read_text())["validation_bleu_curve"]
+  return table(["step", "wall time", "validation BLEU"],
+               [[f"{s}", f"{w / 60:.1f} min", f"{b:.2f}"] for s, w, b in curve])
+
+
 # The GPU issue's second round: one H100 session, two runs of bench/accelerator.py.
 H100_RUNS = "results/device_runs/2026-11-27_h100_5ecb8c5"
 H100_FILES = {"A": "accelerator.json", "B": "accelerator_run2.json"}
@@ -401,22 +434,130 @@ TABLES = {"readme-results": ("README.md", readme_results),
           "train-step-2026-11-24": ("BENCHMARKS.md",
                                     train_step_runs(f"{BENCH}/train_step_runs/2026-11-24")),
           "h100-aims": ("BENCHMARKS.md", h100_aims),
-          "h100-variants": ("BENCHMARKS.md", h100_variants)}
+          "h100-variants": ("BENCHMARKS.md", h100_variants),
+          "curves": (None, curves), "curve-points": (None, curve_points)}
 
 
-def rendered(root: Path) -> dict[str, str]:
-  """Each doc's text with every block rendered afresh."""
-  out = {}
+class Record(dict):
+  """A JSON object whose keys read as attributes too (`r.rows[4].sentences_per_s`)."""
+
+  def __getattr__(self, key):
+    try:
+      return self[key]
+    except KeyError:
+      raise AttributeError(key) from None
+
+
+def load_config(root: Path, spec: str) -> Record:
+  """A config file's values ('configs/multi30k.py' or 'configs/x.py:ARG')."""
+  import importlib.util
+
+  path, _, arg = spec.partition(":")
+  sys.path.insert(0, str(root))
+  try:
+    module_spec = importlib.util.spec_from_file_location(f"_config_{abs(hash(spec))}",
+                                                         root / path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    config = module.get_config(arg) if arg else module.get_config()
+  finally:
+    sys.path.remove(str(root))
+  return json.loads(json.dumps(config.to_dict()), object_hook=Record)
+
+
+def span(xs, fmt: str = "{:.2f}") -> str:
+  """'lo-hi' of values, each formatted; one figure when both ends format alike."""
+  lo, hi = fmt.format(min(xs)), fmt.format(max(xs))
+  return lo if lo == hi else f"{lo}-{hi}"
+
+
+def namespace(root: Path) -> dict:
+  """What a figure's template may name: the files under results/ (JSON as Records, other
+  files as text), configs, and a few reductions."""
+  cache = {}
+
+  def load(path: str):
+    """A file, relative to results/ ('bench/export.json') or, from 'configs/', a config."""
+    if path not in cache:
+      if path.startswith("configs/"):
+        cache[path] = load_config(root, path)
+      else:
+        text = (root / "results" / path).read_text()
+        cache[path] = json.loads(text, object_hook=Record) if path.endswith(".json") else text
+    return cache[path]
+
+  import doc_figures
+
+  return {"load": load, "run": lambda name: load(run_json(name)[len("results/"):]),
+          "claim": lambda anchor, index: doc_figures.claim(root, anchor, index),
+          "device": lambda session, name="accelerator": load(f"device_runs/{session}/{name}.json"),
+          "m30k": load("configs/multi30k.py"), "defaults": load("configs/default.py"),
+          "bench": lambda name: load(f"bench/{name}.json"), "median": statistics.median,
+          "span": span, "re": re, "sacrebleu": sacrebleu_score, **FIGURE_HELPERS}
+
+
+def sacrebleu_score(log: str, metric: str = "BLEU") -> float:
+  """The score of a decode log's sacreBLEU line ('BLEU = 38.78  (...)')."""
+  return float(re.search(rf"^{metric} = ([\d.]+)", log, re.M).group(1))
+
+
+FIGURE_HELPERS: dict = {}  # Named derivations a template calls (below, with their data).
+
+
+def render_figure(template: str, names: dict) -> str:
+  """An f-string template's text ('{run("x").bleu:.1f} BLEU' -> '38.6 BLEU'), parsed here
+  rather than by eval(f"...") so that expressions may hold backslashes (Python 3.11)."""
+  out, i = [], 0
+  while i < len(template):
+    if template[i] != "{":
+      out.append(template[i])
+      i += 1
+      continue
+    depth, quote, colon, j = 0, None, None, i + 1
+    while quote or depth or template[j] != "}":
+      c = template[j]
+      if quote:
+        quote = None if c == quote else quote
+      elif c in "\"'":
+        quote = c
+      elif c in "([{":
+        depth += 1
+      elif c in ")]}":
+        depth -= 1
+      elif c == ":" and not depth and colon is None:
+        colon = j
+      j += 1
+    expression = template[i + 1:colon or j]
+    value = eval(expression, dict(names))  # noqa: S307 (our own docs' templates)
+    out.append(format(value, template[colon + 1:j] if colon else ""))
+    i = j + 1
+  return "".join(out)
+
+
+def rendered(root: Path, wrong: list[str] | None = None) -> dict[str, str]:
+  """Each doc's text with every block and figure rendered afresh; `wrong` collects
+  'doc:line: template renders X, the doc says Y' for each figure that differs."""
+  out, names = {}, namespace(root)
   for name in doc_names(root):
     text = (root / name).read_text()
 
     def fill(match, name=name):
       doc, render = TABLES.get(match["name"], (None, None))
-      if render is None or doc != name:
+      if render is None or doc not in (name, None):
         raise SystemExit(f"{name}: no table named {match['name']!r} for this doc in "
                          f"bench/render_docs.py TABLES")
-      return match.group(1) + render(root) + match.group(4)
-    out[name] = BLOCK.sub(fill, text)
+      args = eval(f"({match['args']},)", {"range": range}) if match["args"] else ()  # noqa: S307
+      return match.group(1) + render(root, *args) + match.group(5)
+
+    def figure(match, name=name, text=text):
+      value = render_figure(match[1], names)
+      if value.split() == match[2].split():  # A figure may break across lines.
+        value = match[2]
+      if value != match[2] and wrong is not None:
+        wrong.append(f"{name}:{text.count(chr(10), 0, match.start()) + 1}: {match[1]} renders "
+                     f"{value!r}, the doc says {match[2]!r}")
+      return f"<!--{match[1]}-->{value}<!--/-->"
+    out[name] = FIGURE.sub(figure, BLOCK.sub(fill, text))
   return out
 
 
@@ -476,8 +617,8 @@ def run_readmes(root: Path) -> dict[str, str]:
 
 
 def spans(text: str) -> list[tuple[int, int]]:
-  """Where the rendered blocks of a doc's text are (for bench/check_docs.py)."""
-  return [m.span("body") for m in BLOCK.finditer(text)]
+  """Where a doc's rendered blocks and figures are (for bench/check_docs.py)."""
+  return [m.span("body") for m in BLOCK.finditer(text)] + [m.span() for m in FIGURE.finditer(text)]
 
 
 def main() -> int:
@@ -493,18 +634,20 @@ def main() -> int:
   if missing:
     print(f"no markers for the tables {missing} in the docs")
     return 2
-  stale = []
-  for name, text in {**rendered(root), **run_readmes(root)}.items():
+  stale, wrong = [], []
+  for name, text in {**rendered(root, wrong), **run_readmes(root)}.items():
     path = root / name
     if not path.is_file() or text != path.read_text():
       stale.append(name)
       if not args.check:
         path.write_text(text)
   if args.check and stale:
+    print("\n".join(wrong))
     print(f"{', '.join(stale)}: rendered tables or pages differ from their data; run "
           "python bench/render_docs.py (and edit the JSON or the row lists, not the tables)")
     return 1
-  print(f"{len(found)} tables and the run folders' pages {'checked' if args.check else 'rendered'}"
+  figures = sum(len(FIGURE.findall((root / name).read_text())) for name in doc_names(root))
+  print(f"{len(found)} tables, {figures} figures and the run folders' pages {'checked' if args.check else 'rendered'}"
         + (f"; rewrote {', '.join(stale)}" if stale and not args.check else ""))
   return 0
 

@@ -1,0 +1,840 @@
+"""Derived figures the docs quote: ratios, differences, ranges and medians over several
+runs' files, each computed here from its files and formatted as the doc prints it.
+
+A doc names one as `<!--{claim("ANCHOR", I)}-->TEXT<!--/-->` (bench/render_docs.py renders
+and checks it): ANCHOR names the row (its first cells) or sentence (its start) of the
+entry in ROWS, SENTENCES or LOGS below, I the figure's index in that entry. A figure
+that is one value of one file needs no entry: the doc's template reads the file itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from pathlib import Path
+
+import render_docs
+
+ROOT = Path(__file__).resolve().parents[1]
+# Superseded runs, moved out of BENCHMARKS.md with their claims.
+HISTORY = "docs/benchmarks_history.md"
+H100 = "results/device_runs/2026-11-26_h100_run{}/{}.json"
+H100_ROUND2 = "results/device_runs/2026-11-27_h100_5ecb8c5/accelerator.json"
+
+
+def step_row(section: str):
+  """An accelerator variant's row: ours, peer, ratio, both compiles."""
+  return [(f"{section}.ours_ms", "{:.2f}"), (f"{section}.peer_ms", "{:.2f}"),
+          (f"{section}.speedup_vs_peer", "{:.2f}x"), (f"{section}.ours_compile_s", "{:.1f} s"),
+          (f"{section}.peer_compile_s", "{:.1f} s")]
+
+
+# (doc, first cell of the row, JSON, [(key path, format)]): the row's cells after the
+# first must hold the formatted values in this order (other cells may sit between).
+# The result tables of README and RESULTS are rendered from their JSON
+# (bench/render_docs.py); these are the other tables' rows.
+ROWS = [
+    (HISTORY, "XLA defaults | base bf16", H100.format(3, "default"),
+     step_row("base_bf16") + [("base_bf16.ours_mfu_of_bf16_peak", "{:.1%}")]),
+    (HISTORY, "`--xla_gpu_enable_triton_gemm=false` | base bf16",
+     H100.format(4, "no_triton_gemm"),
+     step_row("base_bf16") + [("base_bf16.ours_mfu_of_bf16_peak", "{:.1%}")]),
+    (HISTORY, "XLA defaults | small f32", H100.format(4, "default"),
+     step_row("small_f32")),
+    (HISTORY, "`--xla_gpu_enable_command_buffer=", H100.format(3, "command_buffers"),
+     step_row("small_f32")),
+    (HISTORY, "`--xla_gpu_enable_triton_gemm=false` | small f32",
+     H100.format(3, "no_triton_gemm"), step_row("small_f32")),
+]
+
+TORCH = "results/bench/train_step_runs/2026-11-26_torch_compiled/{}.json"
+ROWS += [
+    ("BENCHMARKS.md", f"{run} | {name}", TORCH.format(run),
+     [(f"results.{index}.ms_per_step", "{:.0f}")]
+     + ([] if run.startswith("eager") else
+        [(f"results.{index}.fraction_of_matmul_peak", "{:.1%}")])
+     + [(f"results.{index}.torch_ms_per_step", "{:.0f}"),
+        (f"results.{index}.speedup_vs_torch", "{:.2f}x")])
+    for index, name in enumerate(("small", "base"))
+    for run in ("run1", "run2", "run3", "eager_run1", "eager_run2")]
+
+DECODE = "results/bench/decode_runs/2026-11-26/run{}.json"
+ROWS += [("BENCHMARKS.md", f"{run} | {plain1:.3f}", DECODE.format(run), [
+    ("rows.0.s_per_batch", "{:.3f}"), ("rows.1.s_per_batch", "{:.3f}"),
+    ("rows.2.s_per_batch", "{:.3f}"), ("rows.3.s_per_batch", "{:.3f}"),
+    ("speedup_vs_plain", "{:.2f}"), ("rows.4.sentences_per_s", "{:.1f}"),
+    ("rows.5.sentences_per_s", "{:.1f}"),
+    (lambda r: r["rows"][5]["sentences_per_s"] / r["rows"][4]["sentences_per_s"], "{:.2f}")])
+    for run, plain1 in ((1, 0.699), (2, 0.831), (3, 0.817), (4, 0.813), (5, 0.826))]
+
+ROWS += [("BENCHMARKS.md", "220,276", "results/bench/input_pipeline.json",
+          [("nonpad_fraction", "{:.3f}"), ("batch_tokens", "{:d}"),
+           ("train_tokens_per_s", "{:,.0f} tokens/s"), ("ratio_to_training", "{:.0f}x")])]
+
+ROWS += [("RESULTS.md", f"{step} | ", render_docs.run_json("multi30k_en-de"),
+          [(f"validation_bleu_curve.{i}.1", lambda s: f"{s / 60:.1f} min"),
+           (f"validation_bleu_curve.{i}.2", "{:.2f}")])
+         for i, step in enumerate((400, 800, 1200, 1600, 2000))]
+
+
+
+def curve(steps, what: str = "bleu"):
+  """A by-step validation row from a results JSON's `validation_bleu_curve` ([step,
+  wall s, BLEU] per BLEU evaluation): BLEU to one decimal, or wall time in minutes."""
+  def at(step):
+    def pick(record):
+      point = next(p for p in record["validation_bleu_curve"] if p[0] == step)
+      return point[2] if what == "bleu" else point[1] / 60
+    return pick
+  # The curve holds BLEU to 0.01 and wall time to 1 s, the tables one decimal of the
+  # unrounded figure: a value on a rounding boundary (39.65) admits both neighbours.
+  source_step = 0.01 if what == "bleu" else 1 / 60
+  def one_decimal(x):
+    return tuple(dict.fromkeys(f"{x + d:.1f}" for d in (-source_step / 2, 0, source_step / 2)))
+  return [(at(step), one_decimal) for step in steps]
+
+
+EVERY_400 = lambda last: range(400, last + 1, 400)  # noqa: E731
+TUNING = "## Tuning on validation (EN->DE) >> "
+LONGER = "### Longer still: dropout 0.2, 4000 steps (EN->DE) >> "
+BPD02 = "### BPE-dropout 0.02 for EN->DE, 5000, 7000 and 9000 steps (2026-11-26) >> "
+FR_TUNING = "## Tuning on validation (EN->FR) >> "
+# (doc, first cell, JSON name, steps, what): RESULTS' by-step validation tables.
+CURVES = [
+    (TUNING + "dropout 0.1 (2000 steps)", "en-de", (400, 800, 1200, 1600, 2000), "bleu"),
+    (TUNING + "dropout 0.2 (3000 steps)", "en-de_dropout0.2",
+     (*EVERY_400(2800), 3000), "bleu"),
+    (TUNING + "control: dropout 0.1 (3000 steps)", "en-de_3000steps",
+     (*EVERY_400(2800), 3000), "bleu"),
+    (LONGER + "validation BLEU", "en-de_4000steps", EVERY_400(4000), "bleu"),
+    ("### Longer still: dropout 0.2, 6000 steps >> validation BLEU (one checkpoint)",
+     "en-de_6000steps", (4000, 4400, 4800, 5200, 5600, 6000), "bleu"),
+    ("### Dropout 0.3 (EN->DE) >> wall time (min)", "en-de_d03_6000steps",
+     range(1000, 6001, 1000), "wall"),
+    ("### Dropout 0.3 (EN->DE) >> validation BLEU (one checkpoint)", "en-de_d03_6000steps",
+     range(1000, 6001, 1000), "bleu"),
+    ("### Label smoothing 0.2 >> label smoothing 0.1", "en-de_4000steps", EVERY_400(4000),
+     "bleu"),
+    ("### Label smoothing 0.2 >> label smoothing 0.2", "en-de_ls0.2_4000steps",
+     EVERY_400(4000), "bleu"),
+    ("### Subword regularisation (BPE-dropout) >> BPE-dropout 0.05: validation BLEU",
+     "en-de_bpd0.05_10000steps", range(1000, 10001, 1000), "bleu"),
+    ("### Subword regularisation (BPE-dropout) >> BPE-dropout 0.05: wall time (min)",
+     "en-de_bpd0.05_10000steps", range(1000, 10001, 1000), "wall"),
+    (BPD02 + "BPE-dropout 0.02: validation BLEU", "en-de_bpd0.02_9000steps",
+     range(1000, 9001, 1000), "bleu"),
+    (BPD02 + "BPE-dropout 0.02: wall time (min)", "en-de_bpd0.02_9000steps",
+     range(1000, 9001, 1000), "wall"),
+    (FR_TUNING + "dropout 0.1 (2000 steps)", "en-fr", EVERY_400(2000), "bleu"),
+    (FR_TUNING + "dropout 0.2 (3000 steps)", "en-fr_dropout0.2", (*EVERY_400(2800), 3000),
+     "bleu"),
+    ("### Longer still: dropout 0.2, 4000 steps (EN->FR) >> validation BLEU",
+     "en-fr_4000steps", EVERY_400(4000), "bleu"),
+    ("### The EN->DE recipe as one command >> one command: validation BLEU", "en-de_best_config",
+     range(1000, 9001, 1000), "bleu"),
+    ("### The EN->DE recipe as one command >> one command: wall time (min)", "en-de_best_config",
+     range(1000, 9001, 1000), "wall"),
+    ("### The EN->FR recipe as one command >> one command: validation BLEU", "en-fr_best_config",
+     range(1000, 7001, 1000), "bleu"),
+    ("### The EN->FR recipe as one command >> one command: wall time (min)", "en-fr_best_config",
+     range(1000, 7001, 1000), "wall"),
+    ("### Subword regularisation for EN->FR >> BPE-dropout 0.02: validation BLEU",
+     "en-fr_bpd0.02_7000steps", range(1000, 7001, 1000), "bleu"),
+    ("### Subword regularisation for EN->FR >> BPE-dropout 0.02: wall time (min)",
+     "en-fr_bpd0.02_7000steps", range(1000, 7001, 1000), "wall"),
+]
+ROWS += [("RESULTS.md", first, render_docs.run_json(f"multi30k_{name}"), curve(steps, what))
+         for first, name, steps, what in CURVES]
+
+ROWS += [("RESULTS.md", first, render_docs.run_json(f"multi30k_{name}"),
+          [("bleu", "{:.1f}"), ("bleu_lowercase", "{:.1f}"), ("chrf", "{:.1f}")])
+         for first, name in [
+             ("EN->DE BPE-dropout 0.05, 10000 steps, beam 8", "en-de_bpd0.05_10000steps_b8_a1.4"),
+             ("EN->DE BPE-dropout 0.02, 7000 steps, beam 8", "en-de_bpd0.02_7000steps_b8_a1.4"),
+             ("EN->FR BPE-dropout 0.02, 7000 steps, beam 4", "en-fr_bpd0.02_7000steps_b4_a1.4")]]
+
+
+
+def logged(step: int, key: str):
+  """A metrics.jsonl figure: `key` of the record logged at `step`."""
+  def pick(text):
+    records = (json.loads(line) for line in text.splitlines() if line.strip())
+    return next(r[key] for r in records if r.get("step") == step and key in r)
+  return pick
+
+
+BEST_DE = "results/runs/multi30k_en-de_best_config/"
+RERUN = BEST_DE + "rerun_attempt_2026-11-27/"
+
+
+def step_times(text: str) -> list[float]:
+  """The step times (s) a metrics.jsonl logged, in order."""
+  return [r["step_time_s"] for r in map(json.loads, filter(str.strip, text.splitlines()))
+          if "step_time_s" in r]
+
+
+def sacrebleu_line(metric: str):
+  """The score of a decode log's sacreBLEU line ('BLEU = 38.78  (...)')."""
+  return lambda text: float(re.search(rf"^{metric} = ([\d.]+)", text, re.M).group(1))
+
+
+def bleu_and_chrf(text):
+  """(BLEU, chrF) of a decode log."""
+  return sacrebleu_line("BLEU")(text), sacrebleu_line("CHRF")(text)
+
+
+def p_values(text):
+  """sacreBLEU paired bootstrap output's p-values, in order (BLEU, then chrF)."""
+  return [float(p) for p in re.findall(r"p = ([\d.]+)", text)]
+
+
+# A decode log's scores as a sentence quotes them ("41.76 BLEU / 64.12 chrF").
+LABELLED_SCORES = [(sacrebleu_line("BLEU"), "{:.2f} BLEU"), (sacrebleu_line("CHRF"), "{:.2f} chrF")]
+SLASHED_SCORES = (bleu_and_chrf, lambda x: f"{x[0]:.2f} / {x[1]:.2f}")
+
+
+# Text files (not JSON) are passed to the key functions whole.
+BIASED = "results/runs/multi30k_en-de_biased_2026-11-26/readme_job_metrics.jsonl"
+EXACT = "results/runs/multi30k_en-de_paper_exact/"
+ROWS += [
+    ("RESULTS.md", "loss at step 2000", BIASED, [(logged(2000, "eval_loss"), "{:.4f}")]),
+    ("RESULTS.md", "loss at step 2000", EXACT + "metrics.jsonl",
+     [(logged(2000, "eval_loss"), "{:.4f}")]),
+    ("RESULTS.md", "BLEU at step 2000", BIASED, [(logged(2000, "bleu"), "{:.2f}")]),
+    ("RESULTS.md", "BLEU at step 2000", EXACT + "metrics.jsonl",
+     [(logged(2000, "bleu"), "{:.2f}")]),
+] + [("RESULTS.md", "BLEU / chrF, last 5 averaged", EXACT + f"decode_validation_{name}.log",
+      [SLASHED_SCORES]) for name in ("biased", "paper_exact")]
+
+# The train-step runs of the 2026-11-23 and 2026-11-24 hosts (BENCHMARKS renders their
+# tables, bench/render_docs.py; the prose below quotes their ranges and medians).
+STEP_RUNS = {"Five runs on the 2026-11-23 host": "results/bench/train_step_runs/{}_{}.json",
+             "Five runs on the 2026-11-24 host":
+             "results/bench/train_step_runs/2026-11-24/{}_{}.json"}
+
+# The 2026-11-23 beam-search runs: plain cached, ours, ratio.
+ROWS += [(HISTORY, f"2026-11-23 | {run}", f"results/bench/decode_runs/decode_{run}.json",
+          [("plain_s_per_batch", "{:.3f}"), ("s_per_batch", "{:.3f}"),
+           ("speedup_vs_plain", "{:.2f}")]) for run in range(1, 6)]
+
+CPU_ABLATIONS = "results/device_runs/2026-11-26_cpu_ablations/accelerator.json"
+ROWS += [("BENCHMARKS.md", "ours (hand-written pieces)", CPU_ABLATIONS,
+          [("small_f32_with_ablations.ours_ms", "{:.1f}"),
+           (lambda r: r["small_f32_with_ablations"]["ours_ms"] / r["small_f32_with_ablations"][
+               "ours_ms"], "{:.2f}")])] + [
+    ("BENCHMARKS.md", name, CPU_ABLATIONS,
+     [(f"small_f32_ablations.{name}.ms", "{:.1f}"),
+      (f"small_f32_ablations.{name}.over_ours", "{:.2f}")])
+    for name in ("plain_tied_projection", "autodiff_cross_entropy", "bernoulli_dropout",
+                 "all_plain")]
+
+# (doc, sentence start, JSON, [(key path, format)]): the figures in the sentence's
+# first 400 characters, in order.
+SCORES = [("bleu", "{:.1f}"), ("bleu_lowercase", "{:.1f}"), ("chrf", "{:.1f}")]
+SENTENCES = [
+    ("BENCHMARKS.md", "**The StableHLO runner equals decode.py**", "results/bench/export.json",
+     [("rows.1.lines_equal_to_decode_py", "all {} lines")]),
+    ("BENCHMARKS.md", "**CTranslate2 int8 meets the aim**", "results/bench/export.json",
+     [("rows.3.speedup_vs_decode_py", "{:.2f}x"), ("rows.3.bleu_minus_decode_py", "BLEU {:+.2f}"),
+      ("greedy_validation_100.ctranslate2 int8", "ours on {} of 100")]),
+    ("BENCHMARKS.md", "**Threads, not fidelity, decided it**", "results/bench/export.json",
+     [("rows.5.speedup_vs_decode_py", "int8 ran at {:.2f}x"),
+      ("rows.4.speedup_vs_decode_py", "float32 at {:.2f}x"),
+      ("rows.3.speedup_vs_decode_py", "{:.2f}x"), ("rows.2.speedup_vs_decode_py", "and {:.2f}x")]),
+    ("BENCHMARKS.md", "**CTranslate2 float32**: BLEU within", "results/bench/export.json",
+     [("rows.2.bleu_minus_decode_py", "({:+.2f})")]),
+    ("BENCHMARKS.md", "Fits (log-log slope): step time vs batch", "results/bench/scaling.json",
+     [("batch_exponent", "**{:.2f}**"), ("length_exponent_fixed_tokens", "**{:.2f}**"),
+      ("memory_length_exponent_fixed_tokens", "memory **{:.2f}**")]),
+    ("RESULTS.md", "Its validation curve (", render_docs.run_json("multi30k_en-de_reproduced"),
+     [(f"validation_bleu_curve.{i}.2", "{:.2f}") for i in range(5)]),
+    ("RESULTS.md", "BLEU; the first EN->DE row's run, on an older",
+     render_docs.run_json("multi30k_en-de_paper_exact"),
+     [("train_wall_s", lambda s: f"{s / 60:.1f} minutes")]),
+    ("RESULTS.md", "The decode the project reports (last 5 averaged)", EXACT + "paired_bs_validation.txt",
+     [(p_values,
+       lambda ps: f"p = {ps[0]:.2f} (BLEU) and {ps[1]:.2f} (chrF)")]),
+    ("RESULTS.md", "The same file gives the resolution", EXACT + "paired_bs_validation.txt",
+     [(lambda t: re.findall(r"\([\d.]+ ± ([\d.]+)\)", t),  # BLEU, chrF per system
+       lambda ci: f"+-{ci[0]} and +-{ci[2]} BLEU")]),
+    ("docs/provenance.md", "On validation (decode.py's default",
+     EXACT + "decode_validation_biased.log",
+     LABELLED_SCORES),
+    ("docs/provenance.md", "On validation (decode.py's default",
+     EXACT + "decode_validation_paper_exact.log",
+     [SLASHED_SCORES]),
+    ("docs/provenance.md", "On validation (decode.py's default", EXACT + "paired_bs_validation.txt",
+     [(p_values,
+       lambda ps: f"p = {ps[0]:.2f} and {ps[1]:.2f}")]),
+    (HISTORY, "README job end to end (2000 steps", H100.format(1, "accelerator"),
+     [(lambda r: (r["readme_job_wall_s"], r["readme_job_train_wall_s"],
+                  r["readme_job_decode_wall_s"]),
+       lambda w: f"{w[0]:.0f} s ({w[1]:.0f} s train + {w[2]:.0f} s decode)")]),
+    (HISTORY, "README job end to end (2000 steps", H100.format(2, "accelerator"),
+     [(lambda r: (r["readme_job_wall_s"], r["readme_job_train_wall_s"],
+                  r["readme_job_decode_wall_s"]),
+       lambda w: f"{w[0]:.0f} s ({w[1]:.0f} + {w[2]:.0f};")]),
+] + [(HISTORY, "its test BLEU within 0.5 of the CPU run", H100.format(run, "accelerator"),
+      [(lambda r: (r["readme_job_test_bleu"], r["readme_job_test_bleu_lowercased"]),
+        lambda b: f"{b[0]:.1f} / {b[1]:.1f} lowercased")]) for run in (1, 2)] + [
+    (HISTORY, start, H100.format(run, "accelerator"), [(key, fmt)])
+    for start, key, fmt, runs in [
+        ("train step cold compile <= 30 s |", "train_step_compile_s_cold", "{:.1f} s", (1, 2)),
+        ("second launch <= 5 s |", "train_step_compile_s_warm", "{:.1f} s", (1, 2)),
+        ("README job <= 10 ms/step |", "readme_job_ms_per_step", "{:.1f} ms", (1, 2)),
+        ("test 2016 decode speed |", "decode_test2016_sentences_per_s", "{:,.0f} sentences/s",
+         (1,)),
+        ("beam search compile <= 20 s per shape |", "decode_compile_s", "{:.1f} s at 8 x 32",
+         (1,))]
+    for run in runs] + [
+    (HISTORY, "within 1.25x of the step fed one batch", H100.format(2, "accelerator"),
+     [(lambda r: (r["readme_job_ms_per_step"], r["readme_job_ms_per_step_repeated_batch"],
+                  r["readme_step_ms_fed"]),
+       lambda m: f"job {m[0]:.1f} / {m[1]:.1f} = {m[0] / m[1]:.2f}x; in-process, 8 workers: "
+                 f"{m[2]:.1f} / {m[1]:.1f} = {m[2] / m[1]:.2f}x")]),
+    (HISTORY, "small f32 (32 x 64) >= 1.3x the peer |", H100.format(1, "accelerator"),
+     [(lambda r: r["small_f32"], lambda x: f"ours {x['ours_ms']:.2f} ms, peer {x['peer_ms']:.2f} "
+       f"ms: {x['speedup_vs_peer']:.2f}x; compile {x['ours_compile_s']:.1f} s vs "
+       f"{x['peer_compile_s']:.1f} s")]),
+    (HISTORY, "small f32 (32 x 64) >= 1.3x the peer |", H100.format(3, "no_triton_gemm"),
+     [(lambda r: r["small_f32"],
+       lambda x: f"{x['ours_ms']:.2f} vs {x['peer_ms']:.2f} ms: {x['speedup_vs_peer']:.2f}x")]),
+    (HISTORY, "beam search >= 2x the peer (8 x 32", H100.format(1, "accelerator"),
+     [(lambda r: r["decode_vs_peer"],
+       lambda x: f"ours {x['ours_s_per_batch'] * 1000:.1f} ms, peer "
+                 f"{x['peer_s_per_batch'] * 1000:.1f} ms per batch: {x['speedup_vs_peer']:.2f}x "
+                 f"({x['ours_sentences_per_s']:.0f} vs {x['peer_sentences_per_s']:.0f} "
+                 "sentences/s)")]),
+    (HISTORY, "test 2016, 1000 sentences, same output as on the CPU |",
+     H100.format(1, "accelerator"),
+     [("decode_test2016_lines_differing_from_cpu", lambda n: f"{1000 - n} of 1000 lines")]),
+] + [(HISTORY, "base bf16, ~25k tokens a side (192 x 128)", H100.format(run, name),
+      [(lambda r: r["base_bf16"], lambda x: f"{x['ours_ms']:.1f} ms/step, "
+        f"{x['ours_mfu_of_bf16_peak']:.1%} MFU, {x['speedup_vs_peer']:.2f}x the peer")])
+     for run, name in ((3, "default"), (4, "no_triton_gemm"))] + [
+    ("RESULTS.md", "Validation, last 10 averaged (`decode_validation.log`)",
+     "results/runs/multi30k_en-de_best_config/decode_validation.log",
+     LABELLED_SCORES),
+] + [("RESULTS.md", "inside this run's own 95% bootstrap interval on test",
+        f"results/runs/multi30k_{pair}_best_config/test_bleu_confidence.txt",
+        [(lambda t: json.loads(t)["confidence"].split("= ")[1].replace("±", "+-"), "{}")])
+       for pair in ("en-fr", "en-de")] + [
+    ("docs/provenance.md", "The EN->DE run the recipe was chosen from",
+     render_docs.run_json("multi30k_en-de_bpd0.02_9000steps"), SCORES),
+    ("docs/provenance.md", "the EN->FR one scored",
+     render_docs.run_json("multi30k_en-fr_bpd0.02_7000steps"), SCORES),
+    ("RESULTS.md", "Validation, last 5 averaged (`decode_validation.log`)",
+     "results/runs/multi30k_en-fr_best_config/decode_validation.log",
+     LABELLED_SCORES),
+    ("docs/provenance.md", "The same command with the biases the projections had before",
+     render_docs.run_json("multi30k_en-de_biased_2026-11-26"), SCORES),
+    ("docs/accelerators.md", "Measured on one H100 80GB (jax 0.11.2, 2026-11-27", H100_ROUND2,
+     [("readme_job_wall_s", "took {:.0f} s end to end"),
+      ("readme_job_train_wall_s", "({:.0f} s train.py"),
+      ("readme_job_decode_wall_s", "+ {:.0f} s decode.py"),
+      ("readme_job_ms_per_step", "{:.1f} ms/step")]),
+    ("docs/accelerators.md", "Parameter initialisation compiled in", H100_ROUND2,
+     [("init_compile_s_cold", "compiled in {:.1f} s"),
+      ("train_step_compile_s_cold", "train step in {:.1f} s"),
+      ("train_step_compile_s_warm", "loaded in {:.1f} s")]),
+    ("BENCHMARKS.md", "**The README job, second by second**", H100_ROUND2,
+     [("init_compile_s_cold", "compiled in {:.1f} s")]),
+    ("docs/accelerators.md", "Test 2016 scored", H100_ROUND2,
+     [("readme_job_test_bleu", "scored {:.1f} BLEU"),
+      ("readme_job_test_bleu_lowercased", "({:.1f} lowercased)")]),
+]
+
+
+# Settings and figures in the prose of README and docs/, each against its config or file.
+M30K, DEFAULT = "config:configs/multi30k.py", "config:configs/default.py"
+SENTENCES += [
+    ("README.md", "The main job trains", M30K,
+     [("num_train_steps", "trains {} steps"), ("eval_every_steps", "every {} steps"),
+      ("bleu_every_steps", "BLEU every {}")]),
+    ("README.md", "The main job trains", render_docs.run_json("multi30k_en-de_paper_exact"),
+     [("train_wall_s", lambda s: f"{s / 60:.1f} minutes of training")]),
+    ("README.md", "Test 2016 (beam", M30K, [("beam_size", "(beam {},"), ("alpha", "alpha {},")]),
+    ("docs/provenance.md", "inside the one-command run's own 95% interval",
+     "results/runs/multi30k_en-de_best_config/test_bleu_confidence.txt",
+     [(lambda t: json.loads(t)["confidence"].split("± ")[1], "+-{}")]),
+    ("docs/provenance.md", "the EN->FR one scored",
+     "results/runs/multi30k_en-fr_best_config/test_bleu_confidence.txt",
+     [(lambda t: json.loads(t)["confidence"].split("± ")[1], "inside +-{}")]),
+    ("docs/accelerators.md", "Measured on one H100 80GB (jax 0.11.2, 2026-11-27", M30K,
+     [("num_train_steps", "its {} steps")]),
+    ("docs/accelerators.md", "the cache held it; evaluation and BLEU", DEFAULT,
+     [("eval_max_shapes", "widths ({})"), ("eval_max_shapes", "at most {} compiled")]),
+    ("docs/accelerators.md", "`prefetch_batches` (", DEFAULT,
+     [("prefetch_batches", "({}) steps ahead")]),
+    ("docs/training.md", "parameters placed by `config.logical_axis_rules`.", DEFAULT,
+     [(lambda c: (c["adam_b1"], c["adam_b2"], c["adam_eps"]),
+       lambda b: f"Adam({b[0]}, {b[1]}, {b[2]:.0e})".replace("e-0", "e-"))]),
+    ("docs/provenance.md", "| vocabulary | BPE", DEFAULT, [("vocab_size", "`vocab_size` {}")]),
+    ("docs/provenance.md", "| batch size |", "results/bench/input_pipeline.json",
+     [("nonpad_fraction", "{:.1%} on Multi30k")]),
+    ("docs/provenance.md", "| attention dropout |", DEFAULT,
+     [("model.attention_dropout_rate", "default {}")]),
+    ("docs/provenance.md", "| label smoothing |", DEFAULT, [("label_smoothing", "eps_ls = {}")]),
+    ("docs/provenance.md", "| LayerNorm epsilon |", DEFAULT,
+     [("model.layer_norm_epsilon", lambda e: f"| {e:.0e} |".replace("e-0", "e-"))]),
+    ("docs/provenance.md", "| Multi30k config |", M30K,
+     [("model.d_model", "d_model {}"), ("model.d_ff", "d_ff {}"), ("model.num_heads", "{} heads"),
+      (lambda c: (c["model"]["num_layers"], c["model"]["num_decoder_layers"] or
+                  c["model"]["num_layers"]), lambda n: f"{n[0]}+{n[1]} layers"),
+      ("vocab_size", lambda v: f"{v // 1000}k vocabulary"), ("warmup_steps", "warmup {}")]),
+    ("docs/provenance.md", "runs the tests named for each on a copy", "results/bench/mutants.json",
+     [(lambda r: (r["caught"], r["total"]), lambda c: f"{c[0]} of {c[1]} mutants caught"),
+      (lambda r: r["unmutated"]["seconds"] + sum(m["seconds"] for m in r["mutants"]),
+       lambda s: f"about {s / 60:.0f} minutes")]),
+    ("RESULTS.md", "It was not re-run to the end",
+     render_docs.run_json("multi30k_en-de_best_config"),
+     [("train_wall_s", lambda s: f"{s / 60:.0f} minutes of both cores")]),
+    ("RESULTS.md", "session's host ran the step in",
+     (RERUN + "metrics.jsonl", BEST_DE + "metrics.jsonl", RERUN + "train.log"), [
+        (lambda t: statistics.median(step_times(t[0])), "in {:.2f} s"),
+        (lambda t: statistics.median(step_times(t[1])[:len(step_times(t[0]))]), "against {:.2f} s"),
+        (lambda t: re.findall(r"ETA (\w+)", t[2])[-1], "ETA read {}"),
+        (lambda t: (logged(500, "loss")(t[0]), logged(500, "loss")(t[1])),
+         lambda x: f"{x[0]:.4f} here, {x[1]:.4f} there")]),
+    ("README.md", "It simulates", "tests/conftest.py",
+     [(lambda t: re.search(r"device_count=(\d+)", t).group(1), "simulates {} devices")]),
+]
+
+# (doc, sentence start, log file, regex with one group, format): a count or time the
+# sentence quotes from a log (the test suite's count from CI's log).
+# Figures that compare runs: the key function gets the records of every file named.
+def results(*names):
+  return tuple(render_docs.run_json(f"multi30k_{name}") for name in names)
+
+
+def spread(records):
+  bleus = [r["bleu"] for r in records]
+  return max(bleus) - min(bleus)
+
+
+SENTENCES += [
+    ("RESULTS.md", "The decode the project reports (last 5 averaged) leans",
+     (EXACT + "decode_validation_biased.log", EXACT + "decode_validation_paper_exact.log"),
+     [(lambda logs: sacrebleu_line("BLEU")(logs[0]) - sacrebleu_line("BLEU")(logs[1]),
+       "by {:.2f} BLEU")]),
+    ("RESULTS.md", "for the second time a validation lead did not carry over",
+     results("en-de_d03_6000steps", "en-de_6000steps", "en-de_4000steps"),
+     [(spread, "within {:.1f} BLEU")]),
+    ("RESULTS.md", "Against the same models at beam 4, alpha 0.6",
+     results("en-de_bpd0.05_10000steps_b8_a1.4", "en-de_bpd0.05_10000steps",
+             "en-de_bpd0.02_7000steps_b8_a1.4", "en-de_bpd0.02_7000steps",
+             "en-fr_bpd0.02_7000steps_b4_a1.4", "en-fr_bpd0.02_7000steps"),
+     [(lambda r: max(abs(r[i]["bleu"] - r[i + 1]["bleu"]) for i in (0, 2, 4)),
+       "by more than {:.1f}")]),
+    ("RESULTS.md", "Validation, last 10 averaged (`decode_validation.log`)",
+     results("en-de_best_config", "en-de_bpd0.02_9000steps"),
+     [(lambda r: r[1]["bleu"] - r[0]["bleu"], "scored {:.1f} BLEU below"),
+     ]),
+    ("RESULTS.md", "It trained alone in", results("en-de_best_config"),
+     [("0.train_wall_s", lambda s: f"alone in {s / 60:.1f} minutes")]),
+    ("RESULTS.md", "Validation, last 10 averaged (`decode_validation.log`)",
+     EXACT + "paired_bs_validation.txt",
+     [(lambda t: re.findall(r"\([\d.]+ ± ([\d.]+)\)", t),
+       lambda ci: f"+-{ci[0]}-{ci[2]} BLEU")]),
+    ("RESULTS.md", "Validation, last 5 averaged (`decode_validation.log`)",
+     results("en-fr_best_config", "en-fr_bpd0.02_7000steps"),
+     [(lambda r: r[1]["bleu"] - r[0]["bleu"], "scored {:.1f} BLEU below"),
+     ]),
+    ("RESULTS.md", "It trained in", results("en-fr_best_config"),
+     [("0.train_wall_s", lambda s: f"trained in {s / 60:.1f} minutes")]),
+]
+
+
+# The train-step runs' prose: ranges and medians over a host's five runs (BENCHMARKS).
+def step_files(host: str, malloc: str = "tuned_malloc") -> tuple[str, ...]:
+  return tuple(STEP_RUNS[host].format(malloc, run) for run in range(1, 6))
+
+
+H23, H24 = "Five runs on the 2026-11-23 host", "Five runs on the 2026-11-24 host"
+SMALL, BASE = 0, 1
+
+
+def each(key):
+  """A key path's value in each of several records."""
+  return lambda records: [value(r, key) for r in records]
+
+
+def field(config: int, key: str, runs=slice(None)):
+  """One config's result field of train-step runs' JSON, over the runs given."""
+  return lambda records: each(f"results.{config}.{key}")(records[runs])
+
+
+def malloc_gain(config: int):
+  """System-malloc step time over tuned-malloc step time, run by run (the tuned runs
+  first, then the system ones, in the same order)."""
+  return lambda records: [b["results"][config]["ms_per_step"] / a["results"][config]["ms_per_step"]
+                          for a, b in zip(records[:5], records[5:])]
+
+
+def span(fmt: str, unit: str = ""):
+  """'lo-hi' of a list of values, each formatted."""
+  return lambda xs: f"{fmt.format(min(xs))}-{fmt.format(max(xs))}{unit}"
+
+
+def median(key_function):
+  return lambda records: statistics.median(key_function(records))
+
+
+# The 2026-11-23 host's float32 peak in theory: 2 cores x 32 FLOP per cycle x 2.45 GHz
+# (its JSON files predate the clock field; the clock is the one /proc/cpuinfo gave).
+H23_PEAK = 2 * 32 * 2.45
+
+
+def gb(xs) -> str:
+  """A range of peak RSS figures in GB, one figure when both ends round alike."""
+  lo, hi = (f"{mb / 1000:.1f}" for mb in (min(xs), max(xs)))  # The docs' GB are 1000 MB.
+  return f"{lo} GB" if lo == hi else f"{lo}-{hi} GB"
+TORCH_RUNS = tuple(TORCH.format(run) for run in ("run1", "run2", "run3"))
+EAGER_RUNS = tuple(TORCH.format(run) for run in ("eager_run1", "eager_run2"))
+BOTH_HOSTS = step_files(H23) + step_files(H24)
+SENTENCES += [
+    ("BENCHMARKS.md", "This kind of machine does not always come up", BOTH_HOSTS + TORCH_RUNS, [
+        (lambda r: field(SMALL, "matmul_peak_gflops_per_s", slice(0, 5))(r), span("{:.0f}")),
+        (lambda r: H23_PEAK, "= {:.0f} GFLOP/s in theory"),
+        (field(SMALL, "matmul_peak_gflops_per_s", slice(5, 10)), span("{:.0f}")),
+        (field(SMALL, "matmul_peak_gflops_per_s", slice(10, 13)), span("{:.0f}"))]),
+    ("BENCHMARKS.md", "Here the small aim is met", step_files(H24) + step_files(H24, "system_malloc"), [
+        (median(field(SMALL, "ms_per_step", slice(0, 5))), "median {:.0f} ms"),
+        (field(SMALL, "ms_per_step", slice(1, 5)), span("{:.0f}")),
+        (lambda r: r[0]["results"][SMALL]["ms_per_step"], "first run's {:.0f}"),
+        (median(field(BASE, "ms_per_step", slice(0, 5))), "({:.0f} ms)"),
+        (lambda r: r[0]["results"][BASE]["flops_per_step"] / 0.95 / 1e9, "needs {:.0f} GFLOP/s"),
+        (lambda r: r[0]["results"][BASE]["flops_per_step"] / 0.95 / 1e9 / statistics.median(
+            field(BASE, "matmul_peak_gflops_per_s", slice(0, 5))(r)), "{:.0%}"),
+        (median(field(BASE, "matmul_peak_gflops_per_s", slice(0, 5))), "({:.0f})"),
+        (median(field(BASE, "fraction_of_matmul_peak", slice(0, 5))), "sustains {:.0%}"),
+        (malloc_gain(SMALL), span("{:.2f}", "x")), (malloc_gain(BASE), span("{:.2f}", "x")),
+    ]),
+    ("BENCHMARKS.md", "in the run beside each; peak RSS", step_files(H24) + step_files(H24, "system_malloc"), [
+        (field(SMALL, "peak_rss_mb", slice(0, 5)), gb),
+        (field(BASE, "peak_rss_mb", slice(0, 5)), gb),
+        (lambda r: (gb(field(SMALL, "peak_rss_mb")(r[5:])), gb(field(BASE, "peak_rss_mb")(r[5:]))),
+         lambda xs: f"{xs[0][:-3]} and {xs[1]} without")]),
+    ("BENCHMARKS.md", "Against the aims, from the files above only", BOTH_HOSTS, [
+        (median(field(SMALL, "ms_per_step", slice(5, 10))), "(median {:.0f})"),
+        (median(field(SMALL, "ms_per_step", slice(0, 5))), "({:.0f})"),
+        (lambda r: (statistics.median(field(BASE, "ms_per_step", slice(5, 10))(r)),
+                    statistics.median(field(BASE, "ms_per_step", slice(0, 5))(r))),
+         lambda ms: f"({ms[0]:.0f}, {ms[1]:.0f})"),
+    ]),
+    ("BENCHMARKS.md", "**>= 50% of the matmul peak: met**", BOTH_HOSTS, [
+        (field(SMALL, "fraction_of_matmul_peak"), lambda xs: f"small {min(xs):.0%}-{max(xs):.0%}".replace("%-", "-")),
+        (field(BASE, "fraction_of_matmul_peak"), lambda xs: f"base {min(xs):.0%}-{max(xs):.0%}".replace("%-", "-")),
+        (field(SMALL, "speedup_vs_torch"), span("{:.2f}", "x small")),
+        (field(BASE, "speedup_vs_torch"), span("{:.2f}", "x base"))]),
+    ("BENCHMARKS.md", "**Against torch at the same arithmetic", TORCH_RUNS, [
+        (field(SMALL, "matmul_peak_gflops_per_s"), span("{:.0f}", " GFLOP/s"))]),
+    ("BENCHMARKS.md", "On this host eager torch is torch's faster mode", TORCH_RUNS + EAGER_RUNS, [
+        (lambda r: field(SMALL, "speedup_vs_torch")(r[3:]) + field(BASE, "speedup_vs_torch")(r[3:]),
+         span("{:.2f}", "x faster")),
+        (field(SMALL, "ms_per_step"), span("{:.0f}", " ms/step")),
+        (field(BASE, "ms_per_step"), span("{:.0f}", " (aim")),
+        (lambda r: field(SMALL, "fraction_of_matmul_peak")(r[:3]) + field(BASE, "fraction_of_matmul_peak")(r[:3]),
+         lambda xs: f"{100 * min(xs):.0f}-{max(xs):.0%} of the matmul peak")]),
+    ("BENCHMARKS.md", "Why the absolute aims cannot be met", step_files(H23), [
+        (lambda r: r[0]["results"][SMALL]["flops_per_step"] / 1e9, "counts {:.1f} GFLOP"),
+        (lambda r: r[0]["results"][BASE]["flops_per_step"] / 1e9, "and {:.0f} GFLOP"),
+    ]),
+    ("BENCHMARKS.md", "The aim of 700 ms for small needs", step_files(H23), [
+        (lambda r: r[0]["results"][SMALL]["flops_per_step"] / 0.7 / 1e9, "needs {:.0f} GFLOP/s"),
+        (median(field(SMALL, "matmul_peak_gflops_per_s")), "rate ({:.0f})"),
+        (lambda r: r[0]["results"][SMALL]["flops_per_step"] / 0.7 / 1e9 / H23_PEAK, "and {:.0%}"),
+        (lambda r: H23_PEAK, "theoretical {:.0f};"),
+        (lambda r: r[0]["results"][BASE]["flops_per_step"] / 0.95 / 1e9, "needs {:.0f} GFLOP/s"),
+        (lambda r: max(field(SMALL, "matmul_peak_gflops_per_s")(r)), "(at most {:.0f})")]),
+    ("BENCHMARKS.md", "At the theoretical peak the floors are", step_files(H23), [
+        (lambda r: r[0]["results"][SMALL]["flops_per_step"] / H23_PEAK / 1e6, "{:.0f} ms (small)"),
+        (lambda r: r[0]["results"][BASE]["flops_per_step"] / H23_PEAK / 1e6, "{:.0f} ms (base)")]),
+    ("BENCHMARKS.md", "Peak RSS (process maximum", step_files(H23) + step_files(H23, "system_malloc"),
+     [(lambda r, c=c, runs=runs: field(c, "peak_rss_mb", runs)(r),
+       lambda xs: f"{round(min(xs), -1):.0f}-{round(max(xs), -1):.0f}")
+      for runs in (slice(0, 5), slice(5, 10)) for c in (SMALL, BASE)]),
+    ("BENCHMARKS.md", "One at a time each piece is within this run's noise", CPU_ABLATIONS, [
+        (lambda r: r["small_f32_with_ablations"]["ours_runs_ms"] + [
+            x for name in ("plain_tied_projection", "autodiff_cross_entropy", "bernoulli_dropout")
+            for x in r["small_f32_ablations"][name]["runs_ms"]], span("{:.0f}", " ms")),
+        ("small_f32_ablations.all_plain.over_ours", "cost {:.2f}x")]),
+    ("BENCHMARKS.md", "In the train-step runs above (the system-malloc column",
+     step_files(H23) + step_files(H23, "system_malloc") + step_files(H24)
+     + step_files(H24, "system_malloc"), [
+        (lambda r: malloc_gain(SMALL)(r[:10]), span("{:.2f}", "x (small)")),
+        (lambda r: malloc_gain(BASE)(r[:10]), span("{:.2f}", "x (base)")),
+        (lambda r: malloc_gain(SMALL)(r[10:]), span("{:.2f}", "x")),
+        (lambda r: malloc_gain(BASE)(r[10:]), span("{:.2f}", "x on"))]),
+    ("BENCHMARKS.md", "`peak_rss_mb`: small", step_files(H23) + step_files(H23, "system_malloc")
+     + step_files(H24) + step_files(H24, "system_malloc"), [
+        (lambda r: field(SMALL, "peak_rss_mb")(r[5:10] + r[15:]), lambda xs: f"small {gb(xs)}"),
+        (lambda r: field(SMALL, "peak_rss_mb")(r[:5] + r[10:15]), gb),
+        (lambda r: field(BASE, "peak_rss_mb")(r[5:10] + r[15:]), lambda xs: f"base {gb(xs)}"),
+        (lambda r: field(BASE, "peak_rss_mb")(r[:5] + r[10:15]), gb)]),
+]
+
+
+# The beam-search runs: medians over the five runs of each host, and the prose on them.
+DECODE_23 = tuple(f"results/bench/decode_runs/decode_{run}.json" for run in range(1, 6))
+DECODE_26 = tuple(DECODE.format(run) for run in range(1, 6))
+
+
+def fastest_plain_ratio(r):
+  """Ours on two devices against the faster plain search of the same run."""
+  rows = r["rows"]
+  return min(rows[0]["s_per_batch"], rows[2]["s_per_batch"]) / rows[3]["s_per_batch"]
+
+
+def trained_ratio(r):
+  return r["rows"][5]["sentences_per_s"] / r["rows"][4]["sentences_per_s"]
+
+
+ROWS += [
+    (HISTORY, "2026-11-23 | median", DECODE_23,
+     [(median(each(key)), fmt) for key, fmt in (("plain_s_per_batch", "{:.3f}"),
+                                                ("s_per_batch", "{:.3f}"),
+                                                ("speedup_vs_plain", "{:.2f}"))]),
+    (HISTORY, "small, random weights, ours (2026-11-23 host, median: run 5)",
+     DECODE_23[4], [("s_per_batch", "{:.3f}"), ("sentences_per_s", "{:.1f}"),
+                    ("tokens_per_s", "{:.0f}")]),
+    ("BENCHMARKS.md", "median | 0.817", DECODE_26,
+     [(median(each(f"rows.{i}.s_per_batch")), "{:.3f}") for i in range(1, 4)]
+     + [(median(lambda rs: [fastest_plain_ratio(r) for r in rs]), "{:.2f}")]
+     + [(median(each(f"rows.{i}.sentences_per_s")), "{:.1f}") for i in (4, 5)]
+     + [(median(lambda rs: [trained_ratio(r) for r in rs]), "{:.2f}")]),
+]
+# The first cell of that median row is checked here (the row is found by it).
+SENTENCES += [
+    ("BENCHMARKS.md", "| **median** | 0.817", DECODE_26,
+     [(median(each("rows.0.s_per_batch")), "| {:.3f}")]),
+    (HISTORY, "The aim of 2x a plain cached beam search", DECODE_23 + DECODE_26, [
+        (lambda rs: each("speedup_vs_plain")(rs[:5]), span("{:.2f}", "x")),
+        (lambda rs: statistics.median(each("speedup_vs_plain")(rs[:5])), "(median {:.2f}x;"),
+        (lambda rs: statistics.median(fastest_plain_ratio(r) for r in rs[5:]), "{:.2f}x on")]),
+    ("BENCHMARKS.md", "Split over the two cores, ours is", DECODE_26, [
+        (lambda rs: statistics.median(each("rows.1.s_per_batch")(rs))
+         / statistics.median(each("rows.3.s_per_batch")(rs)), "{:.2f}x faster"),
+        (lambda rs: (statistics.median(each("rows.1.s_per_batch")(rs)),
+                     statistics.median(each("rows.3.s_per_batch")(rs))),
+         lambda x: f"({x[0]:.3f} -> {x[1]:.3f} s)"),
+        (lambda rs: (statistics.median(each("rows.0.s_per_batch")(rs)),
+                     statistics.median(each("rows.2.s_per_batch")(rs))),
+         lambda x: f"({x[0]:.3f} -> {x[1]:.3f})"),
+        (lambda rs: [fastest_plain_ratio(r) for r in rs], span("{:.2f}", "x")),
+        (lambda rs: statistics.median(fastest_plain_ratio(r) for r in rs), "(median {:.2f}x)")]),
+    ("BENCHMARKS.md", "Against the faster plain search", DECODE_23,
+     [(median(each("speedup_vs_plain")), "up from {:.2f}x")]),
+    ("BENCHMARKS.md", "On real work, large", DECODE_26, [
+        (median(lambda rs: [trained_ratio(r) for r in rs]), "**{:.2f}x the"),
+        (lambda rs: (statistics.median(each("rows.4.sentences_per_s")(rs)),
+                     statistics.median(each("rows.5.sentences_per_s")(rs))),
+         lambda x: f"({x[0]:.1f} -> {x[1]:.1f} sentences/s")]),
+]
+
+
+def search_step_mflop(config: dict, search: dict) -> tuple[float, float, float]:
+  """Weight-matmul MFLOP of one beam-search step (2 FLOP per multiply-add) for the
+  model of `config` and the batch and beam of a bench/decode.py record: logits, FFN,
+  and per layer self-attention's four projections plus cross-attention's query and
+  output ones (its keys and values are cached)."""
+  model = config["model"]
+  rows, d, layers = search["batch"] * search["beam_size"], model["d_model"], model["num_layers"]
+  logits = 2 * rows * d * model["vocab_size"]
+  ffn = layers * 2 * rows * 2 * d * model["d_ff"]
+  attention = layers * 6 * 2 * rows * d * d
+  return logits / 1e6, ffn / 1e6, attention / 1e6
+
+
+# bench/decode.py's small model is configs/multi30k.py's shape; up to 63 steps a search.
+STEP_COUNT = ("config:configs/multi30k.py", DECODE_23[4])
+SENTENCES += [
+    ("BENCHMARKS.md", "The bound, by count", STEP_COUNT, [
+        (lambda r: sum(search_step_mflop(*r)), "need {:.0f} MFLOP"),
+        (lambda r: search_step_mflop(*r)[0], "= {:.0f}, FFN"),
+        (lambda r: search_step_mflop(*r)[1], "FFN {:.0f},"),
+        (lambda r: search_step_mflop(*r)[2], "projections {:.0f})"),
+        (lambda r: sum(search_step_mflop(*r)) * 63 / 1000, "{:.1f} GFLOP over")]),
+]
+
+SENTENCES += [
+    ("BENCHMARKS.md", "| 220,276 |", "results/bench/input_pipeline.json",
+     [("tokens_per_s", "| {:,.0f} |")]),
+    ("BENCHMARKS.md", "The corpus (`bench/wmt_corpus.py`)", "results/bench/wmt_scale.json",
+     [("pairs", lambda n: f"{n / 1e6:.1f}M EN-DE pairs")]),
+    ("BENCHMARKS.md", "**Peak RSS <= 8 GB while training**", "results/bench/wmt_scale.json",
+     [("stages.first_batch.train_pairs", lambda n: f"holds {n / 1e6:.1f}M pairs"),
+      ("stages.first_batch.peak_rss_mb", lambda mb: f"about {mb / 1000:.0f} GB")]),
+    ("BENCHMARKS.md", "At the shape the device runs measured", "results/bench/projection.json",
+     [("inputs.H100.input_cores_8_at_measured_shape", "{:.1f} for the H100"),
+      ("inputs.H200.input_cores_8_at_measured_shape", "{:.1f} for the")]),
+    ("BENCHMARKS.md", "n^2 term (per token", "results/bench/scaling.json",
+     [(lambda r: next(p["ms_per_step"] for p in r["by_length"] if p["length"] == 64) / 1000,
+       "({:.1f} s at 64"),
+      (lambda r: next(p["ms_per_step"] for p in r["by_length"] if p["length"] == 512) / 1000,
+       "-> {:.1f} s at 512")]),
+]
+
+# The H100 sessions' prose (BENCHMARKS): runs 1 and 2 of accelerator.py, runs 3 and 4 of
+# its variants.
+RUN1, RUN2 = (f"results/device_runs/2026-11-26_h100_run{run}/accelerator.json"
+              for run in (1, 2))
+VARIANTS = (H100.format(3, "default"), H100.format(4, "no_triton_gemm"), H100.format(4, "default"),
+            H100.format(3, "command_buffers"), H100.format(3, "no_triton_gemm"))
+VARIANT_LOGS = tuple(path[:-len(".json")] + ".log" for path in VARIANTS)
+
+
+def seconds(compiles, what: str):
+  return [c["seconds"] for c in compiles if c["what"] == what]
+
+
+def init_compiles(logs, sections):
+  """'Parameter initialisation compiled in X s' of the logs, within the sections named
+  (a log's '== section' lines)."""
+  out = []
+  for text in logs:
+    section = None
+    for line in text.splitlines():
+      if line.startswith("== "):
+        section = line.split()[1]
+      found = re.search(r"Parameter initialisation compiled in ([\d.]+) s", line)
+      if found and section in sections:
+        out.append(float(found.group(1)))
+  return out
+
+
+SENTENCES += [
+    (HISTORY, "What differed between the runs", (RUN1, RUN2), [
+        (lambda r: [b / a for a, b in zip(seconds(r[0]["readme_job_compiles"], "Beam search"),
+                                          seconds(r[1]["readme_job_compiles"], "Beam search"))],
+         lambda xs: f"{min(xs):.0f}-{max(xs):.0f}x slower"),
+        (lambda r: (seconds(r[1]["readme_job_compiles"], "Beam search"),
+                    seconds(r[0]["readme_job_compiles"], "Beam search")),
+         lambda x: f"({min(x[0]):.0f}-{max(x[0]):.0f} s per shape against "
+                   f"{min(x[1]):.0f}-{max(x[1]):.0f} s)"),
+        (lambda r: r[0]["decode_test2016_sentences_per_s"] / r[1]["decode_test2016_sentences_per_s"],
+         "decode {:.1f}x slower")]),
+    (HISTORY, "| | 211 s (196 + 16;", RUN2, [
+        (lambda r: sum(seconds(r["readme_job_compiles"], "Beam search")), "{:.0f} s of it")]),
+    (HISTORY, "| its test BLEU within 0.5 of the CPU run",
+     results("en-de", "en-de_reproduced"), [
+        (lambda r: (r[0]["bleu"], r[0]["bleu_lowercase"]), lambda b: f"({b[0]:.1f} / {b[1]:.1f}"),
+        (lambda r: (r[1]["bleu"], r[1]["bleu_lowercase"]), lambda b: f"re-run {b[0]:.1f} / {b[1]:.1f})")]),
+    (HISTORY, "| second launch <= 5 s |", RUN1, [
+        (lambda r: [c["seconds"] for c in r["warm_launch_compiles"][1:]], span("{:.1f}", " s each"))]),
+    (HISTORY, "| beam search compile <= 20 s per shape |", RUN1, [
+        (lambda r: seconds(r["readme_job_compiles"], "Beam search"), span("{:.1f}", " s per BLEU"))]),
+    (HISTORY, "| test 2016, 1000 sentences, same output as on the CPU |", RUN1, [
+        (lambda r: [d["line"] for d in r["decode_test2016_first_differences"]],
+         lambda lines: f"lines {lines[0]} and {lines[1]} differ")]),
+    (HISTORY, "| test 2016 decode speed |", RUN1, [
+        (lambda r: statistics.median(r["decode_test2016_runs_s"]), "({:.3f} s for")]),
+    (HISTORY, "**Triton GEMMs off** is faster", VARIANTS, [
+        (lambda r: 1 - r[1]["base_bf16"]["ours_ms"] / r[0]["base_bf16"]["ours_ms"], "({:.0%} at base"),
+        (lambda r: 1 - r[4]["small_f32"]["ours_ms"] / r[2]["small_f32"]["ours_ms"], "{:.0%} at small"),
+        (lambda r: [r[0]["base_bf16"]["ours_compile_s"] / r[1]["base_bf16"]["ours_compile_s"]]
+         + [r[i]["small_f32"]["ours_compile_s"] / r[4]["small_f32"]["ours_compile_s"] for i in (2, 3)],
+         span("{:.1f}", "x faster")),
+        (lambda r: (r[0]["base_bf16"]["ours_compile_s"], r[1]["base_bf16"]["ours_compile_s"]),
+         lambda x: f"({x[0]:.1f} -> {x[1]:.1f} s at base"),
+        (lambda r: [r[i]["small_f32"]["ours_compile_s"] for i in (2, 3, 4)],
+         lambda x: f"{x[0]:.1f} or {x[1]:.1f} -> {x[2]:.1f} s at small"),
+        (lambda r: (r[4]["small_f32"]["peer_ms"], [r[i]["small_f32"]["peer_ms"] for i in (2, 3)],
+                    r[1]["base_bf16"]["peer_ms"], r[0]["base_bf16"]["peer_ms"]),
+         lambda x: f"({x[0]:.2f} vs {min(x[1]):.2f}-{max(x[1]):.2f} ms, {x[2]:.1f} vs {x[3]:.1f} ms)")]),
+    (HISTORY, "**Base bf16 against the aims**", VARIANTS[1], [
+        ("base_bf16.speedup_vs_peer", "{:.2f}x the peer"),
+        ("base_bf16.ours_mfu_of_bf16_peak", lambda m: f"{100 * m:.1f}% MFU")]),
+    (HISTORY, "**Skipping a non-finite step by a select", (VARIANTS[2], RUN1), [
+        (lambda r: (r[0]["small_f32"]["ours_ms"], r[0]["small_f32"]["peer_ms"]),
+         lambda x: f"ours {x[0]:.2f} ms vs the peer's {x[1]:.2f}"),
+        (lambda r: (r[1]["small_f32"]["ours_ms"], r[1]["small_f32"]["peer_ms"]),
+         lambda x: f"against {x[0]:.2f} vs {x[1]:.2f}"),
+        (lambda r: (r[0]["small_f32"]["speedup_vs_peer"], r[1]["small_f32"]["speedup_vs_peer"]),
+         lambda x: f"{x[0]:.2f}x vs {x[1]:.2f}x")]),
+    (HISTORY, "**Ablations** (each hand-written step piece", VARIANT_LOGS, [
+        (lambda logs: init_compiles(logs, {"small_f32_ablations"}), span("{:.0f}", " s each"))]),
+    (HISTORY, "**Parameter initialisation compiles slowly", VARIANT_LOGS, [
+        (lambda logs: init_compiles(logs, {"small_f32", "small_f32_ablations"}),
+         span("{:.0f}", " s for the small")),
+        (lambda logs: init_compiles(logs, {"base_bf16"}), span("{:.0f}", " s for the base"))]),
+    (HISTORY, "**Input pipeline.** One process formed", (RUN1, RUN2), [
+        (lambda r: r[0]["host_ms_per_batch_one_process"], "in {:.1f} ms (run 1"),
+        (lambda r: r[1]["host_ms_per_batch_one_process"], "and {:.1f} ms (run 2"),
+        (lambda r: r[0]["readme_step_runs_ms"]["0"]["fed"], span("{:.0f}", " ms (run 1)")),
+        (lambda r: r[1]["readme_step_runs_ms"]["0"]["fed"], span("{:.0f}", " ms (run 2)")),
+        (lambda r: r[0]["readme_job_ms_per_step_repeated_batch"], "against {:.1f} ms")]),
+    (HISTORY, "**Cold compiles on the GPU** (run 1)", RUN1, [
+        (lambda r: seconds(r["readme_job_compiles"], "Eval step"), span("{:.1f}", " s per shape")),
+        (lambda r: seconds(r["readme_job_compiles"], "Beam search"), span("{:.1f}", " s per shape")),
+        (lambda r: seconds(r["readme_job_decode_compiles"], "Beam search"), span("{:.1f}", " s per shape"))]),
+]
+
+ROUND2 = "results/device_runs/2026-11-27_h100_5ecb8c5/"
+ROWS += [(HISTORY, "XLA defaults | beam search, 8 x 32, beam 4", H100.format(3, "default"),
+          [("decode_vs_peer.ours_s_per_batch", lambda s: f"{1000 * s:.2f} ms/batch"),
+           ("decode_vs_peer.peer_s_per_batch", lambda s: f"{1000 * s:.2f}"),
+           ("decode_vs_peer.speedup_vs_peer", "{:.2f}x"),
+           ("decode_vs_peer.ours_compile_s", "{:.1f} s"),
+           ("decode_vs_peer.peer_compile_s", "{:.1f} s")])]
+SENTENCES += [
+    (HISTORY, "Not measured with it: the README", (RUN1, RUN2), [
+        (lambda r: [x["train_step_compile_s_cold"] for x in r], span("{:.0f}", " s without it"))]),
+    ("BENCHMARKS.md", "**The README job, second by second**", ROUND2 + "accelerator.json", [
+        (lambda r: seconds(r["readme_job_compiles"], "Parameter initialisation")[0], "in {:.1f} s"),
+    ]),
+    ("BENCHMARKS.md", "for the 8 input worker processes to start", ROUND2 + "accelerator.json", [
+        (lambda r: seconds(r["readme_job_compiles"], "Train step")[0], "took {:.1f} s")]),
+    ("BENCHMARKS.md", "**Tests on the GPU**", ROUND2 + "tests.log", [
+        (lambda t: sum(map(int, re.search(r"(\d+) failed, (\d+) passed in", t).groups())),
+         "ran {} tests")]),
+    ("BENCHMARKS.md", "**Tests on the GPU**", ROUND2 + "tests_run3.log", [
+        (lambda t: len(re.findall(r"^tests/\S+ PASSED", t, re.M)), "Run C: {} passed")]),
+]
+
+LOGS = [
+    ("BENCHMARKS.md", "**Tests on the GPU**",
+     "results/device_runs/2026-11-27_h100_5ecb8c5/tests.log", r"(\d+) passed in", "({} passed;"),
+    ("README.md", "The suite (", "results/ci/2026-11-27_fresh_clone_285_2a158ac.log",
+     r"(\d+) passed", "{} tests"),
+    ("README.md", "The suite (", "results/ci/2026-11-27_fresh_clone_285_2a158ac.log",
+     r"passed, \d+ warnings in ([\d.]+)s", lambda s: f"passed in {float(s) / 60:.1f} minutes"),
+    ("README.md", "The suite (", "results/ci/2026-11-27_fresh_clone_285_2a158ac.log",
+     r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\d+:[\d.]+)",
+     lambda t: f"{int(t.split(':')[0]) + float(t.split(':')[1]) / 60:.1f} minutes with the venv"),
+    ("README.md", "Before that issue's speed work", "results/ci/2026-11-27_fresh_clone_272_3ebf309.log",
+     r"(\d+) passed", "passed {} tests"),
+    ("README.md", "Before that issue's speed work", "results/ci/2026-11-27_fresh_clone_272_3ebf309.log",
+     r"passed, \d+ warnings in ([\d.]+)s", lambda s: f"in {float(s) / 60:.1f} minutes"),
+]
+
+
+# (doc, text just before a fenced log block, file): every line of the block is quoted
+
+def value(record, path):
+  """The figure at a dotted key path ('rows.4.sentences_per_s'), or path(record)."""
+  if callable(path):
+    return path(record)
+  for key in path.split("."):
+    record = record[int(key)] if isinstance(record, list) else record[key]
+  return record
+
+
+def claim(root: Path, anchor: str, index: int) -> str:
+  """The text of figure `index` of the entry named `anchor`, from its files."""
+  def load(path):
+    if isinstance(path, tuple):
+      return [load(p) for p in path]
+    if path.startswith("config:"):
+      return render_docs.load_config(root, path[len("config:"):])
+    text = (root / path).read_text()
+    return json.loads(text) if path.endswith(".json") else text
+
+  entries = [(path, key, fmt) for _, first, path, figures in ROWS + SENTENCES
+             if first == anchor for key, fmt in figures]
+  entries += [(path, lambda text, p=pattern: re.search(p, text).group(1), fmt)
+              for _, first, path, pattern, fmt in LOGS if first == anchor]
+  path, key, fmt = entries[index]
+  x = value(load(path), key)
+  return fmt(x) if callable(fmt) else fmt.format(x)
