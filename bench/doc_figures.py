@@ -20,47 +20,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # Superseded runs, moved out of BENCHMARKS.md with their claims.
 HISTORY = "docs/benchmarks_history.md"
 H100 = "results/device_runs/2026-11-26_h100_run{}/{}.json"
-H100_ROUND2 = "results/device_runs/2026-11-27_h100_5ecb8c5/accelerator.json"
 
-
-def step_row(section: str):
-  """An accelerator variant's row: ours, peer, ratio, both compiles."""
-  return [(f"{section}.ours_ms", "{:.2f}"), (f"{section}.peer_ms", "{:.2f}"),
-          (f"{section}.speedup_vs_peer", "{:.2f}x"), (f"{section}.ours_compile_s", "{:.1f} s"),
-          (f"{section}.peer_compile_s", "{:.1f} s")]
-
-
-# (doc, first cell of the row, JSON, [(key path, format)]): the row's cells after the
-# first must hold the formatted values in this order (other cells may sit between).
-# The result tables of README and RESULTS are rendered from their JSON
-# (bench/render_docs.py); these are the other tables' rows.
-ROWS = [
-    (HISTORY, "XLA defaults | base bf16", H100.format(3, "default"),
-     step_row("base_bf16") + [("base_bf16.ours_mfu_of_bf16_peak", "{:.1%}")]),
-    (HISTORY, "`--xla_gpu_enable_triton_gemm=false` | base bf16",
-     H100.format(4, "no_triton_gemm"),
-     step_row("base_bf16") + [("base_bf16.ours_mfu_of_bf16_peak", "{:.1%}")]),
-    (HISTORY, "XLA defaults | small f32", H100.format(4, "default"),
-     step_row("small_f32")),
-    (HISTORY, "`--xla_gpu_enable_command_buffer=", H100.format(3, "command_buffers"),
-     step_row("small_f32")),
-    (HISTORY, "`--xla_gpu_enable_triton_gemm=false` | small f32",
-     H100.format(3, "no_triton_gemm"), step_row("small_f32")),
-]
 
 TORCH = "results/bench/train_step_runs/2026-11-26_torch_compiled/{}.json"
-ROWS += [
-    ("BENCHMARKS.md", f"{run} | {name}", TORCH.format(run),
-     [(f"results.{index}.ms_per_step", "{:.0f}")]
-     + ([] if run.startswith("eager") else
-        [(f"results.{index}.fraction_of_matmul_peak", "{:.1%}")])
-     + [(f"results.{index}.torch_ms_per_step", "{:.0f}"),
-        (f"results.{index}.speedup_vs_torch", "{:.2f}x")])
-    for index, name in enumerate(("small", "base"))
-    for run in ("run1", "run2", "run3", "eager_run1", "eager_run2")]
 
 DECODE = "results/bench/decode_runs/2026-11-26/run{}.json"
-ROWS += [("BENCHMARKS.md", f"{run} | {plain1:.3f}", DECODE.format(run), [
+ROWS = [("BENCHMARKS.md", f"{run} | {plain1:.3f}", DECODE.format(run), [
     ("rows.0.s_per_batch", "{:.3f}"), ("rows.1.s_per_batch", "{:.3f}"),
     ("rows.2.s_per_batch", "{:.3f}"), ("rows.3.s_per_batch", "{:.3f}"),
     ("speedup_vs_plain", "{:.2f}"), ("rows.4.sentences_per_s", "{:.1f}"),
@@ -68,91 +33,6 @@ ROWS += [("BENCHMARKS.md", f"{run} | {plain1:.3f}", DECODE.format(run), [
     (lambda r: r["rows"][5]["sentences_per_s"] / r["rows"][4]["sentences_per_s"], "{:.2f}")])
     for run, plain1 in ((1, 0.699), (2, 0.831), (3, 0.817), (4, 0.813), (5, 0.826))]
 
-ROWS += [("BENCHMARKS.md", "220,276", "results/bench/input_pipeline.json",
-          [("nonpad_fraction", "{:.3f}"), ("batch_tokens", "{:d}"),
-           ("train_tokens_per_s", "{:,.0f} tokens/s"), ("ratio_to_training", "{:.0f}x")])]
-
-ROWS += [("RESULTS.md", f"{step} | ", render_docs.run_json("multi30k_en-de"),
-          [(f"validation_bleu_curve.{i}.1", lambda s: f"{s / 60:.1f} min"),
-           (f"validation_bleu_curve.{i}.2", "{:.2f}")])
-         for i, step in enumerate((400, 800, 1200, 1600, 2000))]
-
-
-
-def curve(steps, what: str = "bleu"):
-  """A by-step validation row from a results JSON's `validation_bleu_curve` ([step,
-  wall s, BLEU] per BLEU evaluation): BLEU to one decimal, or wall time in minutes."""
-  def at(step):
-    def pick(record):
-      point = next(p for p in record["validation_bleu_curve"] if p[0] == step)
-      return point[2] if what == "bleu" else point[1] / 60
-    return pick
-  # The curve holds BLEU to 0.01 and wall time to 1 s, the tables one decimal of the
-  # unrounded figure: a value on a rounding boundary (39.65) admits both neighbours.
-  source_step = 0.01 if what == "bleu" else 1 / 60
-  def one_decimal(x):
-    return tuple(dict.fromkeys(f"{x + d:.1f}" for d in (-source_step / 2, 0, source_step / 2)))
-  return [(at(step), one_decimal) for step in steps]
-
-
-EVERY_400 = lambda last: range(400, last + 1, 400)  # noqa: E731
-TUNING = "## Tuning on validation (EN->DE) >> "
-LONGER = "### Longer still: dropout 0.2, 4000 steps (EN->DE) >> "
-BPD02 = "### BPE-dropout 0.02 for EN->DE, 5000, 7000 and 9000 steps (2026-11-26) >> "
-FR_TUNING = "## Tuning on validation (EN->FR) >> "
-# (doc, first cell, JSON name, steps, what): RESULTS' by-step validation tables.
-CURVES = [
-    (TUNING + "dropout 0.1 (2000 steps)", "en-de", (400, 800, 1200, 1600, 2000), "bleu"),
-    (TUNING + "dropout 0.2 (3000 steps)", "en-de_dropout0.2",
-     (*EVERY_400(2800), 3000), "bleu"),
-    (TUNING + "control: dropout 0.1 (3000 steps)", "en-de_3000steps",
-     (*EVERY_400(2800), 3000), "bleu"),
-    (LONGER + "validation BLEU", "en-de_4000steps", EVERY_400(4000), "bleu"),
-    ("### Longer still: dropout 0.2, 6000 steps >> validation BLEU (one checkpoint)",
-     "en-de_6000steps", (4000, 4400, 4800, 5200, 5600, 6000), "bleu"),
-    ("### Dropout 0.3 (EN->DE) >> wall time (min)", "en-de_d03_6000steps",
-     range(1000, 6001, 1000), "wall"),
-    ("### Dropout 0.3 (EN->DE) >> validation BLEU (one checkpoint)", "en-de_d03_6000steps",
-     range(1000, 6001, 1000), "bleu"),
-    ("### Label smoothing 0.2 >> label smoothing 0.1", "en-de_4000steps", EVERY_400(4000),
-     "bleu"),
-    ("### Label smoothing 0.2 >> label smoothing 0.2", "en-de_ls0.2_4000steps",
-     EVERY_400(4000), "bleu"),
-    ("### Subword regularisation (BPE-dropout) >> BPE-dropout 0.05: validation BLEU",
-     "en-de_bpd0.05_10000steps", range(1000, 10001, 1000), "bleu"),
-    ("### Subword regularisation (BPE-dropout) >> BPE-dropout 0.05: wall time (min)",
-     "en-de_bpd0.05_10000steps", range(1000, 10001, 1000), "wall"),
-    (BPD02 + "BPE-dropout 0.02: validation BLEU", "en-de_bpd0.02_9000steps",
-     range(1000, 9001, 1000), "bleu"),
-    (BPD02 + "BPE-dropout 0.02: wall time (min)", "en-de_bpd0.02_9000steps",
-     range(1000, 9001, 1000), "wall"),
-    (FR_TUNING + "dropout 0.1 (2000 steps)", "en-fr", EVERY_400(2000), "bleu"),
-    (FR_TUNING + "dropout 0.2 (3000 steps)", "en-fr_dropout0.2", (*EVERY_400(2800), 3000),
-     "bleu"),
-    ("### Longer still: dropout 0.2, 4000 steps (EN->FR) >> validation BLEU",
-     "en-fr_4000steps", EVERY_400(4000), "bleu"),
-    ("### The EN->DE recipe as one command >> one command: validation BLEU", "en-de_best_config",
-     range(1000, 9001, 1000), "bleu"),
-    ("### The EN->DE recipe as one command >> one command: wall time (min)", "en-de_best_config",
-     range(1000, 9001, 1000), "wall"),
-    ("### The EN->FR recipe as one command >> one command: validation BLEU", "en-fr_best_config",
-     range(1000, 7001, 1000), "bleu"),
-    ("### The EN->FR recipe as one command >> one command: wall time (min)", "en-fr_best_config",
-     range(1000, 7001, 1000), "wall"),
-    ("### Subword regularisation for EN->FR >> BPE-dropout 0.02: validation BLEU",
-     "en-fr_bpd0.02_7000steps", range(1000, 7001, 1000), "bleu"),
-    ("### Subword regularisation for EN->FR >> BPE-dropout 0.02: wall time (min)",
-     "en-fr_bpd0.02_7000steps", range(1000, 7001, 1000), "wall"),
-]
-ROWS += [("RESULTS.md", first, render_docs.run_json(f"multi30k_{name}"), curve(steps, what))
-         for first, name, steps, what in CURVES]
-
-ROWS += [("RESULTS.md", first, render_docs.run_json(f"multi30k_{name}"),
-          [("bleu", "{:.1f}"), ("bleu_lowercase", "{:.1f}"), ("chrf", "{:.1f}")])
-         for first, name in [
-             ("EN->DE BPE-dropout 0.05, 10000 steps, beam 8", "en-de_bpd0.05_10000steps_b8_a1.4"),
-             ("EN->DE BPE-dropout 0.02, 7000 steps, beam 8", "en-de_bpd0.02_7000steps_b8_a1.4"),
-             ("EN->FR BPE-dropout 0.02, 7000 steps, beam 4", "en-fr_bpd0.02_7000steps_b4_a1.4")]]
 
 
 
@@ -213,42 +93,17 @@ STEP_RUNS = {"Five runs on the 2026-11-23 host": "results/bench/train_step_runs/
              "Five runs on the 2026-11-24 host":
              "results/bench/train_step_runs/2026-11-24/{}_{}.json"}
 
-# The 2026-11-23 beam-search runs: plain cached, ours, ratio.
-ROWS += [(HISTORY, f"2026-11-23 | {run}", f"results/bench/decode_runs/decode_{run}.json",
-          [("plain_s_per_batch", "{:.3f}"), ("s_per_batch", "{:.3f}"),
-           ("speedup_vs_plain", "{:.2f}")]) for run in range(1, 6)]
 
 CPU_ABLATIONS = "results/device_runs/2026-11-26_cpu_ablations/accelerator.json"
 ROWS += [("BENCHMARKS.md", "ours (hand-written pieces)", CPU_ABLATIONS,
           [("small_f32_with_ablations.ours_ms", "{:.1f}"),
            (lambda r: r["small_f32_with_ablations"]["ours_ms"] / r["small_f32_with_ablations"][
-               "ours_ms"], "{:.2f}")])] + [
-    ("BENCHMARKS.md", name, CPU_ABLATIONS,
-     [(f"small_f32_ablations.{name}.ms", "{:.1f}"),
-      (f"small_f32_ablations.{name}.over_ours", "{:.2f}")])
-    for name in ("plain_tied_projection", "autodiff_cross_entropy", "bernoulli_dropout",
-                 "all_plain")]
+               "ours_ms"], "{:.2f}")])]
 
 # (doc, sentence start, JSON, [(key path, format)]): the figures in the sentence's
 # first 400 characters, in order.
 SCORES = [("bleu", "{:.1f}"), ("bleu_lowercase", "{:.1f}"), ("chrf", "{:.1f}")]
 SENTENCES = [
-    ("BENCHMARKS.md", "**The StableHLO runner equals decode.py**", "results/bench/export.json",
-     [("rows.1.lines_equal_to_decode_py", "all {} lines")]),
-    ("BENCHMARKS.md", "**CTranslate2 int8 meets the aim**", "results/bench/export.json",
-     [("rows.3.speedup_vs_decode_py", "{:.2f}x"), ("rows.3.bleu_minus_decode_py", "BLEU {:+.2f}"),
-      ("greedy_validation_100.ctranslate2 int8", "ours on {} of 100")]),
-    ("BENCHMARKS.md", "**Threads, not fidelity, decided it**", "results/bench/export.json",
-     [("rows.5.speedup_vs_decode_py", "int8 ran at {:.2f}x"),
-      ("rows.4.speedup_vs_decode_py", "float32 at {:.2f}x"),
-      ("rows.3.speedup_vs_decode_py", "{:.2f}x"), ("rows.2.speedup_vs_decode_py", "and {:.2f}x")]),
-    ("BENCHMARKS.md", "**CTranslate2 float32**: BLEU within", "results/bench/export.json",
-     [("rows.2.bleu_minus_decode_py", "({:+.2f})")]),
-    ("BENCHMARKS.md", "Fits (log-log slope): step time vs batch", "results/bench/scaling.json",
-     [("batch_exponent", "**{:.2f}**"), ("length_exponent_fixed_tokens", "**{:.2f}**"),
-      ("memory_length_exponent_fixed_tokens", "memory **{:.2f}**")]),
-    ("RESULTS.md", "Its validation curve (", render_docs.run_json("multi30k_en-de_reproduced"),
-     [(f"validation_bleu_curve.{i}.2", "{:.2f}") for i in range(5)]),
     ("RESULTS.md", "BLEU; the first EN->DE row's run, on an older",
      render_docs.run_json("multi30k_en-de_paper_exact"),
      [("train_wall_s", lambda s: f"{s / 60:.1f} minutes")]),
@@ -278,16 +133,6 @@ SENTENCES = [
 ] + [(HISTORY, "its test BLEU within 0.5 of the CPU run", H100.format(run, "accelerator"),
       [(lambda r: (r["readme_job_test_bleu"], r["readme_job_test_bleu_lowercased"]),
         lambda b: f"{b[0]:.1f} / {b[1]:.1f} lowercased")]) for run in (1, 2)] + [
-    (HISTORY, start, H100.format(run, "accelerator"), [(key, fmt)])
-    for start, key, fmt, runs in [
-        ("train step cold compile <= 30 s |", "train_step_compile_s_cold", "{:.1f} s", (1, 2)),
-        ("second launch <= 5 s |", "train_step_compile_s_warm", "{:.1f} s", (1, 2)),
-        ("README job <= 10 ms/step |", "readme_job_ms_per_step", "{:.1f} ms", (1, 2)),
-        ("test 2016 decode speed |", "decode_test2016_sentences_per_s", "{:,.0f} sentences/s",
-         (1,)),
-        ("beam search compile <= 20 s per shape |", "decode_compile_s", "{:.1f} s at 8 x 32",
-         (1,))]
-    for run in runs] + [
     (HISTORY, "within 1.25x of the step fed one batch", H100.format(2, "accelerator"),
      [(lambda r: (r["readme_job_ms_per_step"], r["readme_job_ms_per_step_repeated_batch"],
                   r["readme_step_ms_fed"]),
@@ -320,29 +165,11 @@ SENTENCES = [
         f"results/runs/multi30k_{pair}_best_config/test_bleu_confidence.txt",
         [(lambda t: json.loads(t)["confidence"].split("= ")[1].replace("±", "+-"), "{}")])
        for pair in ("en-fr", "en-de")] + [
-    ("docs/provenance.md", "The EN->DE run the recipe was chosen from",
-     render_docs.run_json("multi30k_en-de_bpd0.02_9000steps"), SCORES),
     ("docs/provenance.md", "the EN->FR one scored",
      render_docs.run_json("multi30k_en-fr_bpd0.02_7000steps"), SCORES),
     ("RESULTS.md", "Validation, last 5 averaged (`decode_validation.log`)",
      "results/runs/multi30k_en-fr_best_config/decode_validation.log",
      LABELLED_SCORES),
-    ("docs/provenance.md", "The same command with the biases the projections had before",
-     render_docs.run_json("multi30k_en-de_biased_2026-11-26"), SCORES),
-    ("docs/accelerators.md", "Measured on one H100 80GB (jax 0.11.2, 2026-11-27", H100_ROUND2,
-     [("readme_job_wall_s", "took {:.0f} s end to end"),
-      ("readme_job_train_wall_s", "({:.0f} s train.py"),
-      ("readme_job_decode_wall_s", "+ {:.0f} s decode.py"),
-      ("readme_job_ms_per_step", "{:.1f} ms/step")]),
-    ("docs/accelerators.md", "Parameter initialisation compiled in", H100_ROUND2,
-     [("init_compile_s_cold", "compiled in {:.1f} s"),
-      ("train_step_compile_s_cold", "train step in {:.1f} s"),
-      ("train_step_compile_s_warm", "loaded in {:.1f} s")]),
-    ("BENCHMARKS.md", "**The README job, second by second**", H100_ROUND2,
-     [("init_compile_s_cold", "compiled in {:.1f} s")]),
-    ("docs/accelerators.md", "Test 2016 scored", H100_ROUND2,
-     [("readme_job_test_bleu", "scored {:.1f} BLEU"),
-      ("readme_job_test_bleu_lowercased", "({:.1f} lowercased)")]),
 ]
 
 
@@ -354,28 +181,15 @@ SENTENCES += [
       ("bleu_every_steps", "BLEU every {}")]),
     ("README.md", "The main job trains", render_docs.run_json("multi30k_en-de_paper_exact"),
      [("train_wall_s", lambda s: f"{s / 60:.1f} minutes of training")]),
-    ("README.md", "Test 2016 (beam", M30K, [("beam_size", "(beam {},"), ("alpha", "alpha {},")]),
     ("docs/provenance.md", "inside the one-command run's own 95% interval",
      "results/runs/multi30k_en-de_best_config/test_bleu_confidence.txt",
      [(lambda t: json.loads(t)["confidence"].split("± ")[1], "+-{}")]),
     ("docs/provenance.md", "the EN->FR one scored",
      "results/runs/multi30k_en-fr_best_config/test_bleu_confidence.txt",
      [(lambda t: json.loads(t)["confidence"].split("± ")[1], "inside +-{}")]),
-    ("docs/accelerators.md", "Measured on one H100 80GB (jax 0.11.2, 2026-11-27", M30K,
-     [("num_train_steps", "its {} steps")]),
-    ("docs/accelerators.md", "the cache held it; evaluation and BLEU", DEFAULT,
-     [("eval_max_shapes", "widths ({})"), ("eval_max_shapes", "at most {} compiled")]),
-    ("docs/accelerators.md", "`prefetch_batches` (", DEFAULT,
-     [("prefetch_batches", "({}) steps ahead")]),
     ("docs/training.md", "parameters placed by `config.logical_axis_rules`.", DEFAULT,
      [(lambda c: (c["adam_b1"], c["adam_b2"], c["adam_eps"]),
        lambda b: f"Adam({b[0]}, {b[1]}, {b[2]:.0e})".replace("e-0", "e-"))]),
-    ("docs/provenance.md", "| vocabulary | BPE", DEFAULT, [("vocab_size", "`vocab_size` {}")]),
-    ("docs/provenance.md", "| batch size |", "results/bench/input_pipeline.json",
-     [("nonpad_fraction", "{:.1%} on Multi30k")]),
-    ("docs/provenance.md", "| attention dropout |", DEFAULT,
-     [("model.attention_dropout_rate", "default {}")]),
-    ("docs/provenance.md", "| label smoothing |", DEFAULT, [("label_smoothing", "eps_ls = {}")]),
     ("docs/provenance.md", "| LayerNorm epsilon |", DEFAULT,
      [("model.layer_norm_epsilon", lambda e: f"| {e:.0e} |".replace("e-0", "e-"))]),
     ("docs/provenance.md", "| Multi30k config |", M30K,
@@ -596,9 +410,6 @@ ROWS += [
      [(median(each(key)), fmt) for key, fmt in (("plain_s_per_batch", "{:.3f}"),
                                                 ("s_per_batch", "{:.3f}"),
                                                 ("speedup_vs_plain", "{:.2f}"))]),
-    (HISTORY, "small, random weights, ours (2026-11-23 host, median: run 5)",
-     DECODE_23[4], [("s_per_batch", "{:.3f}"), ("sentences_per_s", "{:.1f}"),
-                    ("tokens_per_s", "{:.0f}")]),
     ("BENCHMARKS.md", "median | 0.817", DECODE_26,
      [(median(each(f"rows.{i}.s_per_batch")), "{:.3f}") for i in range(1, 4)]
      + [(median(lambda rs: [fastest_plain_ratio(r) for r in rs]), "{:.2f}")]
@@ -659,16 +470,11 @@ SENTENCES += [
 ]
 
 SENTENCES += [
-    ("BENCHMARKS.md", "| 220,276 |", "results/bench/input_pipeline.json",
-     [("tokens_per_s", "| {:,.0f} |")]),
     ("BENCHMARKS.md", "The corpus (`bench/wmt_corpus.py`)", "results/bench/wmt_scale.json",
      [("pairs", lambda n: f"{n / 1e6:.1f}M EN-DE pairs")]),
     ("BENCHMARKS.md", "**Peak RSS <= 8 GB while training**", "results/bench/wmt_scale.json",
      [("stages.first_batch.train_pairs", lambda n: f"holds {n / 1e6:.1f}M pairs"),
       ("stages.first_batch.peak_rss_mb", lambda mb: f"about {mb / 1000:.0f} GB")]),
-    ("BENCHMARKS.md", "At the shape the device runs measured", "results/bench/projection.json",
-     [("inputs.H100.input_cores_8_at_measured_shape", "{:.1f} for the H100"),
-      ("inputs.H200.input_cores_8_at_measured_shape", "{:.1f} for the")]),
     ("BENCHMARKS.md", "n^2 term (per token", "results/bench/scaling.json",
      [(lambda r: next(p["ms_per_step"] for p in r["by_length"] if p["length"] == 64) / 1000,
        "({:.1f} s at 64"),
@@ -781,9 +587,6 @@ ROWS += [(HISTORY, "XLA defaults | beam search, 8 x 32, beam 4", H100.format(3, 
 SENTENCES += [
     (HISTORY, "Not measured with it: the README", (RUN1, RUN2), [
         (lambda r: [x["train_step_compile_s_cold"] for x in r], span("{:.0f}", " s without it"))]),
-    ("BENCHMARKS.md", "**The README job, second by second**", ROUND2 + "accelerator.json", [
-        (lambda r: seconds(r["readme_job_compiles"], "Parameter initialisation")[0], "in {:.1f} s"),
-    ]),
     ("BENCHMARKS.md", "for the 8 input worker processes to start", ROUND2 + "accelerator.json", [
         (lambda r: seconds(r["readme_job_compiles"], "Train step")[0], "took {:.1f} s")]),
     ("BENCHMARKS.md", "**Tests on the GPU**", ROUND2 + "tests.log", [
