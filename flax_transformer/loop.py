@@ -122,6 +122,8 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
         **(launch or {}), "config": config.to_dict(), "process_count": process_count})
 
   trainer = Trainer(model_config, config, mesh)
+  trainer.compile_train_step_ahead(train_batching.abstract_batch(process_count,
+                                                                 trainer.batch_sharding))
   # This host's rows of a training batch, or a global batch every host holds (evaluation,
   # BLEU) -> the global batch, sharded.
   shard_host_rows = functools.partial(data_lib.shard_host_rows, sharding=trainer.batch_sharding)

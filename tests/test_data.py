@@ -157,6 +157,30 @@ def test_packing_keeps_most_tokens(multi30k_examples):
     assert row_tok[where[-1]] == tokenizer.EOS_ID
 
 
+@pytest.mark.parametrize("packing", [True, False], ids=["packed", "padded"])
+def test_the_train_step_compiles_ahead_for_the_batches_the_pipeline_makes(multi30k_examples,
+                                                                         packing):
+  """train.py compiles the train step from `abstract_batch` before any data is read: a
+  key, shape, dtype or sharding the real batches do not share would compile it twice."""
+  import jax
+
+  from flax_transformer.training import sharding as sharding_lib
+
+  mesh = sharding_lib.make_mesh({"data": 2}, jax.devices()[:2])
+  batch_sharding = sharding_lib.batch_sharding(mesh)
+  batching = data.TrainBatching(rows=4, max_source_length=24, max_target_length=40,
+                                packing=packing)
+  placed = data.shard_host_rows(next(iter(data.train_dataset(multi30k_examples, batching,
+                                                             seed=0))), batch_sharding)
+  expected = batching.abstract_batch(1, batch_sharding)
+  assert sorted(placed) == sorted(expected)
+  for k, v in placed.items():
+    assert (v.shape, v.dtype, v.sharding) == (expected[k].shape, expected[k].dtype,
+                                              expected[k].sharding), k
+  # Each process's rows are a share of the global batch the step compiles for.
+  assert batching.abstract_batch(4, batch_sharding)["targets"].shape == (16, 40)
+
+
 def test_tokenizing_after_the_shuffle_gives_the_same_stream(multi30k_dir, multi30k_tokenizer,
                                                             multi30k_examples):
   """Training tokenizes raw pairs inside the pipeline: without sampling, the batches

@@ -2,7 +2,9 @@
 attributes it uses: a version bump that removes one fails here, not in a user's run.
 
 - jax: `jax._src.distributed.global_state.client` (training/distributed.py: the
-  coordination service's barrier and live-node list; jax has no public API for them).
+  coordination service's barrier and live-node list; jax has no public API for them), and
+  `jax._src.config.threefry_gpu_kernel_lowering` (compilation.threefry_kernel: a switch
+  for one thread's compiles; `jax.config.update` would switch every thread's).
 - orbax: `tensorstore_utils.build_kvstore_tspec` (storage.tensorstore_reaches_s3 wraps it to reach
   S3) and the gs:// spec layout the wrapper rewrites.
 - etils: `epath.Path._backend`, which storage.as_path checks, and
@@ -54,3 +56,45 @@ def test_etils_backend_attributes_storage_uses(gcs_bucket):
   assert path._backend is backend.fsspec_backend  # noqa: SLF001
   assert callable(backend.fsspec_backend.fs(str(path)).invalidate_cache)
   storage.drop_cached_listings(path)
+
+
+def test_threefry_kernel_switch_is_per_thread_and_in_the_compile_key():
+  """compilation.threefry_kernel switches the parameter initialisation's compile alone:
+  the train step compiling on another thread at the same time must keep XLA's lowering."""
+  import threading
+
+  import jax
+
+  from flax_transformer import compilation
+
+  assert hasattr(jax._src.config, "threefry_gpu_kernel_lowering")  # noqa: SLF001
+  traces = []
+
+  @jax.jit
+  def bits(key):
+    traces.append(jax.config.jax_threefry_gpu_kernel_lowering)
+    return jax.random.bits(key, (3,))
+
+  key = jax.random.key(0)
+  bits(key)
+  with compilation.threefry_kernel():
+    bits(key)  # Traced anew: a program cached without the switch is not reused.
+  bits(key)
+  assert traces == [False, True]
+  seen = {}
+  inside, checked = threading.Event(), threading.Event()
+
+  def other_thread():
+    inside.wait(10)
+    seen["other"] = jax.config.jax_threefry_gpu_kernel_lowering
+    checked.set()
+
+  thread = threading.Thread(target=other_thread)
+  thread.start()
+  with compilation.threefry_kernel():
+    seen["inside"] = jax.config.jax_threefry_gpu_kernel_lowering
+    inside.set()
+    checked.wait(10)
+  thread.join()
+  assert seen == {"inside": True, "other": False}
+  assert not jax.config.jax_threefry_gpu_kernel_lowering

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import linen as nn
 
 from configs import default
 from flax_transformer.network.config import TransformerConfig
@@ -228,3 +229,16 @@ def test_prng_impl_draws_the_dropout_masks():
   (threefry,), (rbg, rbg_again) = first_losses("threefry2x32"), first_losses("rbg", runs=2)
   assert np.isfinite(rbg) and abs(rbg - threefry) > 1e-5 * threefry  # Near-uniform at init.
   assert rbg_again == rbg
+
+
+def test_initialisation_compiled_with_threefrys_kernel_draws_xla_lowerings_bits():
+  """init_state compiles under threefry's GPU kernel (compile time): the parameters must be
+  bit for bit those of the plain program, as initialised before (on a GPU this compares
+  the kernel with XLA's lowering; elsewhere, that the switch leaves the program alone)."""
+  trainer = trainer_for()
+  ours = trainer.init_state(7)
+  with jax.set_mesh(trainer.mesh):
+    plain = jax.jit(lambda rng: nn.unbox(trainer._boxed_init(rng)))(trainer.key(7))
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(ours),
+                          jax.tree_util.tree_leaves(plain)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))

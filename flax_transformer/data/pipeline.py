@@ -111,6 +111,17 @@ class TrainBatching:
   max_target_length: int
   packing: bool = True
 
+  def abstract_batch(self, process_count: int, sharding: jax.sharding.Sharding) -> dict:
+    """The global batch `train_dataset`'s host batches make on the devices, as
+    ShapeDtypeStructs: what the train step compiles for before any data is read."""
+    keys = ("inputs", "targets") + ((
+        "inputs_segmentation", "targets_segmentation", "inputs_positions",
+        "targets_positions") if self.packing else ())
+    rows = self.rows * process_count
+    return {k: jax.ShapeDtypeStruct(
+        (rows, self.max_source_length if k.startswith("inputs") else self.max_target_length),
+        np.int32, sharding=sharding) for k in keys}
+
 
 def train_dataset(examples: Sequence | grain.MapDataset, batching: TrainBatching, *, seed: int,
                   process_index: int = 0, process_count: int = 1,

@@ -177,11 +177,12 @@ class Trainer:
     replicated = sharding_lib.replicated(mesh)
     self._init = jax.jit(lambda rng: nn.unbox(self._boxed_init(rng)),
                          out_shardings=self.state_shardings)
-    self._train_step = jax.jit(self._train_step_fn, in_shardings=(self.state_shardings,
-                                                                  self.batch_sharding),
-                               out_shardings=(self.state_shardings, replicated),
-                               donate_argnums=(0,))
-    self._compiled_train_step = None  # Set by compile_train_step (fixed batch shape).
+    self._train_step = compilation.PerShape(
+        jax.jit(self._train_step_fn, in_shardings=(self.state_shardings, self.batch_sharding),
+                out_shardings=(self.state_shardings, replicated), donate_argnums=(0,)),
+        "Train step", key=lambda state, batch: batch,
+        describe=lambda state, batch: f"batch {list(batch['inputs'].shape)}",
+        context=self._context)
     self._eval_step = compilation.PerShape(
         jax.jit(self._eval_step_fn, in_shardings=(self.state_shardings.params,
                                                   self.batch_sharding),
@@ -208,7 +209,10 @@ class Trainer:
 
   def init_state(self, seed: int) -> TrainState:
     rng = self.key(seed)
-    with jax.set_mesh(self.mesh):
+    # Threefry's GPU kernel for this program alone: on an H100 XLA's own lowering of the
+    # base model's ~200 threefry calls compiled for 25-33 s (issue 58), and the train
+    # step's dropout keeps it (faster steps).
+    with jax.set_mesh(self.mesh), compilation.threefry_kernel():
       init, _ = compilation.compile_logged(self._init, rng, name="Parameter initialisation")
       return init(rng)
 
@@ -281,28 +285,29 @@ class Trainer:
     ShapeDtypeStructs with `batch_sharding`) in the background."""
     self._eval_step.compile_ahead(self.abstract_state.params, batch)
 
+  def compile_train_step_ahead(self, batch) -> None:
+    """Starts compiling the train step for `batch`'s shapes (ShapeDtypeStructs with
+    `batch_sharding`, `TrainBatching.abstract_batch`) in the background: it overlaps the
+    input pipeline's start, parameter initialisation or restoring, and the first batch."""
+    self._train_step.compile_ahead(self.abstract_state, batch)
+
   def compile_train_step(self, state: TrainState, batch) -> float:
-    """Compiles the train step for this batch shape (logged); returns XLA's FLOP count.
+    """Compiles the train step for this batch shape (logged), or waits for the compile
+    started ahead; returns XLA's FLOP count.
 
     With several processes it returns once every process has compiled (or loaded) its
     own: the first step's collective must not wait for a slower peer
     (`distributed.enter_together`)."""
-    with self._context():
-      self._compiled_train_step, self.train_step_compile_s = compilation.compile_logged(
-          self._train_step, state, batch, name="Train step",
-          detail=f"for batch {list(batch['inputs'].shape)}")
+    compiled = self._train_step.executable(state, batch)
     distributed.enter_together("flax_transformer_first_step")
-    analysis = self._compiled_train_step.cost_analysis()
+    analysis = compiled.cost_analysis()
     if isinstance(analysis, (list, tuple)):
       analysis = analysis[0] if analysis else {}
     return float((analysis or {}).get("flops", 0.0))
 
   def train_step(self, state: TrainState, batch) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimiser update; `state` is donated (do not reuse it)."""
-    if self._compiled_train_step is not None:
-      return self._compiled_train_step(state, batch)
-    with self._context():
-      return self._train_step(state, batch)
+    return self._train_step(state, batch)
 
   def eval_step(self, params, batch) -> dict[str, jax.Array]:
     with self._context():
