@@ -1,0 +1,57 @@
+"""decode.py --interactive: each input line translated as it arrives, and flushed."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import BinaryIO, TextIO
+
+from flax_transformer import compilation
+from flax_transformer.cli.translate import _one_line
+from flax_transformer.data.sources import split_lines_lenient
+from flax_transformer.errors import DataError
+from flax_transformer.translation.translator import Translator
+
+
+def wanted(flag: bool, input_path: str, stdin=None) -> bool:
+  """Interactive when asked for, or when the input is stdin and stdin is a terminal."""
+  stdin = stdin or sys.stdin
+  return flag or (input_path == "-" and stdin.isatty())
+
+
+def run_interactive(*, workdir: str, output_path: str, compilation_cache_dir: str = "",
+                    stdin: BinaryIO | None = None, **from_workdir) -> None:
+  """Reads stdin a line at a time; writes each line's translation (nbest: K lines
+  'index ||| translation ||| score', as decode.py) and flushes it before reading on.
+
+  Each line is its own batch of one row per device (no waiting for a batch to
+  fill); `from_workdir` goes to `Translator.from_workdir`, its batch_tokens aside.
+  """
+  from_workdir["batch_tokens"] = 1  # Rows per batch: one per device, the fewest.
+  translator = Translator.from_workdir(workdir, **from_workdir)
+  compilation.enable_cache(compilation_cache_dir)  # Before the first search compiles.
+  nbest = translator.search.nbest
+  stdin = stdin or sys.stdin.buffer
+  out: TextIO = sys.stdout if output_path == "-" else open(output_path, "w", encoding="utf-8")
+  logging.info("Interactive: one translation per input line, as each line arrives")
+  try:
+    for index, raw in enumerate(iter(stdin.readline, b"")):
+      lines, invalid = split_lines_lenient(raw)
+      if invalid:
+        logging.warning("input line %d is not valid UTF-8 (bad bytes replaced)", index + 1)
+      hyps = translator.translate_nbest(lines or [""])[0]
+      if nbest == 1:
+        out.write(_one_line(hyps[0][0]) + "\n")
+      else:
+        out.writelines(f"{index} ||| {_one_line(text)} ||| {value:.4f}\n" for text, value in hyps)
+      out.flush()
+  finally:
+    if out is not sys.stdout:
+      out.close()
+
+
+def check_flags(**given) -> None:
+  """The batch-only flags (name -> value) cannot go with --interactive."""
+  clash = [name for name, value in given.items() if value]
+  if clash:
+    raise DataError(f"--interactive translates stdin line by line: drop {', '.join(clash)}")

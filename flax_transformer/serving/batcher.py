@@ -1,0 +1,238 @@
+"""Dynamic batching: concurrent requests gathered for a few ms and searched together.
+
+One worker thread owns every search. Requests queue up while a search runs; the
+worker takes the first waiting request, gathers more for at most `max_wait_s`
+(or until `max_batch` sentences), groups the sentences by search options and
+row width, and searches each group as one batch of a warmed shape [rows, width]
+(rows from a short ladder, so one sentence does not pay for 64). Each request
+gets its own sentences' answers back, in order.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from typing import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from flax_transformer.translation.batching import bucket_length
+from flax_transformer.translation.translator import SearchConfig, Translator
+
+WIDTH_MULTIPLE = 16  # translator.search_batches' bucket multiple: a width is one shape.
+
+
+def row_ladder(devices: int, max_batch: int) -> list[int]:
+  """Batch rows the server compiles: devices, x4 each step, up to max_batch (rounded up
+  to a multiple of `devices`, as every batch is split over the devices)."""
+  top = -(-max_batch // devices) * devices
+  ladder, rows = [], devices
+  while rows < top:
+    ladder.append(rows)
+    rows *= 4
+  return ladder + [top]
+
+
+@dataclasses.dataclass
+class _Job:
+  kind: str  # "translate" or "score"
+  sentences: list[str]
+  search: SearchConfig | None
+  extra: list[str] | None  # Per sentence: the forced prefix (translate) or target (score).
+  future: concurrent.futures.Future
+
+
+class Batcher:
+  """Serves translate/score requests from many threads through one search thread.
+
+  `base`: the model (its params are placed on its devices once and shared by every
+  search variant). `max_tokens`: the longest source (tokens, EOS included) a
+  request may hold; widths up to it are warmed. `max_configs`: search option
+  sets kept compiled at once (each costs its programs' memory, not the params').
+  """
+
+  def __init__(self, base: Translator, *, max_batch: int = 64, max_wait_s: float = 0.005,
+               max_tokens: int = 64, max_configs: int = 8):
+    self.tokenizer = base.tokenizer
+    self.default_search = base.search
+    self.devices = list(base.devices)
+    self.max_tokens = min(max_tokens, base.max_len)
+    self.max_batch = max_batch
+    self.max_wait_s = max_wait_s
+    self.max_configs = max_configs
+    self.ladder = row_ladder(len(self.devices), max_batch)
+    self.widths = list(range(WIDTH_MULTIPLE, bucket_length(self.max_tokens, WIDTH_MULTIPLE) + 1,
+                             WIDTH_MULTIPLE))
+    mesh = Mesh(np.asarray(self.devices), ("rows",))
+    # Placed once: every Translator below gets these arrays, and jax.device_put of arrays
+    # already on that sharding returns them as they are (no copy per search variant).
+    self._params = jax.device_put(base.params, NamedSharding(mesh, PartitionSpec()))
+    self._model = base
+    self._translators: collections.OrderedDict[SearchConfig, dict] = collections.OrderedDict()
+    self._translators_lock = threading.Lock()  # warm() makes them from several threads.
+    self._queue: queue.Queue[_Job] = queue.Queue()
+    self.stats = {"requests": 0, "sentences": 0, "searches": 0}
+    self._stats_lock = threading.Lock()
+    self._thread = threading.Thread(target=self._loop, name="search", daemon=True)
+    self._thread.start()
+
+  # --- Public: from any thread -----------------------------------------------------------
+
+  def source_length(self, sentence: str) -> int:
+    """Tokens of `sentence` as a source (EOS included)."""
+    return len(self.tokenizer.tokenize(sentence))
+
+  def translate(self, sentences: Sequence[str], search: SearchConfig,
+                prefixes: Sequence[str] | None = None) -> concurrent.futures.Future:
+    """-> Future of, per sentence, `search.nbest` (translation, score) pairs, best first."""
+    return self._submit(_Job("translate", list(sentences), search,
+                             None if prefixes is None else list(prefixes),
+                             concurrent.futures.Future()))
+
+  def score(self, sources: Sequence[str], targets: Sequence[str]) -> concurrent.futures.Future:
+    """-> Future of, per pair, {"logprob": log P(target | source), "tokens": target tokens
+    (EOS included)}, from `Translator.score`."""
+    return self._submit(_Job("score", list(sources), None, list(targets),
+                             concurrent.futures.Future()))
+
+  def warm(self, search: SearchConfig | None = None, workers: int = 4) -> float:
+    """Compiles (and runs once) every [rows, width] search the server will use for
+    `search` (default: the server's), several at once; returns the seconds taken."""
+    search = dataclasses.replace(search or self.default_search,
+                                 nbest=(search or self.default_search).beam_size)
+    start = time.perf_counter()
+    shapes = [(rows, width) for rows in self.ladder for width in self.widths]
+    scorer = self._translator(self.default_search, self.ladder[-1], None)
+    samples = [self._sentence_of_width(width) for width in self.widths]
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+      runs = [pool.submit(lambda shape=shape: self._translator(search, *shape).translate(
+          [self._sentence_of_width(shape[1])])) for shape in shapes]
+      if hasattr(scorer, "score"):  # One scoring batch per width.
+        runs.append(pool.submit(scorer.score, samples, samples))
+      for run in runs:
+        run.result()
+    seconds = time.perf_counter() - start
+    logging.info("Warmed %d search shapes (rows %s x widths %s) and scoring in %.1f s",
+                 len(shapes), self.ladder, self.widths, seconds)
+    return seconds
+
+  # --- The search thread -------------------------------------------------------------------
+
+  def _submit(self, job: _Job) -> concurrent.futures.Future:
+    with self._stats_lock:
+      self.stats["requests"] += 1
+      self.stats["sentences"] += len(job.sentences)
+    self._queue.put(job)
+    return job.future
+
+  def _loop(self) -> None:
+    while True:
+      jobs = [self._queue.get()]
+      count = len(jobs[0].sentences)
+      deadline = time.monotonic() + self.max_wait_s
+      while count < self.max_batch:
+        try:
+          job = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+          break
+        jobs.append(job)
+        count += len(job.sentences)
+      groups: dict[tuple, list[_Job]] = collections.defaultdict(list)
+      for job in jobs:
+        groups[job.kind, job.search, job.extra is not None].append(job)
+      for (kind, search, _), members in groups.items():
+        try:
+          if kind == "score":
+            self._score(members)
+          else:
+            self._translate(search, members)
+        except Exception as e:  # noqa: BLE001 - an error goes to its requests, not the thread.
+          logging.exception("%s of %d request(s) failed", kind, len(members))
+          for job in members:
+            if not job.future.done():
+              job.future.set_exception(e)
+
+  def _translate(self, search: SearchConfig, jobs: list[_Job]) -> None:
+    results = [[[("", 0.0)] for _ in job.sentences] for job in jobs]
+    by_width: dict[int, list[tuple[int, int]]] = collections.defaultdict(list)
+    for j, job in enumerate(jobs):
+      for i, sentence in enumerate(job.sentences):
+        # Empty sentences ride along: Translator answers them without a search.
+        width = bucket_length(min(self.source_length(sentence), self.max_tokens), WIDTH_MULTIPLE)
+        by_width[width].append((j, i))
+    top = self.ladder[-1]
+    for width, members in sorted(by_width.items()):
+      for start in range(0, len(members), top):
+        chunk = members[start:start + top]
+        rows = next(r for r in self.ladder if r >= len(chunk))
+        # n-best lists are the first nbest of the beam: one program serves every nbest.
+        translator = self._translator(dataclasses.replace(search, nbest=search.beam_size),
+                                      rows, width)
+        sentences = [jobs[j].sentences[i] for j, i in chunk]
+        if jobs[chunk[0][0]].extra is not None:
+          found = translator.translate_nbest(
+              sentences, prefixes=[jobs[j].extra[i] for j, i in chunk])
+        else:
+          found = translator.translate_nbest(sentences)
+        with self._stats_lock:
+          self.stats["searches"] += 1
+        for (j, i), hyps in zip(chunk, found):
+          results[j][i] = hyps[:search.nbest]
+    for job, result in zip(jobs, results):
+      job.future.set_result(result)
+
+  def _score(self, jobs: list[_Job]) -> None:
+    sources = [s for job in jobs for s in job.sentences]
+    targets = [t for job in jobs for t in job.extra]
+    found = [{"logprob": logprob, "tokens": tokens} for logprob, tokens in
+             self._translator(self.default_search, self.ladder[-1], None).score(sources, targets)]
+    with self._stats_lock:
+      self.stats["searches"] += 1
+    start = 0
+    for job in jobs:
+      job.future.set_result(found[start:start + len(job.sentences)])
+      start += len(job.sentences)
+
+  def _translator(self, search: SearchConfig, rows: int, width: int | None) -> Translator:
+    """The Translator whose one batch shape is [rows, width] (width None: the model's
+    token budget of rows x max_tokens, for scoring); kept per search options."""
+    with self._translators_lock:
+      return self._translator_locked(search, rows, width)
+
+  def _translator_locked(self, search: SearchConfig, rows: int, width: int | None
+                         ) -> Translator:
+    family = self._translators.get(search)
+    if family is None:
+      if len(self._translators) >= self.max_configs:
+        evicted = next(s for s in self._translators if s != self.default_search)
+        del self._translators[evicted]
+        logging.info("Dropped the compiled searches of %s (over --max_configs=%d)", evicted,
+                     self.max_configs)
+      family = self._translators[search] = {}
+    self._translators.move_to_end(search)
+    key = (rows, width)
+    if key not in family:
+      # batch_tokens rows x width: translate_ids' batches at this width hold `rows` rows.
+      budget = rows * (width or bucket_length(self.max_tokens, WIDTH_MULTIPLE))
+      family[key] = Translator(self._model.model_configs, self._params, self.tokenizer, search,
+                               batch_tokens=budget, devices=self.devices,
+                               checkpoint_steps=self._model.checkpoint_steps)
+    return family[key]
+
+  def _sentence_of_width(self, width: int) -> str:
+    """A sentence whose source is `width` - 15 .. `width` tokens long (for warming)."""
+    for count in range(width, 0, -1):
+      text = " ".join(["a"] * count)
+      length = self.source_length(text)
+      if length <= width:
+        if length <= width - WIDTH_MULTIPLE:
+          break
+        return text
+    raise ValueError(f"no warm-up sentence of width {width} for this vocabulary")

@@ -1,0 +1,75 @@
+"""The page at `/`: type or paste sentences (one per line), see their translations."""
+
+PAGE = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>flax-transformer</title>
+<style>
+  body { font-family: sans-serif; max-width: 50em; margin: 2em auto; padding: 0 1em; }
+  textarea { width: 100%; font-size: 1em; }
+  #translations li { margin: 0.3em 0; }
+  #error { color: #b00; }
+  .meta { color: #666; font-size: 0.9em; }
+</style>
+</head>
+<body>
+<h1>Translate</h1>
+<p class="meta" id="model"></p>
+<form id="form">
+  <textarea id="source" rows="6" placeholder="One sentence per line"></textarea>
+  <p>
+    <label>Beam <input id="beam_size" type="number" min="1" value="4" style="width:4em"></label>
+    <label>Alpha <input id="alpha" type="number" step="0.1" min="0" value="0.6"
+                        style="width:4em"></label>
+    <label id="token_label">Token <input id="token" type="password"></label>
+    <button id="translate" type="submit">Translate</button>
+  </p>
+</form>
+<p id="error"></p>
+<ol id="translations"></ol>
+<script>
+const $ = (id) => document.getElementById(id);
+$("token").value = localStorage.getItem("token") || "";
+
+function headers() {
+  const h = {"Content-Type": "application/json"};
+  const token = $("token").value;
+  if (token) { h["Authorization"] = "Bearer " + token; localStorage.setItem("token", token); }
+  return h;
+}
+
+async function showModel() {
+  const r = await fetch("/health", {headers: headers()});
+  if (!r.ok) return;
+  const h = await r.json();
+  $("model").textContent = "Model: " + h.model.workdir + ", steps averaged " +
+      JSON.stringify(h.steps_averaged);
+}
+
+$("form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  $("error").textContent = "";
+  $("translations").replaceChildren();
+  const text = $("source").value.split("\\n").filter((line) => line.trim());
+  const body = {text, beam_size: Number($("beam_size").value), alpha: Number($("alpha").value)};
+  try {
+    const r = await fetch("/translate", {method: "POST", headers: headers(),
+                                        body: JSON.stringify(body)});
+    const answer = await r.json();
+    if (!r.ok) { $("error").textContent = answer.error; return; }
+    for (const translation of answer.translations) {
+      const li = document.createElement("li");
+      li.textContent = translation;
+      $("translations").appendChild(li);
+    }
+    $("translations").dataset.done = "1";
+  } catch (e) {
+    $("error").textContent = String(e);
+  }
+});
+showModel();
+</script>
+</body>
+</html>
+"""

@@ -1,0 +1,93 @@
+"""Serve a trained workdir over HTTP: python serve.py --workdir=DIR [--port 8080]
+
+POST /translate {"text": [...], "beam_size", "alpha", "nbest", "prefix"}, POST /score
+{"source": [...], "target": [...]}, GET /health, and a page at / (docs/decoding.md).
+Concurrent requests are searched together (dynamic batching); every search shape is
+compiled before the server takes requests. Needs the `serve` extra (FastAPI, uvicorn).
+"""
+
+import errno
+import socket
+
+from absl import app, flags
+
+from flax_transformer import compilation
+from flax_transformer.cli import common as cli
+from flax_transformer.errors import ConfigError
+from flax_transformer.translation.translator import SearchConfig
+
+SEARCH = SearchConfig()
+
+flags.DEFINE_string("workdir", None, "Training workdir (checkpoints, vocab.model, run.json).")
+flags.DEFINE_list("ensemble", [], "More workdirs whose models vote with --workdir's (as decode.py).")
+flags.DEFINE_string("host", "127.0.0.1", "Address to bind; 0.0.0.0 serves other machines too.")
+flags.DEFINE_integer("port", 8080, "TCP port.", lower_bound=0, upper_bound=65535)
+flags.DEFINE_string("token", None, "If set, every API call needs 'Authorization: Bearer TOKEN'.")
+flags.DEFINE_integer("average_last", 5, "Average the last K checkpoints (as decode.py).",
+                     lower_bound=1)
+flags.DEFINE_integer("checkpoint_step", None, "Use this checkpoint step (default: newest).")
+flags.DEFINE_integer("beam_size", SEARCH.beam_size, "Default beam width of a request.")
+flags.DEFINE_float("alpha", SEARCH.alpha, "Default length penalty exponent of a request.")
+flags.DEFINE_integer("max_extra", SEARCH.max_extra, "Longest output = source + max_extra tokens.")
+flags.DEFINE_integer("max_beam", 8, "Largest beam_size a request may ask for.", lower_bound=1)
+flags.DEFINE_integer("max_sentences", 64, "Most sentences in one request.", lower_bound=1)
+flags.DEFINE_integer("max_tokens", 64, "Longest source sentence in tokens (EOS included), "
+                     "capped by the model's max_len; every width up to it is compiled at start.",
+                     lower_bound=1)
+flags.DEFINE_float("body_timeout_s", 10.0, "A request whose body has not arrived within this "
+                   "many seconds gets a 408.", lower_bound=0.1)
+flags.DEFINE_integer("max_batch", 64, "Most sentences searched together.", lower_bound=1)
+flags.DEFINE_float("max_wait_ms", 5.0, "How long the first waiting request waits for others "
+                   "to join its batch.", lower_bound=0.0)
+flags.DEFINE_integer("cpu_devices", 0, "On a CPU host: devices to split each batch over "
+                     "(0 = one per core), as decode.py.", lower_bound=0)
+flags.DEFINE_string("compilation_cache_dir", compilation.default_cache_dir(),
+                    "jax's persistent compilation cache ('' = off).")
+flags.mark_flag_as_required("workdir")
+FLAGS = flags.FLAGS
+
+
+def _check_port_free(host: str, port: int) -> None:
+  """A taken port is named now, not after the searches have compiled."""
+  try:
+    with socket.create_server((host, port)):
+      pass
+  except OSError as e:
+    reason = "is in use" if e.errno == errno.EADDRINUSE else f"cannot be bound ({e.strerror})"
+    raise ConfigError(f"--host {host} --port {port}: the address {reason}") from None
+
+
+def main(argv):
+  def work():
+    try:
+      import uvicorn
+
+      from flax_transformer.serving.app import Limits, make_app
+      from flax_transformer.serving.batcher import Batcher
+    except ImportError as e:
+      raise ConfigError(f"serve.py needs FastAPI and uvicorn ({e}): pip install -e '.[serve]'")
+    from flax_transformer.translation.translator import Translator
+
+    _check_port_free(FLAGS.host, FLAGS.port)
+    search = SearchConfig(beam_size=FLAGS.beam_size, alpha=FLAGS.alpha, max_extra=FLAGS.max_extra)
+    translator = Translator.from_workdir(FLAGS.workdir, search=search, ensemble=FLAGS.ensemble,
+                                         average_last=FLAGS.average_last,
+                                         checkpoint_step=FLAGS.checkpoint_step)
+    compilation.enable_cache(FLAGS.compilation_cache_dir)  # Before the first search compiles.
+    batcher = Batcher(translator, max_batch=FLAGS.max_batch, max_wait_s=FLAGS.max_wait_ms / 1000,
+                      max_tokens=FLAGS.max_tokens)
+    batcher.warm()
+    limits = Limits(max_sentences=FLAGS.max_sentences, max_beam=FLAGS.max_beam,
+                    body_timeout_s=FLAGS.body_timeout_s)
+    server = make_app(translator, batcher, workdir=FLAGS.workdir, token=FLAGS.token,
+                      limits=limits)
+    print(f"Serving {FLAGS.workdir} on http://{FLAGS.host}:{FLAGS.port}/", flush=True)
+    uvicorn.run(server, host=FLAGS.host, port=FLAGS.port, log_config=None, access_log=False,
+                timeout_graceful_shutdown=5)
+
+  cli.set_cpu_devices(FLAGS.cpu_devices)
+  cli.run_main(argv, work)
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=cli.parse_flags_or_exit)
