@@ -81,7 +81,6 @@ PHRASES = [
     ("docs/provenance.md", "slower on 2 cores in development", "the machine, no figure"),
     ("README.md", "Apache License 2.0", "the licence's name"),
     ("docs/provenance.md", "the 1/sqrt(d_k) scaling", "the paper's formula"),
-    ("docs/provenance.md", "(39.0 is not found in 39.02)", "an example"),
     ("README.md", "on 2 CPU cores", "the machine"),
     ("README.md", "over its budget of 12 minutes", "the suite's budget (issue 59), a target"),
     ("README.md", "the last 5 checkpoints averaged", "decode.py's default, a setting"),

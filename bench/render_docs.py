@@ -1,14 +1,18 @@
-"""Renders the docs' result tables from the JSON under results/, between markers, so that a
-table cannot say what its files do not.
+"""Renders every measured figure of the docs from its file under results/ (or a config), so
+that the docs cannot say what their files do not.
 
-python bench/render_docs.py            # rewrite every rendered table in place
-python bench/render_docs.py --check    # exit 1 naming each table that differs
+python bench/render_docs.py            # rewrite every rendered table and figure in place
+python bench/render_docs.py --check    # exit 1 naming each one that differs
 
-A table sits between `<!-- render: NAME -->` and `<!-- end: NAME -->`; TABLES maps
-NAME to the function that writes it. Each training run's folder, results/runs/NAME/,
-gets a README.md rendered whole from its NAME.json (run_readme). Edit the JSON (or the
-table's row list here), never the table or page itself: tests/test_docs.py fails when
-the committed docs differ from what this renders.
+A table sits between `<!-- render: NAME [ARGS] -->` and `<!-- end: NAME -->`; TABLES
+maps NAME to the function that writes it (called with ARGS, a Python expression). A
+figure in prose or in a hand-written table is `<!--{TEMPLATE}-->TEXT<!--/-->`: TEMPLATE
+an f-string's fields (`{run("multi30k_en-de").bleu:.1f}`) over NAMESPACE, TEXT what it
+renders (markdown hides the comment). Each training run's folder, results/runs/NAME/,
+gets a README.md rendered whole from its NAME.json (run_readme). Edit the JSON, the
+template or the row lists here, never the rendered text: tests/test_docs.py fails when
+the committed docs differ from what this renders, and bench/check_docs.py when a number
+is neither rendered nor an allow-listed setting.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ BLOCK = re.compile(r"(<!-- render: (?P<name>[\w-]+)(?: (?P<args>[^\n]*?))? -->\n
 # A figure in prose or in a hand-written table: `<!--{EXPR:FORMAT}-->TEXT<!--/-->`, the
 # comment an f-string template (without f and quotes) evaluated in NAMESPACE, TEXT what it
 # renders. Markdown hides the comments, so the reader sees TEXT only.
-FIGURE = re.compile(r"<!--(\{[^\n]*?)-->(.*?)<!--/-->", re.S)
+FIGURE = re.compile(r"(?<!`)<!--(\{[^\n]*?)-->(.*?)<!--/-->", re.S)  # Not in `code`.
 
 
 # results/: runs/<name>/ holds one training run's record (<name>.json: test scores,
@@ -315,6 +319,58 @@ def one_decimal(x: float, published: str | None = None) -> str:
   return published if published in (f"{x:.1f}", half_up) else f"{x:.1f}"
 
 
+def torch_runs(root: Path) -> str:
+  """bench/train_step.py on the 2026-11-26 host against torch: compiled (run1-3), eager."""
+  rows = []
+  for index, config in enumerate(("small", "base")):
+    for run in ("run1", "run2", "run3", "eager_run1", "eager_run2"):
+      r = json.loads((root / BENCH / f"train_step_runs/2026-11-26_torch_compiled/{run}.json")
+                     .read_text())["results"][index]
+      rows.append([run, config, f"{r['ms_per_step']:.0f}",
+                   "" if run.startswith("eager") else f"{r['fraction_of_matmul_peak']:.1%}",
+                   f"{r['torch_ms_per_step']:.0f}", f"{r['speedup_vs_torch']:.2f}x"])
+  return table(["run", "config", "ours ms/step", "of matmul peak", "torch ms/step",
+                "speed-up vs torch"], rows).replace("|  |", "| |")
+
+
+def decode_runs(root: Path) -> str:
+  """bench/decode.py's five runs on the 2026-11-26 host, and their medians: seconds per
+  batch of the plain and our search on one and two devices, ours on two against the faster
+  plain one, and the trained model's sentences/s."""
+  cells = []
+  for run in range(1, 6):
+    r = json.loads((root / BENCH / f"decode_runs/2026-11-26/run{run}.json").read_text())["rows"]
+    fastest_plain = min(r[0]["s_per_batch"], r[2]["s_per_batch"]) / r[3]["s_per_batch"]
+    trained = [r[4]["sentences_per_s"], r[5]["sentences_per_s"]]
+    cells.append([*(x["s_per_batch"] for x in r[:4]), fastest_plain, *trained,
+                  trained[1] / trained[0]])
+  text = lambda c: [*(f"{x:.3f}" for x in c[:4]), f"{c[4]:.2f}", f"{c[5]:.1f}",  # noqa: E731
+                    f"{c[6]:.1f}", f"{c[7]:.2f}"]
+  median = text([statistics.median(column) for column in zip(*cells)])
+  median[4], median[7] = f"**{median[4]}**", f"**{median[7]}**"
+  return table(["run", "plain, 1 device", "ours, 1 device", "plain, 2 devices", "ours, 2 devices",
+                "ours 2 devices vs the faster plain", "trained, 1 device", "trained, 2 devices",
+                "trained, ratio"],
+               [[f"{i}", *text(c)] for i, c in enumerate(cells, start=1)]
+               + [["**median**", *median]])
+
+
+def cpu_ablations(root: Path) -> str:
+  """bench/accelerator.py's small f32 ablations on the CPU (2026-11-26): each hand-written
+  piece of our step replaced by plain JAX, the time over ours."""
+  r = json.loads((root / "results/device_runs/2026-11-26_cpu_ablations/accelerator.json")
+                 .read_text())
+  labels = {"plain_tied_projection": "plain_tied_projection (einsum, autodiff backward)",
+            "autodiff_cross_entropy": "autodiff_cross_entropy",
+            "bernoulli_dropout": "bernoulli_dropout (32-bit `jax.random.bernoulli`)",
+            "all_plain": "all_plain (all three)"}
+  ours = r["small_f32_with_ablations"]["ours_ms"]
+  return table(["variant", "ms/step", "/ ours"],
+               [["ours (hand-written pieces)", f"{ours:.1f}", f"{1:.2f}"]]
+               + [[label, f"{r['small_f32_ablations'][k]['ms']:.1f}",
+                   f"{r['small_f32_ablations'][k]['over_ours']:.2f}"] for k, label in labels.items()])
+
+
 def curves(root: Path, steps, *rows) -> str:
   """Validation curves by step, one row per (label, run name, 'bleu' or 'wall'[, {step:
   published tie rounding}]): BLEU to one decimal or wall time in minutes; blank where a
@@ -435,7 +491,8 @@ TABLES = {"readme-results": ("README.md", readme_results),
                                     train_step_runs(f"{BENCH}/train_step_runs/2026-11-24")),
           "h100-aims": ("BENCHMARKS.md", h100_aims),
           "h100-variants": ("BENCHMARKS.md", h100_variants),
-          "curves": (None, curves), "curve-points": (None, curve_points)}
+          "torch-runs": ("BENCHMARKS.md", torch_runs), "decode-runs": ("BENCHMARKS.md", decode_runs),
+          "cpu-ablations": ("BENCHMARKS.md", cpu_ablations), "curves": (None, curves), "curve-points": (None, curve_points)}
 
 
 class Record(dict):
@@ -550,12 +607,15 @@ def rendered(root: Path, wrong: list[str] | None = None) -> dict[str, str]:
       return match.group(1) + render(root, *args) + match.group(5)
 
     def figure(match, name=name, text=text):
-      value = render_figure(match[1], names)
+      where = f"{name}:{text.count(chr(10), 0, match.start()) + 1}"
+      try:
+        value = render_figure(match[1], names)
+      except Exception as e:  # noqa: BLE001 (any error of a template: name it, no traceback)
+        raise SystemExit(f"{where}: the figure {match[1]} does not render: {e!r}") from None
       if value.split() == match[2].split():  # A figure may break across lines.
         value = match[2]
       if value != match[2] and wrong is not None:
-        wrong.append(f"{name}:{text.count(chr(10), 0, match.start()) + 1}: {match[1]} renders "
-                     f"{value!r}, the doc says {match[2]!r}")
+        wrong.append(f"{where}: {match[1]} renders {value!r}, the doc says {match[2]!r}")
       return f"<!--{match[1]}-->{value}<!--/-->"
     out[name] = FIGURE.sub(figure, BLOCK.sub(fill, text))
   return out
