@@ -394,12 +394,6 @@ def trained_ratio(r):
   return r["rows"][5]["sentences_per_s"] / r["rows"][4]["sentences_per_s"]
 
 
-ROWS += [
-    (HISTORY, "2026-11-23 | median", DECODE_23,
-     [(median(each(key)), fmt) for key, fmt in (("plain_s_per_batch", "{:.3f}"),
-                                                ("s_per_batch", "{:.3f}"),
-                                                ("speedup_vs_plain", "{:.2f}"))]),
-]
 SENTENCES += [
     (HISTORY, "The aim of 2x a plain cached beam search", DECODE_23 + DECODE_26, [
         (lambda rs: each("speedup_vs_plain")(rs[:5]), span("{:.2f}", "x")),

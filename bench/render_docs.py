@@ -355,6 +355,18 @@ def decode_runs(root: Path) -> str:
                + [["**median**", *median]])
 
 
+def decode_runs_2026_11_23(root: Path) -> str:
+  """bench/decode.py's five one-device runs on the 2026-11-23 host, and their medians."""
+  cells = [[r["plain_s_per_batch"], r["s_per_batch"], r["speedup_vs_plain"]]
+           for r in (json.loads((root / BENCH / f"decode_runs/decode_{run}.json").read_text())
+                     for run in range(1, 6))]
+  text = lambda c: [f"{c[0]:.3f}", f"{c[1]:.3f}", f"{c[2]:.2f}"]  # noqa: E731
+  median = text([statistics.median(column) for column in zip(*cells)])
+  return table(["host", "run", "plain cached", "ours", "speed-up in the same run"],
+               [["2026-11-23", f"{i}", *text(c)] for i, c in enumerate(cells, start=1)]
+               + [["2026-11-23", "**median**", *median[:2], f"**{median[2]}**"]])
+
+
 def cpu_ablations(root: Path) -> str:
   """bench/accelerator.py's small f32 ablations on the CPU (2026-11-26): each hand-written
   piece of our step replaced by plain JAX, the time over ours."""
@@ -492,7 +504,8 @@ TABLES = {"readme-results": ("README.md", readme_results),
           "h100-aims": ("BENCHMARKS.md", h100_aims),
           "h100-variants": ("BENCHMARKS.md", h100_variants),
           "torch-runs": ("BENCHMARKS.md", torch_runs), "decode-runs": ("BENCHMARKS.md", decode_runs),
-          "cpu-ablations": ("BENCHMARKS.md", cpu_ablations), "curves": (None, curves), "curve-points": (None, curve_points)}
+          "cpu-ablations": ("BENCHMARKS.md", cpu_ablations),
+          "decode-runs-2026-11-23": ("docs/benchmarks_history.md", decode_runs_2026_11_23), "curves": (None, curves), "curve-points": (None, curve_points)}
 
 
 class Record(dict):
