@@ -3,6 +3,14 @@
 Reads the model config and vocabulary from the workdir. Writes exactly one
 output line per input line (empty in, empty out); with --nbest=K, K lines per
 input as 'index ||| translation ||| score'. Progress goes to stderr.
+
+--prefix=FILE (one line per input line): each translation starts with its line
+(tokenized as targets are; an empty line forces nothing), the search goes on
+from there, and the score counts the prefix's log-probability too.
+--score=TARGETS (one target per input line): translates nothing; writes per
+pair 'logprob<TAB>tokens', the target's log-probability under the model (or
+ensemble) summed over its tokens (natural log) and the token count, EOS
+included: logprob / tokens is the mean per token.
 """
 
 from absl import app, flags
@@ -20,6 +28,12 @@ flags.DEFINE_list("ensemble", [], "More workdirs (comma-separated) whose models 
                   "apply to each.")
 flags.DEFINE_string("input", "-", "File of sentences, one per line; '-' = stdin.")
 flags.DEFINE_string("output", "-", "Where translations go, one per line; '-' = stdout.")
+flags.DEFINE_string("prefix", None, "File of target prefixes, one per input line: each "
+                    "translation starts with its line (empty: no prefix), then the search "
+                    "goes on (beam, n-best and sampling alike).")
+flags.DEFINE_string("score", None, "File of targets, one per input line: instead of "
+                    "translating, write per pair 'logprob<TAB>tokens', the target's natural-log "
+                    "probability summed over its tokens and their count, EOS included.")
 # Search flags: their defaults are SearchConfig's, the one place they are set.
 flags.DEFINE_integer("beam_size", SEARCH.beam_size, "Beam width (paper: 4); 1 = greedy.")
 flags.DEFINE_float("alpha", SEARCH.alpha,
@@ -72,7 +86,7 @@ def main(argv):
                compilation_cache_dir=FLAGS.compilation_cache_dir, search=search,
                batch_tokens=FLAGS.batch_tokens, seed=FLAGS.seed,
                average_last=FLAGS.average_last, checkpoint_step=FLAGS.checkpoint_step,
-               ensemble=FLAGS.ensemble)
+               ensemble=FLAGS.ensemble, prefix_path=FLAGS.prefix, score_path=FLAGS.score)
 
   cli.set_cpu_devices(FLAGS.cpu_devices)
   cli.run_main(argv, work)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from pathlib import Path
@@ -33,6 +34,36 @@ def _read(path: str, what: str) -> list[str]:
   return lines
 
 
+def _read_aligned(path: str, flag: str, input_path: str, count: int) -> list[str]:
+  """A file with one line per input line; a DataError naming both files otherwise."""
+  lines = _read(path, flag)
+  if len(lines) != count:
+    shown = "stdin" if input_path == "-" else input_path
+    raise DataError(f"{flag} {path} has {len(lines)} lines but --input {shown} has {count}")
+  return lines
+
+
+@contextlib.contextmanager
+def _naming(flag: str, path: str | None):
+  """The Translator's DataErrors about prefixes or targets say 'line N: ...'; name the file."""
+  try:
+    yield
+  except DataError as e:
+    if path is None:
+      raise
+    raise DataError(f"{flag} {path}: {e}") from None
+
+
+@contextlib.contextmanager
+def _output(path: str):
+  out = sys.stdout if path == "-" else open(path, "w", encoding="utf-8")
+  try:
+    yield out
+  finally:
+    if out is not sys.stdout:
+      out.close()
+
+
 def _one_line(text: str) -> str:
   # A translation must never add output lines.
   return " ".join(text.splitlines()) if ("\n" in text or "\r" in text) else text
@@ -54,12 +85,26 @@ def score(hypotheses: Sequence[str], references: Sequence[str], metrics: Sequenc
 def run_decode(*, workdir: str, input_path: str, output_path: str, reference: str | None,
                metrics: Sequence[str], sacrebleu_tokenize: str | None,
                attention_plot: str | None, attention_sentences: int = 1,
-               compilation_cache_dir: str = "", **from_workdir) -> None:
+               compilation_cache_dir: str = "", prefix_path: str | None = None,
+               score_path: str | None = None, **from_workdir) -> None:
   """decode.py's work; `from_workdir` goes to `Translator.from_workdir` (search included)."""
   unknown = [m for m in metrics if m not in METRICS]
   if unknown:
     raise DataError(f"--metrics: unknown {unknown}; choose from {', '.join(METRICS)}")
+  if score_path:
+    given = [f for f, v in (("--prefix", prefix_path), ("--reference", reference),
+                            ("--attention_plot", attention_plot)) if v]
+    if given:
+      raise DataError(f"--score scores the given targets and translates nothing: drop "
+                      f"{', '.join(given)}")
   sentences = _read(input_path, "input")
+  if score_path:
+    targets = _read_aligned(score_path, "--score", input_path, len(sentences))
+    run_score(Translator.from_workdir(workdir, **from_workdir), sentences, targets,
+              score_path, output_path, compilation_cache_dir)
+    return
+  prefixes = (_read_aligned(prefix_path, "--prefix", input_path, len(sentences))
+              if prefix_path else None)
   references = _read(reference, "reference") if reference else None
   if references is not None and len(references) != len(sentences):
     raise DataError(f"--reference {reference} has {len(references)} lines but the input has "
@@ -69,20 +114,19 @@ def run_decode(*, workdir: str, input_path: str, output_path: str, reference: st
   compilation.enable_cache(compilation_cache_dir)  # Before the first search compiles.
   logging.info("Decoding on %d %s device(s), one search each", len(translator.devices),
                translator.devices[0].platform)
-  with tqdm(total=sum(1 for s in sentences if s.strip()), desc="translated", unit=" sentences",
-            file=sys.stderr, mininterval=5.0, dynamic_ncols=True) as progress:
-    results = translator.translate_nbest(sentences, progress)
-  out = sys.stdout if output_path == "-" else open(output_path, "w", encoding="utf-8")
-  try:
+  searched = [s.strip() or (prefixes is not None and prefixes[i].strip())
+              for i, s in enumerate(sentences)]
+  with tqdm(total=sum(map(bool, searched)), desc="translated", unit=" sentences",
+            file=sys.stderr, mininterval=5.0, dynamic_ncols=True) as progress, \
+      _naming("--prefix", prefix_path):
+    results = translator.translate_nbest(sentences, progress, prefixes)
+  with _output(output_path) as out:
     for i, hyps in enumerate(results):
       if nbest == 1:
         out.write(_one_line(hyps[0][0]) + "\n")
       else:
         for text, value in hyps:
           out.write(f"{i} ||| {_one_line(text)} ||| {value:.4f}\n")
-  finally:
-    if out is not sys.stdout:
-      out.close()
   if references is not None:
     best = [hyps[0][0] for hyps in results]
     for name, value, signature in score(best, references, metrics, sacrebleu_tokenize):
@@ -93,6 +137,20 @@ def run_decode(*, workdir: str, input_path: str, output_path: str, reference: st
     for line, path in attention_plot_paths(sentences, attention_plot, attention_sentences):
       plot_attention(translator, sentences[line], results[line][0][0], path)
       print(f"attention plot of input line {line + 1} written to {path}", file=sys.stderr)
+
+
+def run_score(translator: Translator, sentences: Sequence[str], targets: Sequence[str],
+              targets_path: str, output_path: str, compilation_cache_dir: str) -> None:
+  """decode.py --score: per pair one line 'logprob<TAB>tokens' (natural log, EOS counted)."""
+  compilation.enable_cache(compilation_cache_dir)
+  logging.info("Scoring on %d %s device(s)", len(translator.devices),
+               translator.devices[0].platform)
+  with tqdm(total=len(sentences), desc="scored", unit=" pairs", file=sys.stderr,
+            mininterval=5.0, dynamic_ncols=True) as progress, _naming("--score", targets_path):
+    results = translator.score(sentences, targets, progress)
+  with _output(output_path) as out:
+    for log_prob, tokens in results:
+      out.write(f"{log_prob:.4f}\t{tokens}\n")
 
 
 def attention_plot_paths(sentences: Sequence[str], path: str, count: int

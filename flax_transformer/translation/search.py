@@ -3,7 +3,9 @@
 A model enters only through `tokens_to_logits(ids [N, 1], cache) -> (logits
 [N, V], cache)`, where N is batch x beams and every cache leaf with a leading
 dimension N is a per-sequence state (reordered when beams are). Token 0 (pad)
-is never generated; `eos_id` ends a sequence.
+is never generated; `eos_id` ends a sequence. Forced tokens (`forced_ids` [B, P]
+with `forced_lengths` [B]) make each sequence start with its own given prefix:
+one compiled program serves prefixes of every length up to P.
 """
 
 from __future__ import annotations
@@ -48,6 +50,37 @@ def _forbid(log_probs: jax.Array, step: jax.Array, max_lengths: jax.Array,
   return jnp.where(at_limit & (vocab != eos_id), NEG_INF, log_probs)
 
 
+def _forced_token(forced_ids: jax.Array, step: jax.Array) -> jax.Array:
+  """int [B]: each sequence's forced token at `step` (meaningful while step < its length)."""
+  return jax.lax.dynamic_index_in_dim(forced_ids, jnp.minimum(step, forced_ids.shape[1] - 1), 1,
+                                      False)
+
+
+def _force(log_probs: jax.Array, step: jax.Array, forced_ids: jax.Array | None,
+           forced_lengths: jax.Array | None) -> jax.Array:
+  """While step < forced_lengths, only the forced token: log_probs [B, K, V].
+
+  The forced token keeps its own log-prob (every other token gets NEG_INF), so a
+  hypothesis' score is the model's log P of all its tokens, forced ones included:
+  comparable with unforced searches and with teacher-forced scoring.
+  """
+  if forced_ids is None:
+    return log_probs
+  token = _forced_token(forced_ids, step)[:, None, None]
+  forcing = (step < forced_lengths)[:, None, None]
+  vocab = jnp.arange(log_probs.shape[-1])
+  return jnp.where(forcing & (vocab != token), NEG_INF, log_probs)
+
+
+def _max_lengths(max_lengths, batch_size, length, forced_lengths) -> jax.Array:
+  """int [B]: each sequence's longest output, EOS included, room for its forced tokens."""
+  if max_lengths is None:
+    max_lengths = jnp.full((batch_size,), length, jnp.int32)
+  if forced_lengths is not None:
+    max_lengths = jnp.maximum(max_lengths, forced_lengths + 1)
+  return jnp.minimum(max_lengths, length)
+
+
 class BeamState(NamedTuple):
   step: jax.Array  # int32 [], tokens generated so far.
   alive_seqs: jax.Array  # int32 [B, K, L]
@@ -76,18 +109,19 @@ def _initial_beam_state(cache, b: int, k: int, length: int) -> BeamState:
 
 def beam_search(tokens_to_logits: TokensToLogits, cache, *, batch_size: int, beam_size: int,
                 max_decode_len: int, alpha: float = 0.6, eos_id: int = 1,
-                max_lengths: jax.Array | None = None) -> SearchResult:
+                max_lengths: jax.Array | None = None, forced_ids: jax.Array | None = None,
+                forced_lengths: jax.Array | None = None) -> SearchResult:
   """Beam search maximising log P(Y) / lp(Y) (paper section 6.1).
 
   cache: the model's state for batch_size * beam_size rows (beams of a
   sentence adjacent, see `repeat_beams`). max_lengths: int [B] longest output
-  per sentence, EOS included (default max_decode_len). Stops when no live beam
-  can still beat the K-th best finished hypothesis of every sentence.
+  per sentence, EOS included (default max_decode_len). forced_ids int [B, P],
+  forced_lengths int [B]: every hypothesis of sentence b starts with
+  forced_ids[b, :forced_lengths[b]] (no EOS; None: no prefixes). Stops when no
+  live beam can still beat the K-th best finished hypothesis of every sentence.
   """
   b, k, length = batch_size, beam_size, max_decode_len
-  if max_lengths is None:
-    max_lengths = jnp.full((b,), length, jnp.int32)
-  max_lengths = jnp.minimum(max_lengths, length)
+  max_lengths = _max_lengths(max_lengths, b, length, forced_lengths)
   state = _initial_beam_state(cache, b, k, length)
 
   def not_done(s: BeamState) -> jax.Array:
@@ -103,6 +137,7 @@ def beam_search(tokens_to_logits: TokensToLogits, cache, *, batch_size: int, bea
     logits, cache = tokens_to_logits(previous.reshape(b * k, 1), s.cache)
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(b, k, -1)
     log_probs = _forbid(log_probs, s.step, max_lengths, eos_id)
+    log_probs = _force(log_probs, s.step, forced_ids, forced_lengths)
     vocab = log_probs.shape[-1]
     candidates = (s.alive_log_probs[:, :, None] + log_probs).reshape(b, k * vocab)
     # 2K candidates: even if K of them end in EOS, K remain to stay alive.
@@ -146,15 +181,15 @@ class SampleState(NamedTuple):
 def sample_search(tokens_to_logits: TokensToLogits, cache, *, batch_size: int,
                   max_decode_len: int, eos_id: int = 1, temperature: float = 0.0,
                   top_k: int = 0, top_p: float = 1.0, rng: jax.Array | None = None,
-                  max_lengths: jax.Array | None = None) -> SearchResult:
+                  max_lengths: jax.Array | None = None, forced_ids: jax.Array | None = None,
+                  forced_lengths: jax.Array | None = None) -> SearchResult:
   """One sequence per row: greedy (temperature 0) or sampled with temperature/top-k/top-p.
 
-  Scores are the sequences' log-probabilities under the (temperature-free) model.
+  Scores are the sequences' log-probabilities under the (temperature-free) model,
+  forced tokens (as `beam_search` takes them) included.
   """
   b, length = batch_size, max_decode_len
-  if max_lengths is None:
-    max_lengths = jnp.full((b,), length, jnp.int32)
-  max_lengths = jnp.minimum(max_lengths, length)
+  max_lengths = _max_lengths(max_lengths, b, length, forced_lengths)
   if temperature > 0 and rng is None:
     raise ValueError("sampling (temperature > 0) needs an rng")
   state = SampleState(jnp.array(0, jnp.int32), jnp.zeros((b, length), jnp.int32),
@@ -169,12 +204,15 @@ def sample_search(tokens_to_logits: TokensToLogits, cache, *, batch_size: int,
                          0)
     logits, cache = tokens_to_logits(previous.reshape(b, 1), s.cache)
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
-    log_probs = _forbid(log_probs[:, None, :], s.step, max_lengths, eos_id)[:, 0]
+    log_probs = _forbid(log_probs[:, None, :], s.step, max_lengths, eos_id)
+    log_probs = _force(log_probs, s.step, forced_ids, forced_lengths)[:, 0]
     rng, key = jax.random.split(s.rng)
     if temperature > 0:
       token = jax.random.categorical(key, _truncate(log_probs / temperature, top_k, top_p))
     else:
       token = jnp.argmax(log_probs, axis=-1)
+    if forced_ids is not None:  # A high temperature could otherwise draw a NEG_INF token.
+      token = jnp.where(s.step < forced_lengths, _forced_token(forced_ids, s.step), token)
     token = jnp.where(s.done, PAD_ID, token).astype(jnp.int32)
     chosen = jnp.take_along_axis(log_probs, token[:, None], axis=1)[:, 0]
     seqs = jax.lax.dynamic_update_index_in_dim(s.seqs, token, s.step, axis=1)

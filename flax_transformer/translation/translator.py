@@ -1,14 +1,16 @@
 """Translation with a trained Transformer: jitted beam search over batches of text.
 
-`make_search_fn` glues the model to the model-agnostic search in `search`;
-`Translator` adds the vocabulary, length-bucketed batching and checkpoint
-loading, for notebooks and servers (decode.py is a thin shell over it).
+`make_search_fn` glues the model to the model-agnostic search in `search`, and
+`make_score_fn` scores given targets (teacher-forced); `Translator` adds the
+vocabulary, length-bucketed batching and checkpoint loading, for notebooks and
+servers (decode.py is a thin shell over it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -19,7 +21,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from flax_transformer import compilation
-from flax_transformer.data.tokenizer import EOS_ID, Tokenizer, trim
+from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, Tokenizer, trim
 from flax_transformer.errors import ConfigError, DataError
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.model import Transformer, init_cache
@@ -77,12 +79,19 @@ def _as_members_of(model_config: Members) -> Callable[[Any], tuple]:
   return tuple
 
 
+def _check_members(configs, members_params) -> None:
+  if len(members_params) != len(configs):  # zip would drop members silently.
+    raise ValueError(f"{len(configs)} model configs but {len(members_params)} parameter sets")
+
+
 def make_search_fn(model_config: Members, search: SearchConfig
-                   ) -> Callable[[Any, jax.Array, jax.Array], search_lib.SearchResult]:
-  """(params, inputs int [B, S], rng) -> SearchResult; jit it (shapes are static).
+                   ) -> Callable[..., search_lib.SearchResult]:
+  """(params, inputs int [B, S], rng[, prefix int [B, P]]) -> SearchResult; jit it.
 
   Given a sequence of configs (an ensemble), params is the matching sequence and
-  each step's distribution is the mean of the members' probabilities.
+  each step's distribution is the mean of the members' probabilities. prefix
+  (P >= 1): each row's forced target prefix, 0-padded, no EOS; its lengths are
+  data, so one program serves every prefix up to P tokens.
   """
   configs = _members(model_config)
   as_members = _as_members_of(model_config)
@@ -90,9 +99,16 @@ def make_search_fn(model_config: Members, search: SearchConfig
   decoders = [Transformer(c.replace(deterministic=True, decode=True)) for c in configs]
   max_len = min(c.max_len for c in configs)
 
-  def search_fn(params, inputs, rng):
+  def search_fn(params, inputs, rng, prefix=None):
     batch, source_len = inputs.shape
-    max_decode_len = min(source_len + search.max_extra, max_len)
+    forced = {}
+    if prefix is None:
+      max_decode_len = min(source_len + search.max_extra, max_len)
+    else:
+      # Room for the longest prefix and at least its EOS.
+      max_decode_len = min(max(source_len, prefix.shape[1]) + max(search.max_extra, 1), max_len)
+      forced = dict(forced_ids=prefix,
+                    forced_lengths=(prefix != PAD_ID).sum(axis=1).astype(jnp.int32))
     source_lengths = (inputs != 0).sum(axis=1)
     # A filler row (all padding, completing a batch's compiled shape) ends at once:
     # left open, it would babble to max_extra tokens and hold its batch's loop open.
@@ -101,8 +117,7 @@ def make_search_fn(model_config: Members, search: SearchConfig
     sampling = search.temperature > 0 or search.beam_size == 1
     rows = 1 if sampling else search.beam_size
     members_params = as_members(params)
-    if len(members_params) != len(configs):  # zip below would drop members silently.
-      raise ValueError(f"{len(configs)} model configs but {len(members_params)} parameter sets")
+    _check_members(configs, members_params)
     steps, caches = zip(*(
         _member_step(config, encoder, decoder, member_params, inputs, rows, max_decode_len)
         for config, encoder, decoder, member_params
@@ -116,13 +131,39 @@ def make_search_fn(model_config: Members, search: SearchConfig
       return search_lib.sample_search(
           tokens_to_logits, cache, batch_size=batch, max_decode_len=max_decode_len,
           eos_id=EOS_ID, temperature=search.temperature, top_k=search.top_k,
-          top_p=search.top_p, rng=rng, max_lengths=max_lengths)
+          top_p=search.top_p, rng=rng, max_lengths=max_lengths, **forced)
     return search_lib.beam_search(
         tokens_to_logits, cache, batch_size=batch, beam_size=search.beam_size,
         max_decode_len=max_decode_len, alpha=search.alpha, eos_id=EOS_ID,
-        max_lengths=max_lengths)
+        max_lengths=max_lengths, **forced)
 
   return search_fn
+
+
+def make_score_fn(model_config: Members) -> Callable[[Any, jax.Array, jax.Array],
+                                                     tuple[jax.Array, jax.Array]]:
+  """(params, inputs int [B, S], targets int [B, T]) -> (log P(targets | inputs) float32 [B],
+  target tokens int32 [B]): one teacher-forced forward pass; jit it.
+
+  targets: EOS-terminated, 0-padded; the sum runs over their non-pad tokens, EOS
+  included. An ensemble's (params a sequence as in `make_search_fn`) per-token
+  probability is the mean of its members', as in its search.
+  """
+  configs = _members(model_config)
+  as_members = _as_members_of(model_config)
+  models = [Transformer(c.replace(deterministic=True, decode=False)) for c in configs]
+
+  def score_fn(params, inputs, targets):
+    members_params = as_members(params)
+    _check_members(configs, members_params)
+    logits = [model.apply({"params": member_params}, inputs, targets)
+              for model, member_params in zip(models, members_params)]
+    log_probs = _log_mean_probabilities(logits)
+    token_log_probs = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+    real = targets != PAD_ID
+    return jnp.where(real, token_log_probs, 0.0).sum(axis=1), real.sum(axis=1).astype(jnp.int32)
+
+  return score_fn
 
 
 def search_per_shape(jitted_search, search: SearchConfig, *, max_shapes: int | None = None,
@@ -131,8 +172,9 @@ def search_per_shape(jitted_search, search: SearchConfig, *, max_shapes: int | N
   sampling = search.temperature > 0 or search.beam_size == 1
   return compilation.PerShape(
       jitted_search, "Sampling" if sampling else "Beam search", max_shapes=max_shapes,
-      key=lambda params, inputs, rng: inputs,
-      describe=lambda params, inputs, rng: f"inputs {list(inputs.shape)}", context=context)
+      key=lambda params, inputs, rng, *prefix: (inputs, *prefix),
+      describe=lambda params, inputs, rng, *prefix: f"inputs {list(inputs.shape)}" + "".join(
+          f", prefixes {list(p.shape)}" for p in prefix), context=context)
 
 
 def batch_keys(seed: int, count: int) -> list[jax.Array]:
@@ -145,20 +187,22 @@ def batch_keys(seed: int, count: int) -> list[jax.Array]:
 
 
 def search_batches(sources: Sequence[np.ndarray], *, batch_tokens: int, max_length: int,
-                   row_multiple: int = 1, max_widths: int | None = None
-                   ) -> list[dict[str, np.ndarray]]:
-  """The host batches `translate_ids` searches: `inputs` [rows, width], `index` [rows]."""
-  pairs = [(s, np.zeros((0,), np.int32)) for s in sources]
+                   row_multiple: int = 1, max_widths: int | None = None,
+                   prefixes: Sequence[np.ndarray] | None = None) -> list[dict[str, np.ndarray]]:
+  """The host batches `translate_ids` searches: `inputs` [rows, width], `index` [rows];
+  with `prefixes` (ids without EOS, one per source), `targets` [rows, width] holds them."""
+  empty = np.zeros((0,), np.int32)
+  pairs = list(zip(sources, prefixes if prefixes is not None else [empty] * len(sources)))
   return list(batching.eval_batches(pairs, batch_tokens=batch_tokens, max_length=max_length,
                                     row_multiple=row_multiple, max_widths=max_widths))
 
 
-def shard_search_fn(search_fn: Callable[[Any, jax.Array, jax.Array], search_lib.SearchResult],
-                    mesh: Mesh) -> Callable[[Any, jax.Array, jax.Array], search_lib.SearchResult]:
+def shard_search_fn(search_fn: Callable[..., search_lib.SearchResult],
+                    mesh: Mesh) -> Callable[..., search_lib.SearchResult]:
   """`search_fn` run independently on every device of `mesh`, each on its share of rows.
 
-  (params, inputs int [B, S], rng) -> SearchResult, with B divisible by mesh.size;
-  params are replicated. Each device runs its own while loop, so nothing crosses
+  (params, inputs int [B, S], rng[, prefix int [B, P]]) -> SearchResult, with B
+  divisible by mesh.size; params are replicated. Each device runs its own while loop, so nothing crosses
   devices during the search (a search jitted over a sharded batch agrees on its
   stopping test across devices at every step), and on a CPU host each core runs
   its own search (BENCHMARKS.md). Sampling draws from `rng` folded with the device
@@ -166,15 +210,27 @@ def shard_search_fn(search_fn: Callable[[Any, jax.Array, jax.Array], search_lib.
   """
   axes = tuple(mesh.axis_names)
 
-  def per_device(params, inputs, rng):
-    return search_fn(params, inputs, jax.random.fold_in(rng, jax.lax.axis_index(axes)))
+  def per_device(params, inputs, rng, *prefix):
+    return search_fn(params, inputs, jax.random.fold_in(rng, jax.lax.axis_index(axes)), *prefix)
 
-  return jax.shard_map(per_device, mesh=mesh, in_specs=(PartitionSpec(), PartitionSpec(axes),
-                                                        PartitionSpec()),
-                       out_specs=PartitionSpec(axes),
-                       # The decoding cache starts as constants and is filled with
-                       # per-device values in `nn.cond`: types differ in varying axes only.
-                       check_vma=False)
+  def sharded(params, inputs, rng, *prefix):
+    return jax.shard_map(per_device, mesh=mesh,
+                         in_specs=(PartitionSpec(), PartitionSpec(axes), PartitionSpec())
+                         + (PartitionSpec(axes),) * len(prefix),
+                         out_specs=PartitionSpec(axes),
+                         # The decoding cache starts as constants and is filled with
+                         # per-device values in `nn.cond`: types differ in varying axes only.
+                         check_vma=False)(params, inputs, rng, *prefix)
+
+  return sharded
+
+
+def shard_score_fn(score_fn, mesh: Mesh):
+  """`score_fn` (`make_score_fn`) on every device of `mesh`, each on its share of rows."""
+  axes = tuple(mesh.axis_names)
+  return jax.shard_map(score_fn, mesh=mesh,
+                       in_specs=(PartitionSpec(), PartitionSpec(axes), PartitionSpec(axes)),
+                       out_specs=PartitionSpec(axes))
 
 
 def _member_step(model_config, encoder, decoder, params, inputs, rows, max_decode_len):
@@ -195,41 +251,66 @@ def _member_step(model_config, encoder, decoder, params, inputs, rows, max_decod
   return tokens_to_logits, cache
 
 
+def _log_mean_probabilities(logits: Sequence[jax.Array]) -> jax.Array:
+  """Members' logits [..., V] -> log of the mean of their softmaxes [..., V] (one: its
+  log-softmax)."""
+  log_probs = [jax.nn.log_softmax(x.astype(jnp.float32)) for x in logits]
+  if len(log_probs) == 1:
+    return log_probs[0]
+  return jax.scipy.special.logsumexp(jnp.stack(log_probs), axis=0) - np.log(len(log_probs))
+
+
 def _mean_of_probabilities(steps: Sequence[search_lib.TokensToLogits]) -> search_lib.TokensToLogits:
   """Members' tokens_to_logits -> the ensemble's: log of the mean of their softmaxes."""
 
   def tokens_to_logits(ids, caches):
     outs = [step(ids, cache) for step, cache in zip(steps, caches)]
-    log_probs = jnp.stack([jax.nn.log_softmax(logits.astype(jnp.float32)) for logits, _ in outs])
-    mean = jax.scipy.special.logsumexp(log_probs, axis=0) - np.log(len(steps))
-    return mean, tuple(cache for _, cache in outs)
+    return (_log_mean_probabilities([logits for logits, _ in outs]),
+            tuple(cache for _, cache in outs))
 
   return tokens_to_logits
+
+
+def compile_shapes_ahead(fn, calls: Sequence[tuple[tuple, Callable[[], tuple]]]) -> None:
+  """Starts compiling `fn` (a `compilation.PerShape`) for every shape at once, not one
+  per first use. calls: (host batch shape, () -> that call's arguments) per call; only
+  the first call of each shape is placed."""
+  if not hasattr(fn, "compile_ahead"):
+    return
+  firsts: dict[tuple, Callable[[], tuple]] = {}
+  for shape, arguments in calls:
+    firsts.setdefault(shape, arguments)
+  for arguments in firsts.values():
+    fn.compile_ahead(*arguments())
 
 
 def translate_ids(search_fn, params, sources: Sequence[np.ndarray], *, batch_tokens: int,
                   max_length: int, row_multiple: int = 1, nbest: int = 1, seed: int = 0,
                   place: Callable[[np.ndarray], Any] = jnp.asarray,
-                  progress=None, max_widths: int | None = None):
+                  progress=None, max_widths: int | None = None,
+                  prefixes: Sequence[np.ndarray] | None = None):
   """Token ids of each source -> per source, `nbest` (ids, score) pairs, best first.
 
   Sources are sorted by length into token-budgeted batches (few compiled
   shapes, at most `max_widths`) and returned in their original order. `place`
   puts a host batch on the devices (e.g. sharded over the mesh's data axes);
   `progress.update(n)` (a tqdm bar, say) hears of every n sentences done.
+  prefixes: per source, the target ids every hypothesis starts with (no EOS;
+  may be empty), searched with a program of their own per shape.
   """
   results: list[Any] = [None] * len(sources)
   batches = search_batches(sources, batch_tokens=batch_tokens, max_length=max_length,
-                           row_multiple=row_multiple, max_widths=max_widths)
+                           row_multiple=row_multiple, max_widths=max_widths, prefixes=prefixes)
   keys = batch_keys(seed, len(batches))
-  if hasattr(search_fn, "compile_ahead"):  # Every shape at once, not one per first use.
-    firsts: dict[tuple, tuple] = {}
-    for batch, key in zip(batches, keys):
-      firsts.setdefault(batch["inputs"].shape, (batch, key))
-    for batch, key in firsts.values():
-      search_fn.compile_ahead(params, place(batch["inputs"]), key)
+
+  def arguments(batch, key):
+    forced = (place(batch["targets"]),) if prefixes is not None else ()
+    return (params, place(batch["inputs"]), key, *forced)
+
+  compile_shapes_ahead(search_fn, [(batch["inputs"].shape, functools.partial(arguments, batch, key))
+                                   for batch, key in zip(batches, keys)])
   for batch, key in zip(batches, keys):
-    out = search_fn(params, place(batch["inputs"]), key)
+    out = search_fn(*arguments(batch, key))
     sequences, scores = jax.device_get((out.sequences, out.scores))
     for row, index in enumerate(batch["index"]):
       if index >= 0:
@@ -246,7 +327,7 @@ class Translator:
   An ensemble when model_config and params are sequences (one entry per member,
   all trained with `tokenizer`'s vocabulary); inside, always a tuple of members.
   Each batch is split over `devices` (default: all of this process's), every
-  device holding the whole model and searching its rows on its own
+  device holding the whole model and searching (or scoring) its rows on its own
   (`shard_search_fn`).
   """
 
@@ -271,6 +352,10 @@ class Translator:
     self._placed_params = jax.device_put(self.params, NamedSharding(mesh, PartitionSpec()))
     self._search_fn = search_per_shape(
         jax.jit(shard_search_fn(make_search_fn(self.model_configs, search), mesh)), search)
+    self._score_fn = compilation.PerShape(
+        jax.jit(shard_score_fn(make_score_fn(self.model_configs), mesh)), "Scoring",
+        key=lambda params, inputs, targets: (inputs, targets),
+        describe=lambda params, inputs, targets: f"inputs {list(inputs.shape)}")
 
   @property
   def ensemble(self) -> bool:
@@ -311,26 +396,99 @@ class Translator:
     return cls(configs, all_params, tokenizer, search, batch_tokens=batch_tokens, seed=seed,
                devices=devices, checkpoint_steps=all_steps)
 
-  def translate_nbest(self, sentences: Sequence[str], progress=None
-                      ) -> list[list[tuple[str, float]]]:
+  def _place(self, batch: np.ndarray) -> jax.Array:
+    return jax.device_put(batch, self._rows)
+
+  def _check_prefixes(self, prefixes: Sequence[np.ndarray], count: int) -> None:
+    """A DataError naming the first prefix (ids) that cannot fit the model's outputs."""
+    if len(prefixes) != count:
+      raise DataError(f"{len(prefixes)} prefixes for {count} sentences")
+    for i, prefix in enumerate(prefixes):
+      if len(prefix) >= self.max_len:
+        raise DataError(f"line {i + 1}: the prefix has {len(prefix)} tokens; the model's "
+                        f"outputs hold at most {self.max_len - 1} before their EOS")
+
+  def translate_nbest_ids(self, sources: Sequence[np.ndarray],
+                          prefixes: Sequence[np.ndarray] | None = None, progress=None
+                          ) -> list[list[tuple[list[int], float]]]:
+    """Token ids in (EOS-terminated), per source `search.nbest` (ids without EOS, score)
+    pairs out, best first. prefixes: per source, the ids (no EOS, may be empty) every
+    hypothesis starts with; the score counts their log-probability too."""
+    if prefixes is not None:
+      self._check_prefixes(prefixes, len(sources))
+    return translate_ids(self._search_fn, self._placed_params, sources,
+                         batch_tokens=self.batch_tokens, max_length=self.max_len,
+                         row_multiple=len(self.devices), nbest=self.search.nbest,
+                         seed=self.seed, place=self._place, progress=progress, prefixes=prefixes)
+
+  def translate_nbest(self, sentences: Sequence[str], progress=None,
+                      prefixes: Sequence[str] | None = None) -> list[list[tuple[str, float]]]:
     """Per sentence, `search.nbest` (translation, score) pairs, best first.
 
-    Empty (or all-whitespace) sentences translate to ''.
+    prefixes: per sentence, the text its translations start with (tokenized as
+    targets are; '' forces nothing); the score then includes the prefix's
+    log-probability. Empty (or all-whitespace) sentences without a prefix
+    translate to ''.
     """
-    max_len = self.max_len
     ids = [self.tokenizer.tokenize(s) for s in sentences]
-    todo = [i for i, s in enumerate(sentences) if s.strip()]
+    prefix_ids = None
+    if prefixes is not None:  # Tokenized as targets are, without their EOS.
+      prefix_ids = [self.tokenizer.tokenize(p)[:-1] for p in prefixes]
+      self._check_prefixes(prefix_ids, len(sentences))
+    todo = [i for i, s in enumerate(sentences)
+            if s.strip() or (prefix_ids is not None and len(prefix_ids[i]))]
     results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in sentences]
     if todo:
-      found = translate_ids(self._search_fn, self._placed_params, [ids[i] for i in todo],
-                            batch_tokens=self.batch_tokens, max_length=max_len,
-                            row_multiple=len(self.devices), nbest=self.search.nbest,
-                            seed=self.seed, place=lambda x: jax.device_put(x, self._rows),
-                            progress=progress)
+      found = self.translate_nbest_ids(
+          [ids[i] for i in todo], None if prefix_ids is None else [prefix_ids[i] for i in todo],
+          progress)
       for i, hyps in zip(todo, found):
         results[i] = [(self.tokenizer.detokenize(h), score) for h, score in hyps]
     return results
 
-  def translate(self, sentences: Sequence[str], progress=None) -> list[str]:
-    """One translation per sentence, in order."""
-    return [hyps[0][0] for hyps in self.translate_nbest(sentences, progress)]
+  def translate(self, sentences: Sequence[str], progress=None,
+                prefixes: Sequence[str] | None = None) -> list[str]:
+    """One translation per sentence, in order (prefixes: as `translate_nbest`)."""
+    return [hyps[0][0] for hyps in self.translate_nbest(sentences, progress, prefixes)]
+
+  def score(self, sources: Sequence[str], targets: Sequence[str], progress=None
+            ) -> list[tuple[float, int]]:
+    """Per (source, target) pair: (log P(target | source), target tokens), EOS included.
+
+    Under the model, or the ensemble (per token, the log of the mean of its
+    members' probabilities). One teacher-forced forward pass per length-bucketed
+    batch, split over the devices as the search is. Sources longer than max_len
+    are truncated (logged); a target that long is a DataError naming its line.
+    """
+    return self.score_ids([self.tokenizer.tokenize(s) for s in sources],
+                          [self.tokenizer.tokenize(t) for t in targets], progress)
+
+  def score_ids(self, sources: Sequence[np.ndarray], targets: Sequence[np.ndarray],
+                progress=None) -> list[tuple[float, int]]:
+    """`score` of token ids, each sequence EOS-terminated (as `Tokenizer.tokenize` gives)."""
+    if len(sources) != len(targets):
+      raise DataError(f"{len(targets)} targets for {len(sources)} sources")
+    pairs = list(zip(sources, targets))
+    for i, (_, target) in enumerate(pairs):
+      if len(target) > self.max_len:
+        raise DataError(f"line {i + 1}: the target has {len(target)} tokens (EOS included), "
+                        f"more than the model's max_len of {self.max_len}")
+    batches = list(batching.eval_batches(pairs, batch_tokens=self.batch_tokens,
+                                         max_length=self.max_len,
+                                         row_multiple=len(self.devices)))
+
+    def arguments(batch):
+      return self._placed_params, self._place(batch["inputs"]), self._place(batch["targets"])
+
+    compile_shapes_ahead(self._score_fn, [(batch["inputs"].shape,
+                                           functools.partial(arguments, batch))
+                                          for batch in batches])
+    results: list[tuple[float, int]] = [(0.0, 0)] * len(pairs)
+    for batch in batches:
+      sums, counts = jax.device_get(self._score_fn(*arguments(batch)))
+      for row, index in enumerate(batch["index"]):
+        if index >= 0:
+          results[index] = (float(sums[row]), int(counts[row]))
+      if progress is not None:
+        progress.update(int((batch["index"] >= 0).sum()))
+    return results
