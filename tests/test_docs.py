@@ -61,6 +61,8 @@ def test_every_number_is_checked_rendered_or_a_setting():
     ("docs/wmt14.md", "| 1.70 GB |", "| 1.71 GB |"),
     # A train-step run's row (rendered; check_docs no longer re-checks its cells).
     ("BENCHMARKS.md", "| small | 1 | 910 | 4499 |", "| small | 1 | 911 | 4499 |"),
+    # A validation curve's cell (RESULTS' by-step tables, rendered from each run's JSON).
+    ("RESULTS.md", "| 21.8 | 32.6 | 35.6 |", "| 21.8 | 32.7 | 35.6 |"),
 ])
 def test_a_changed_rendered_figure_fails(copy, doc, old, new):
   edit(copy / doc, old, new)
