@@ -33,8 +33,31 @@ def median(xs: Sequence[float]) -> float:
   return statistics.median(xs)
 
 
-def peak_rss_mb() -> float:
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+def peak_rss_mb(children: bool = False) -> float:
+  """Peak RSS in MiB of this process (with children=True: or of its largest waited-for child)."""
+  from flax_transformer.training.progress import peak_rss_bytes
+
+  child = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024 if children else 0
+  return max(peak_rss_bytes(), child) / 2**20
+
+
+def final_params(workdir: Path):
+  """(step, parameters) of a workdir's newest checkpoint, on this process's devices."""
+  from flax_transformer.averaging import load_params
+  from flax_transformer.workdir import read_run
+
+  params, (step,) = load_params(workdir, read_run(workdir)[0])
+  return step, params
+
+
+def same_params(a, b) -> bool:
+  """Whether two parameter trees are bit for bit equal."""
+  import jax
+  import numpy as np
+
+  leaves_a, leaves_b = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+  return len(leaves_a) == len(leaves_b) and all(
+      np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(leaves_a, leaves_b))
 
 
 def matmul_peak_gflops(sizes=(1024, 2048), repeats: int = 5) -> float:

@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import MULTI30K, ROOT, print_table, write_json
+from common import MULTI30K, ROOT, final_params, print_table, same_params, write_json
 
 from flax_transformer import provenance
 from flax_transformer.checkpoints import Checkpointer
@@ -45,30 +45,6 @@ def command(workdir: Path, steps: int) -> list[str]:
 
 def run(cmd, env) -> subprocess.CompletedProcess:
   return subprocess.run(cmd, env=env, capture_output=True, text=True)
-
-
-def final_params(workdir: Path):
-  """The newest checkpoint's parameters as numpy arrays (whatever devices saved them)."""
-  import jax
-  import numpy as np
-  import orbax.checkpoint as ocp
-
-  checkpointer = Checkpointer(workdir, read_only=True)
-  step = checkpointer.steps()[-1]
-  as_numpy = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
-                                    checkpointer.manager.item_metadata(step)["state"])
-  state = checkpointer.manager.restore(step, args=ocp.args.Composite(
-      state=ocp.args.PyTreeRestore(restore_args=as_numpy)))["state"]
-  return step, state["params"]
-
-
-def identical(a, b) -> bool:
-  import jax
-  import numpy as np
-
-  leaves_a, leaves_b = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
-  return len(leaves_a) == len(leaves_b) and all(
-      np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(leaves_a, leaves_b))
 
 
 def steps_logged(workdir: Path) -> list[int]:
@@ -148,7 +124,7 @@ def _killed_peer(workdir: Path, steps: int, expected, victim: int, fault: str, d
   return {"fault": fault, "times": 1,
           "outcome": f"survivor exit {code} after {survivor_s:.1f} s, {words}; "
                      f"relaunched both to {step}",
-          "params_equal": identical(params, expected), "steps_lost_max": lost,
+          "params_equal": same_params(params, expected), "steps_lost_max": lost,
           "survivor_exit_code": code, "survivor_exit_s": survivor_s, **extra}
 
 
@@ -183,7 +159,7 @@ def killed_while_saving(workdir: Path, steps: int, expected) -> dict:
   return {"fault": "two processes, kill -9 of process 1 during a save", "times": 1,
           "outcome": f"killed saving step {saving}; survivor exit {code} after "
                      f"{survivor_s:.1f} s; resumed from {resumed}, relaunched both to {step}",
-          "params_equal": identical(params, expected),
+          "params_equal": same_params(params, expected),
           "steps_lost_max": max(0, saving - (resumed or 0)),
           "step_being_saved": saving, "complete_steps_after_kill": complete,
           "resumed_from": resumed, "half_written_step_read": resumed == saving,
@@ -219,7 +195,7 @@ def preempted(workdir: Path, steps: int, expected,
   return {"fault": fault, "times": 1,
           "outcome": f"exit {codes}, stopped at steps {stopped}, saved {saved[-1:]}; "
                      f"resumed from {resumed} to {step}",
-          "params_equal": identical(params, expected), "steps_lost_max": 0,
+          "params_equal": same_params(params, expected), "steps_lost_max": 0,
           "exit_codes": codes, "stopped_at": stopped, "exit_s": exit_s,
           "agreed": len(set(stopped)) == 1 and stopped[0] is not None,
           "saved_stop_step": stopped[0] in saved}
@@ -314,7 +290,7 @@ def main():
     step, params = final_params(workdir)
     rows.append({"fault": "kill -9 at random moments", "times": args.kills,
                  "outcome": f"exit {finish.returncode}, final step {step}",
-                 "params_equal": identical(params, expected),
+                 "params_equal": same_params(params, expected),
                  "steps_lost_max": max(lost) if lost else 0, "moments": moments})
 
     # 2. SIGTERM: checkpoint, exit 0, resume.
@@ -330,7 +306,7 @@ def main():
     step, params = final_params(workdir)
     rows.append({"fault": "SIGTERM", "times": 1,
                  "outcome": f"exit {process.returncode}, saved {stopped_at[-1:]}, resumed to "
-                            f"{step}", "params_equal": identical(params, expected),
+                            f"{step}", "params_equal": same_params(params, expected),
                  "steps_lost_max": 0})
 
     # 3. The newest checkpoint truncated: fall back to the previous one, warn.
@@ -345,7 +321,7 @@ def main():
     step, params = final_params(workdir)
     rows.append({"fault": "newest checkpoint truncated", "times": 1,
                  "outcome": f"exit {finish.returncode}, warned={warned}, final step {step}",
-                 "params_equal": identical(params, expected), "steps_lost_max": 10})
+                 "params_equal": same_params(params, expected), "steps_lost_max": 10})
 
     # 4. Two processes: one lost mid-run, one lost mid-save, both preempted. A lost
     # process ends the survivor fast with one line naming it; a preemption saves one

@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from common import ROOT, print_table, write_json  # noqa: E402
+from common import ROOT, final_params, print_table, same_params, write_json  # noqa: E402
 
 import psutil
 
@@ -115,29 +115,6 @@ def launch(args, workdir: Path, workers: int, log: Path, kill_at: int | None = N
   return record
 
 
-def final_params(workdir: Path):
-  import orbax.checkpoint as ocp
-
-  from flax_transformer.checkpoints import Checkpointer
-
-  checkpointer = Checkpointer(workdir, read_only=True)
-  step = checkpointer.steps()[-1]
-  restored = checkpointer.manager.restore(
-      step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore()))
-  checkpointer.close()
-  return step, restored["state"]["params"]
-
-
-def bit_equal(a: Path, b: Path) -> bool:
-  import jax
-  import numpy as np
-
-  (step_a, pa), (step_b, pb) = final_params(a), final_params(b)
-  leaves_a, leaves_b = jax.tree_util.tree_leaves(pa), jax.tree_util.tree_leaves(pb)
-  return step_a == step_b and len(leaves_a) == len(leaves_b) and all(
-      np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(leaves_a, leaves_b))
-
-
 def soak(args, workers: int) -> dict:
   base = args.scratch / f"soak_workers{workers}"
   if base.exists():
@@ -150,8 +127,9 @@ def soak(args, workers: int) -> dict:
   runs["resumed"] = launch(args, base / "interrupted", workers, base / "resumed.log")
   resumed_log = (base / "resumed.log").read_text()
   found = re.search(r"Resumed from the checkpoint of step (\d+)", resumed_log)
+  (step_a, a), (step_b, b) = final_params(base / "reference"), final_params(base / "interrupted")
   return {"workers": workers, "runs": runs, "resumed_from_step": int(found.group(1)) if found
-          else None, "bit_exact": bit_equal(base / "reference", base / "interrupted")}
+          else None, "bit_exact": step_a == step_b and same_params(a, b)}
 
 
 def main():

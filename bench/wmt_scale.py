@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -31,19 +30,13 @@ import time
 from pathlib import Path
 
 START = time.time()
-from common import MULTI30K, ROOT, print_table, write_json  # noqa: E402
+from common import MULTI30K, ROOT, peak_rss_mb, print_table, write_json  # noqa: E402
 
 STAGES = ("generate", "prepare", "vocab", "tokens", "first_batch", "throughput", "train")
 
 
 def _dir_bytes(path: Path) -> int:
   return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def _peak_rss_mb() -> float:
-  own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-  return max(own, children) / 1024.0
 
 
 def _config(args):
@@ -297,7 +290,7 @@ def main():
     flags.FLAGS.mark_as_parsed()  # grain's worker processes read absl flags.
     sys.path.insert(0, str(Path(__file__).parent))
     record = globals()[f"stage_{args.stage}"](args)
-    record["peak_rss_mb"] = _peak_rss_mb()
+    record["peak_rss_mb"] = peak_rss_mb(children=True)
     print("RESULT " + json.dumps(record), flush=True)
     return
 
