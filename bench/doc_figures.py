@@ -17,9 +17,6 @@ from pathlib import Path
 import render_docs
 
 ROOT = Path(__file__).resolve().parents[1]
-# Superseded runs, moved out of BENCHMARKS.md with their claims.
-HISTORY = "docs/benchmarks_history.md"
-H100 = "results/device_runs/2026-11-26_h100_run{}/{}.json"
 
 
 TORCH = "results/bench/train_step_runs/2026-11-26_torch_compiled/{}.json"
@@ -111,42 +108,6 @@ SENTENCES = [
     ("docs/provenance.md", "On validation (decode.py's default", EXACT + "paired_bs_validation.txt",
      [(p_values,
        lambda ps: f"p = {ps[0]:.2f} and {ps[1]:.2f}")]),
-    (HISTORY, "README job end to end (2000 steps", H100.format(1, "accelerator"),
-     [(lambda r: (r["readme_job_wall_s"], r["readme_job_train_wall_s"],
-                  r["readme_job_decode_wall_s"]),
-       lambda w: f"{w[0]:.0f} s ({w[1]:.0f} s train + {w[2]:.0f} s decode)")]),
-    (HISTORY, "README job end to end (2000 steps", H100.format(2, "accelerator"),
-     [(lambda r: (r["readme_job_wall_s"], r["readme_job_train_wall_s"],
-                  r["readme_job_decode_wall_s"]),
-       lambda w: f"{w[0]:.0f} s ({w[1]:.0f} + {w[2]:.0f};")]),
-] + [(HISTORY, "its test BLEU within 0.5 of the CPU run", H100.format(run, "accelerator"),
-      [(lambda r: (r["readme_job_test_bleu"], r["readme_job_test_bleu_lowercased"]),
-        lambda b: f"{b[0]:.1f} / {b[1]:.1f} lowercased")]) for run in (1, 2)] + [
-    (HISTORY, "within 1.25x of the step fed one batch", H100.format(2, "accelerator"),
-     [(lambda r: (r["readme_job_ms_per_step"], r["readme_job_ms_per_step_repeated_batch"],
-                  r["readme_step_ms_fed"]),
-       lambda m: f"job {m[0]:.1f} / {m[1]:.1f} = {m[0] / m[1]:.2f}x; in-process, 8 workers: "
-                 f"{m[2]:.1f} / {m[1]:.1f} = {m[2] / m[1]:.2f}x")]),
-    (HISTORY, "small f32 (32 x 64) >= 1.3x the peer |", H100.format(1, "accelerator"),
-     [(lambda r: r["small_f32"], lambda x: f"ours {x['ours_ms']:.2f} ms, peer {x['peer_ms']:.2f} "
-       f"ms: {x['speedup_vs_peer']:.2f}x; compile {x['ours_compile_s']:.1f} s vs "
-       f"{x['peer_compile_s']:.1f} s")]),
-    (HISTORY, "small f32 (32 x 64) >= 1.3x the peer |", H100.format(3, "no_triton_gemm"),
-     [(lambda r: r["small_f32"],
-       lambda x: f"{x['ours_ms']:.2f} vs {x['peer_ms']:.2f} ms: {x['speedup_vs_peer']:.2f}x")]),
-    (HISTORY, "beam search >= 2x the peer (8 x 32", H100.format(1, "accelerator"),
-     [(lambda r: r["decode_vs_peer"],
-       lambda x: f"ours {x['ours_s_per_batch'] * 1000:.1f} ms, peer "
-                 f"{x['peer_s_per_batch'] * 1000:.1f} ms per batch: {x['speedup_vs_peer']:.2f}x "
-                 f"({x['ours_sentences_per_s']:.0f} vs {x['peer_sentences_per_s']:.0f} "
-                 "sentences/s)")]),
-    (HISTORY, "test 2016, 1000 sentences, same output as on the CPU |",
-     H100.format(1, "accelerator"),
-     [("decode_test2016_lines_differing_from_cpu", lambda n: f"{1000 - n} of 1000 lines")]),
-] + [(HISTORY, "base bf16, ~25k tokens a side (192 x 128)", H100.format(run, name),
-      [(lambda r: r["base_bf16"], lambda x: f"{x['ours_ms']:.1f} ms/step, "
-        f"{x['ours_mfu_of_bf16_peak']:.1%} MFU, {x['speedup_vs_peer']:.2f}x the peer")])
-     for run, name in ((3, "default"), (4, "no_triton_gemm"))] + [
     ("RESULTS.md", "Validation, last 10 averaged (`decode_validation.log`)",
      "results/runs/multi30k_en-de_best_config/decode_validation.log",
      LABELLED_SCORES),
@@ -384,17 +345,7 @@ DECODE_23 = tuple(f"results/bench/decode_runs/decode_{run}.json" for run in rang
 DECODE_26 = tuple(DECODE.format(run) for run in range(1, 6))
 
 
-def fastest_plain_ratio(r):
-  """Ours on two devices against the faster plain search of the same run."""
-  rows = r["rows"]
-  return min(rows[0]["s_per_batch"], rows[2]["s_per_batch"]) / rows[3]["s_per_batch"]
-
-
 SENTENCES += [
-    (HISTORY, "The aim of 2x a plain cached beam search", DECODE_23 + DECODE_26, [
-        (lambda rs: each("speedup_vs_plain")(rs[:5]), span("{:.2f}", "x")),
-        (lambda rs: statistics.median(each("speedup_vs_plain")(rs[:5])), "(median {:.2f}x;"),
-        (lambda rs: statistics.median(fastest_plain_ratio(r) for r in rs[5:]), "{:.2f}x on")]),
     ("BENCHMARKS.md", "Split over the two cores, ours is", DECODE_26, [
         (lambda rs: statistics.median(each("rows.1.s_per_batch")(rs))
          / statistics.median(each("rows.3.s_per_batch")(rs)), "{:.2f}x faster")]),
@@ -438,111 +389,13 @@ SENTENCES += [
        "-> {:.1f} s at 512")]),
 ]
 
-# The H100 sessions' prose (BENCHMARKS): runs 1 and 2 of accelerator.py, runs 3 and 4 of
-# its variants.
-RUN1, RUN2 = (f"results/device_runs/2026-11-26_h100_run{run}/accelerator.json"
-              for run in (1, 2))
-VARIANTS = (H100.format(3, "default"), H100.format(4, "no_triton_gemm"), H100.format(4, "default"),
-            H100.format(3, "command_buffers"), H100.format(3, "no_triton_gemm"))
-VARIANT_LOGS = tuple(path[:-len(".json")] + ".log" for path in VARIANTS)
-
 
 def seconds(compiles, what: str):
   return [c["seconds"] for c in compiles if c["what"] == what]
 
 
-def init_compiles(logs, sections):
-  """'Parameter initialisation compiled in X s' of the logs, within the sections named
-  (a log's '== section' lines)."""
-  out = []
-  for text in logs:
-    section = None
-    for line in text.splitlines():
-      if line.startswith("== "):
-        section = line.split()[1]
-      found = re.search(r"Parameter initialisation compiled in ([\d.]+) s", line)
-      if found and section in sections:
-        out.append(float(found.group(1)))
-  return out
-
-
-SENTENCES += [
-    (HISTORY, "What differed between the runs", (RUN1, RUN2), [
-        (lambda r: [b / a for a, b in zip(seconds(r[0]["readme_job_compiles"], "Beam search"),
-                                          seconds(r[1]["readme_job_compiles"], "Beam search"))],
-         lambda xs: f"{min(xs):.0f}-{max(xs):.0f}x slower"),
-        (lambda r: (seconds(r[1]["readme_job_compiles"], "Beam search"),
-                    seconds(r[0]["readme_job_compiles"], "Beam search")),
-         lambda x: f"({min(x[0]):.0f}-{max(x[0]):.0f} s per shape against "
-                   f"{min(x[1]):.0f}-{max(x[1]):.0f} s)"),
-        (lambda r: r[0]["decode_test2016_sentences_per_s"] / r[1]["decode_test2016_sentences_per_s"],
-         "decode {:.1f}x slower")]),
-    (HISTORY, "| | 211 s (196 + 16;", RUN2, [
-        (lambda r: sum(seconds(r["readme_job_compiles"], "Beam search")), "{:.0f} s of it")]),
-    (HISTORY, "| its test BLEU within 0.5 of the CPU run",
-     results("en-de", "en-de_reproduced"), [
-        (lambda r: (r[0]["bleu"], r[0]["bleu_lowercase"]), lambda b: f"({b[0]:.1f} / {b[1]:.1f}"),
-        (lambda r: (r[1]["bleu"], r[1]["bleu_lowercase"]), lambda b: f"re-run {b[0]:.1f} / {b[1]:.1f})")]),
-    (HISTORY, "| second launch <= 5 s |", RUN1, [
-        (lambda r: [c["seconds"] for c in r["warm_launch_compiles"][1:]], span("{:.1f}", " s each"))]),
-    (HISTORY, "| beam search compile <= 20 s per shape |", RUN1, [
-        (lambda r: seconds(r["readme_job_compiles"], "Beam search"), span("{:.1f}", " s per BLEU"))]),
-    (HISTORY, "| test 2016, 1000 sentences, same output as on the CPU |", RUN1, [
-        (lambda r: [d["line"] for d in r["decode_test2016_first_differences"]],
-         lambda lines: f"lines {lines[0]} and {lines[1]} differ")]),
-    (HISTORY, "| test 2016 decode speed |", RUN1, [
-        (lambda r: statistics.median(r["decode_test2016_runs_s"]), "({:.3f} s for")]),
-    (HISTORY, "**Triton GEMMs off** is faster", VARIANTS, [
-        (lambda r: 1 - r[1]["base_bf16"]["ours_ms"] / r[0]["base_bf16"]["ours_ms"], "({:.0%} at base"),
-        (lambda r: 1 - r[4]["small_f32"]["ours_ms"] / r[2]["small_f32"]["ours_ms"], "{:.0%} at small"),
-        (lambda r: [r[0]["base_bf16"]["ours_compile_s"] / r[1]["base_bf16"]["ours_compile_s"]]
-         + [r[i]["small_f32"]["ours_compile_s"] / r[4]["small_f32"]["ours_compile_s"] for i in (2, 3)],
-         span("{:.1f}", "x faster")),
-        (lambda r: (r[0]["base_bf16"]["ours_compile_s"], r[1]["base_bf16"]["ours_compile_s"]),
-         lambda x: f"({x[0]:.1f} -> {x[1]:.1f} s at base"),
-        (lambda r: [r[i]["small_f32"]["ours_compile_s"] for i in (2, 3, 4)],
-         lambda x: f"{x[0]:.1f} or {x[1]:.1f} -> {x[2]:.1f} s at small"),
-        (lambda r: (r[4]["small_f32"]["peer_ms"], [r[i]["small_f32"]["peer_ms"] for i in (2, 3)],
-                    r[1]["base_bf16"]["peer_ms"], r[0]["base_bf16"]["peer_ms"]),
-         lambda x: f"({x[0]:.2f} vs {min(x[1]):.2f}-{max(x[1]):.2f} ms, {x[2]:.1f} vs {x[3]:.1f} ms)")]),
-    (HISTORY, "**Base bf16 against the aims**", VARIANTS[1], [
-        ("base_bf16.speedup_vs_peer", "{:.2f}x the peer"),
-        ("base_bf16.ours_mfu_of_bf16_peak", lambda m: f"{100 * m:.1f}% MFU")]),
-    (HISTORY, "**Skipping a non-finite step by a select", (VARIANTS[2], RUN1), [
-        (lambda r: (r[0]["small_f32"]["ours_ms"], r[0]["small_f32"]["peer_ms"]),
-         lambda x: f"ours {x[0]:.2f} ms vs the peer's {x[1]:.2f}"),
-        (lambda r: (r[1]["small_f32"]["ours_ms"], r[1]["small_f32"]["peer_ms"]),
-         lambda x: f"against {x[0]:.2f} vs {x[1]:.2f}"),
-        (lambda r: (r[0]["small_f32"]["speedup_vs_peer"], r[1]["small_f32"]["speedup_vs_peer"]),
-         lambda x: f"{x[0]:.2f}x vs {x[1]:.2f}x")]),
-    (HISTORY, "**Ablations** (each hand-written step piece", VARIANT_LOGS, [
-        (lambda logs: init_compiles(logs, {"small_f32_ablations"}), span("{:.0f}", " s each"))]),
-    (HISTORY, "**Parameter initialisation compiles slowly", VARIANT_LOGS, [
-        (lambda logs: init_compiles(logs, {"small_f32", "small_f32_ablations"}),
-         span("{:.0f}", " s for the small")),
-        (lambda logs: init_compiles(logs, {"base_bf16"}), span("{:.0f}", " s for the base"))]),
-    (HISTORY, "**Input pipeline.** One process formed", (RUN1, RUN2), [
-        (lambda r: r[0]["host_ms_per_batch_one_process"], "in {:.1f} ms (run 1"),
-        (lambda r: r[1]["host_ms_per_batch_one_process"], "and {:.1f} ms (run 2"),
-        (lambda r: r[0]["readme_step_runs_ms"]["0"]["fed"], span("{:.0f}", " ms (run 1)")),
-        (lambda r: r[1]["readme_step_runs_ms"]["0"]["fed"], span("{:.0f}", " ms (run 2)")),
-        (lambda r: r[0]["readme_job_ms_per_step_repeated_batch"], "against {:.1f} ms")]),
-    (HISTORY, "**Cold compiles on the GPU** (run 1)", RUN1, [
-        (lambda r: seconds(r["readme_job_compiles"], "Eval step"), span("{:.1f}", " s per shape")),
-        (lambda r: seconds(r["readme_job_compiles"], "Beam search"), span("{:.1f}", " s per shape")),
-        (lambda r: seconds(r["readme_job_decode_compiles"], "Beam search"), span("{:.1f}", " s per shape"))]),
-]
-
 ROUND2 = "results/device_runs/2026-11-27_h100_5ecb8c5/"
-ROWS += [(HISTORY, "XLA defaults | beam search, 8 x 32, beam 4", H100.format(3, "default"),
-          [("decode_vs_peer.ours_s_per_batch", lambda s: f"{1000 * s:.2f} ms/batch"),
-           ("decode_vs_peer.peer_s_per_batch", lambda s: f"{1000 * s:.2f}"),
-           ("decode_vs_peer.speedup_vs_peer", "{:.2f}x"),
-           ("decode_vs_peer.ours_compile_s", "{:.1f} s"),
-           ("decode_vs_peer.peer_compile_s", "{:.1f} s")])]
 SENTENCES += [
-    (HISTORY, "Not measured with it: the README", (RUN1, RUN2), [
-        (lambda r: [x["train_step_compile_s_cold"] for x in r], span("{:.0f}", " s without it"))]),
     ("BENCHMARKS.md", "for the 8 input worker processes to start", ROUND2 + "accelerator.json", [
         (lambda r: seconds(r["readme_job_compiles"], "Train step")[0], "took {:.1f} s")]),
     ("BENCHMARKS.md", "**Tests on the GPU**", ROUND2 + "tests.log", [
