@@ -11,6 +11,8 @@ from there, and the score counts the prefix's log-probability too.
 pair 'logprob<TAB>tokens', the target's log-probability under the model (or
 ensemble) summed over its tokens (natural log) and the token count, EOS
 included: logprob / tokens is the mean per token.
+--interactive (the default when stdin is a terminal): each stdin line is translated
+and written, flushed, as soon as it is read.
 """
 
 from absl import app, flags
@@ -67,17 +69,29 @@ flags.DEFINE_integer("cpu_devices", 0, "On a CPU host: XLA devices to split each
 flags.DEFINE_string("compilation_cache_dir", compilation.default_cache_dir(),
                     "jax's persistent compilation cache: a second run with the same shapes "
                     "loads its searches instead of compiling them; '' = off.")
+flags.DEFINE_bool("interactive", False, "Translate stdin line by line, each line written and "
+                  "flushed as soon as it is read (the default when stdin is a terminal).")
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
 
 
 def main(argv):
   def work():
+    from flax_transformer.cli import interactive
     from flax_transformer.cli.translate import run_decode
 
     search = SearchConfig(beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
                           max_extra=FLAGS.max_extra, nbest=FLAGS.nbest,
                           temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p)
+    if interactive.wanted(FLAGS.interactive, FLAGS.input):
+      interactive.check_flags(**{"--input": FLAGS.input != "-", "--reference": FLAGS.reference,
+                                 "--attention_plot": FLAGS.attention_plot,
+                                 "--prefix": FLAGS.prefix, "--score": FLAGS.score})
+      interactive.run_interactive(
+          workdir=FLAGS.workdir, output_path=FLAGS.output, search=search, seed=FLAGS.seed,
+          compilation_cache_dir=FLAGS.compilation_cache_dir, average_last=FLAGS.average_last,
+          checkpoint_step=FLAGS.checkpoint_step, ensemble=FLAGS.ensemble)
+      return
     run_decode(workdir=FLAGS.workdir, input_path=FLAGS.input, output_path=FLAGS.output,
                reference=FLAGS.reference, metrics=FLAGS.metrics,
                sacrebleu_tokenize=FLAGS.sacrebleu_tokenize,

@@ -1,0 +1,274 @@
+"""serve.py (the HTTP API, dynamic batching, bad input, the page in a real browser) and
+decode.py --interactive, on the session's trained tiny run (conftest.trained_tiny).
+
+One server for the module: 2 CPU devices, sources up to 16 tokens, batches of up to 8
+sentences (shapes [2, 16] and [8, 16], compiled before it answers /health).
+"""
+
+import concurrent.futures
+import json
+import os
+import select
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import jax
+import pytest
+
+import conftest
+from conftest import ROOT, TRAINED_TINY_CHECKPOINTS, cpu_env, free_port
+from flax_transformer.translation.translator import SearchConfig, Translator
+
+TOKEN = "test-token-5f2c"
+MAX_SENTENCES = 8
+SENTENCES = ["A dog runs in the park.", "Two men are playing football.", "A woman reads a book.",
+             "Children play in the snow.", "A man rides a red bike.", "", "A cat sleeps.",
+             "People walk down the street."]
+# Short searches (as test_decoding's): outputs of at most source + 5 tokens.
+SEARCH = SearchConfig(max_extra=5)
+
+
+class Server:
+  def __init__(self, url: str, log: Path, process: subprocess.Popen):
+    self.url, self.log, self.process = url, log, process
+
+  def call(self, path: str, body=None, *, token: str | None = TOKEN, raw: bytes | None = None
+           ) -> tuple[int, dict]:
+    """(status, JSON answer) of GET (body None) or POST `body` (JSON) / `raw` bytes."""
+    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(self.url + path, data=data,
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+      with urllib.request.urlopen(request, timeout=120) as response:
+        return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+      return e.code, json.loads(e.read())
+
+  def stats(self) -> dict:
+    return self.call("/health")[1]["batching"]
+
+
+@pytest.fixture(scope="module")
+def server(trained_tiny, tmp_path_factory):
+  port = free_port()
+  log = tmp_path_factory.mktemp("serve") / "serve.log"
+  with open(log, "wb") as out:
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "serve.py"), f"--workdir={trained_tiny}", f"--port={port}",
+         f"--token={TOKEN}", "--cpu_devices=2", "--max_tokens=16", "--max_batch=8",
+         f"--max_sentences={MAX_SENTENCES}", "--max_extra=5", "--max_wait_ms=50",
+         "--body_timeout_s=2", f"--compilation_cache_dir={conftest.XLA_CACHE}"],
+        stdout=out, stderr=subprocess.STDOUT, env=cpu_env())
+  running = Server(f"http://127.0.0.1:{port}", log, process)
+  deadline = time.time() + 240
+  while True:
+    try:
+      if running.call("/health")[0] == 200:
+        break
+    except (urllib.error.URLError, ConnectionError):
+      pass
+    assert process.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+    time.sleep(0.3)
+  yield running
+  process.terminate()
+  try:
+    process.wait(timeout=30)
+  except subprocess.TimeoutExpired:
+    process.kill()
+    process.wait()
+
+
+@pytest.fixture(scope="module")
+def translator(trained_tiny):
+  """The server's model and search, in this process: what every answer must equal."""
+  # The server's devices and batch shape: [8, 16] on 2 devices.
+  return Translator.from_workdir(trained_tiny, search=SEARCH, average_last=5, batch_tokens=128,
+                                 devices=jax.devices()[:2])
+
+
+@pytest.fixture(scope="module")
+def expected(translator):
+  return translator.translate(SENTENCES)
+
+
+def test_health_names_the_model_the_steps_and_the_commit(server, trained_tiny):
+  status, health = server.call("/health")
+  assert status == 200
+  assert health["model"]["workdir"] == str(trained_tiny)
+  assert health["steps_averaged"] == [list(TRAINED_TINY_CHECKPOINTS)]
+  assert len(health["commit"]["git_commit"]) == 40
+  assert health["search"]["beam_size"] == SEARCH.beam_size
+
+
+def test_translate_and_concurrent_requests_batched_equal_the_translator(server, expected):
+  status, answer = server.call("/translate", {"text": SENTENCES})
+  assert status == 200 and answer == {"translations": expected}
+  before = server.stats()
+  start = threading.Barrier(len(SENTENCES))
+
+  def one(sentence):
+    start.wait()
+    return server.call("/translate", {"text": [sentence]})
+
+  with concurrent.futures.ThreadPoolExecutor(len(SENTENCES)) as pool:
+    answers = list(pool.map(one, SENTENCES))
+  assert answers == [(200, {"translations": [e]}) for e in expected]
+  after = server.stats()
+  assert after["requests"] - before["requests"] == len(SENTENCES)  # /health counts none.
+  # Gathered: fewer searches than requests (each search is one [rows, 16] batch).
+  assert after["searches"] - before["searches"] < len(SENTENCES) - 1, (before, after)
+
+
+def test_options_nbest_prefix_and_score(server, translator, expected):
+  status, answer = server.call("/translate", {"text": SENTENCES[:2], "nbest": 3})
+  assert status == 200
+  assert [len(hyps) for hyps in answer["nbest"]] == [3, 3]
+  assert answer["translations"] == expected[:2]
+  assert [hyps[0]["text"] for hyps in answer["nbest"]] == answer["translations"]
+  for hyps in answer["nbest"]:
+    scores = [h["score"] for h in hyps]
+    assert scores == sorted(scores, reverse=True)
+  status, answer = server.call("/translate", {"text": SENTENCES[:2], "prefix": ["Ein Hund", ""]})
+  assert status == 200
+  assert answer["translations"][0].startswith("Ein Hund")
+  assert answer["translations"][1] == expected[1]  # An empty prefix forces nothing.
+  pairs = [SENTENCES[0], SENTENCES[1]], [expected[0], "Zwei Männer spielen Fußball."]
+  status, answer = server.call("/score", {"source": pairs[0], "target": pairs[1]})
+  assert status == 200
+  for got, (logprob, tokens) in zip(answer["scores"], translator.score(*pairs)):
+    assert got["tokens"] == tokens and got["logprob"] == pytest.approx(logprob, abs=1e-4)
+
+
+BAD = [  # (what, request arguments, status, words of the one-line error)
+    ("malformed JSON", dict(raw=b'{"text": ["A dog'), 400, "malformed JSON"),
+    ("not an object", dict(body=["A dog."]), 422, "JSON object"),
+    ("wrong type", dict(body={"text": "A dog."}), 422, "field 'text'"),
+    ("wrong item type", dict(body={"text": [3]}), 422, "field 'text.0'"),
+    ("unknown field", dict(body={"text": ["A dog."], "beam": 2}), 422, "unknown field 'beam'"),
+    ("too many sentences", dict(body={"text": ["A dog."] * (MAX_SENTENCES + 1)}), 413,
+     "too many sentences"),
+    ("over-long sentence", dict(body={"text": ["A dog runs " * 10]}), 413,
+     "over 16 (--max_tokens)"),
+    ("beam too wide", dict(body={"text": ["A dog."], "beam_size": 99}), 422, "beam_size"),
+    ("nbest over beam", dict(body={"text": ["A dog."], "beam_size": 2, "nbest": 3}), 422,
+     "nbest"),
+    ("prefix count", dict(body={"text": ["A dog."], "prefix": []}), 422, "'prefix' has 0"),
+    ("no token", dict(body={"text": ["A dog."]}, token=None), 401, "missing bearer token"),
+    ("bad token", dict(body={"text": ["A dog."]}, token="guess"), 401, "bad bearer token"),
+]
+
+
+def test_bad_input_gets_a_4xx_with_one_line_and_one_log_line(server):
+  for what, arguments, status, words in BAD:
+    got, answer = server.call("/translate", **arguments)
+    assert (got, list(answer)) == (status, ["error"]), what
+    assert words in answer["error"] and "\n" not in answer["error"], (what, answer)
+  assert server.call("/translate", {"text": [SENTENCES[0]]})[0] == 200
+  log = server.log.read_text()
+  for what, _, status, words in BAD:
+    assert any(f"{status} POST /translate" in line and words in line
+               for line in log.splitlines()), what
+  assert "Traceback" not in log and " 500 " not in log
+
+
+def test_a_request_cut_off_mid_body_is_dropped_and_a_stalled_one_times_out(server, expected):
+  head = (b"POST /translate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode()
+          + b"\r\nContent-Type: application/json\r\nContent-Length: 400\r\n\r\n{\"text\": [\"A")
+  cut = socket.create_connection(server.url.removeprefix("http://").split(":"))
+  cut.sendall(head)
+  cut.close()
+  stalled = socket.create_connection(server.url.removeprefix("http://").split(":"))
+  stalled.sendall(head)
+  started = time.time()
+  # Others are served meanwhile, and at once (the stalled body holds no search).
+  assert server.call("/translate", {"text": [SENTENCES[1]]}) == (200, {"translations":
+                                                                       [expected[1]]})
+  stalled.settimeout(30)
+  reply = stalled.recv(4096).decode()
+  stalled.close()
+  assert reply.startswith("HTTP/1.1 408") and "body not received within 2 s" in reply
+  assert 1.5 < time.time() - started < 20
+  log = server.log.read_text()
+  assert "client disconnected before its body was complete; dropped" in log
+  assert "Traceback" not in log
+
+
+def test_the_page_translates_in_headless_chromium(server, expected):
+  if not Path("/usr/bin/chromium").exists() and not os.environ.get("CI"):
+    pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
+  from selenium import webdriver
+  from selenium.webdriver.chrome.service import Service
+  from selenium.webdriver.common.by import By
+  from selenium.webdriver.support.ui import WebDriverWait
+
+  options = webdriver.ChromeOptions()
+  options.binary_location = "/usr/bin/chromium"
+  for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+    options.add_argument(argument)
+  browser = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+  try:
+    browser.get(server.url + "/")
+    browser.find_element(By.ID, "token").send_keys(TOKEN)
+    browser.find_element(By.ID, "source").send_keys(SENTENCES[0] + "\n" + SENTENCES[1])
+    browser.find_element(By.ID, "translate").click()
+    WebDriverWait(browser, 60).until(
+        lambda b: b.find_element(By.ID, "translations").get_attribute("data-done")
+        or b.find_element(By.ID, "error").text)
+    assert browser.find_element(By.ID, "error").text == ""
+    shown = [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#translations li")]
+    # The page shows text as rendered: runs of spaces collapse, as in the browser.
+    assert shown == [" ".join(e.split()) for e in expected[:2]]
+  finally:
+    browser.quit()
+
+
+def _line_within(stream, seconds: float) -> bytes:
+  """One line from a pipe, or an assertion error after `seconds` without one."""
+  line, deadline = b"", time.time() + seconds
+  while not line.endswith(b"\n"):
+    ready, _, _ = select.select([stream], [], [], max(0.0, deadline - time.time()))
+    assert ready, f"no line within {seconds} s (got {line!r})"
+    chunk = os.read(stream.fileno(), 1)
+    assert chunk, f"stream closed (got {line!r})"
+    line += chunk
+  return line
+
+
+def test_interactive_decode_answers_each_line_before_the_next_is_written(trained_tiny, expected):
+  process = subprocess.Popen(
+      [sys.executable, str(ROOT / "decode.py"), f"--workdir={trained_tiny}", "--interactive",
+       "--max_extra=5", "--cpu_devices=2", f"--compilation_cache_dir={conftest.XLA_CACHE}"],
+      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=cpu_env())
+  try:
+    for i, sentence in enumerate(SENTENCES[:3]):
+      process.stdin.write(sentence.encode() + b"\n")
+      process.stdin.flush()  # The pipe stays open: a batch reader would wait for more.
+      # The first line waits for the search to compile; later ones only for their search.
+      assert _line_within(process.stdout, 120 if i == 0 else 30) == \
+          expected[i].encode() + b"\n"
+    process.stdin.close()
+    assert process.wait(timeout=30) == 0
+  finally:
+    if process.poll() is None:
+      process.kill()
+      process.wait()
+
+
+def test_interactive_is_the_default_on_a_terminal_and_refuses_batch_flags():
+  from flax_transformer.cli import interactive
+  from flax_transformer.errors import DataError
+
+  terminal, pipe = type("T", (), {"isatty": lambda self: True})(), \
+      type("P", (), {"isatty": lambda self: False})()
+  assert interactive.wanted(False, "-", terminal) and not interactive.wanted(False, "-", pipe)
+  assert not interactive.wanted(False, "in.en", terminal) and interactive.wanted(True, "-", pipe)
+  with pytest.raises(DataError, match="--interactive translates stdin line by line: drop "
+                                      "--reference"):
+    interactive.check_flags(**{"--reference": "ref.de", "--prefix": None})
