@@ -19,7 +19,6 @@ import render_docs
 ROOT = Path(__file__).resolve().parents[1]
 
 
-TORCH = "results/bench/train_step_runs/2026-11-26_torch_compiled/{}.json"
 
 DECODE = "results/bench/decode_runs/2026-11-26/run{}.json"
 
@@ -77,14 +76,6 @@ ROWS = [
 ] + [("RESULTS.md", "BLEU / chrF, last 5 averaged", EXACT + f"decode_validation_{name}.log",
       [SLASHED_SCORES]) for name in ("biased", "paper_exact")]
 
-# The train-step runs of the 2026-11-23 and 2026-11-24 hosts (BENCHMARKS renders their
-# tables, bench/render_docs.py; the prose below quotes their ranges and medians).
-STEP_RUNS = {"Five runs on the 2026-11-23 host": "results/bench/train_step_runs/{}_{}.json",
-             "Five runs on the 2026-11-24 host":
-             "results/bench/train_step_runs/2026-11-24/{}_{}.json"}
-
-
-CPU_ABLATIONS = "results/device_runs/2026-11-26_cpu_ablations/accelerator.json"
 
 # (doc, sentence start, JSON, [(key path, format)]): the figures in the sentence's
 # first 400 characters, in order.
@@ -210,134 +201,11 @@ SENTENCES += [
 ]
 
 
-# The train-step runs' prose: ranges and medians over a host's five runs (BENCHMARKS).
-def step_files(host: str, malloc: str = "tuned_malloc") -> tuple[str, ...]:
-  return tuple(STEP_RUNS[host].format(malloc, run) for run in range(1, 6))
-
-
-H23, H24 = "Five runs on the 2026-11-23 host", "Five runs on the 2026-11-24 host"
-SMALL, BASE = 0, 1
 
 
 def each(key):
   """A key path's value in each of several records."""
   return lambda records: [value(r, key) for r in records]
-
-
-def field(config: int, key: str, runs=slice(None)):
-  """One config's result field of train-step runs' JSON, over the runs given."""
-  return lambda records: each(f"results.{config}.{key}")(records[runs])
-
-
-def malloc_gain(config: int):
-  """System-malloc step time over tuned-malloc step time, run by run (the tuned runs
-  first, then the system ones, in the same order)."""
-  return lambda records: [b["results"][config]["ms_per_step"] / a["results"][config]["ms_per_step"]
-                          for a, b in zip(records[:5], records[5:])]
-
-
-def span(fmt: str, unit: str = ""):
-  """'lo-hi' of a list of values, each formatted."""
-  return lambda xs: f"{fmt.format(min(xs))}-{fmt.format(max(xs))}{unit}"
-
-
-def median(key_function):
-  return lambda records: statistics.median(key_function(records))
-
-
-# The 2026-11-23 host's float32 peak in theory: 2 cores x 32 FLOP per cycle x 2.45 GHz
-# (its JSON files predate the clock field; the clock is the one /proc/cpuinfo gave).
-H23_PEAK = 2 * 32 * 2.45
-
-
-def gb(xs) -> str:
-  """A range of peak RSS figures in GB, one figure when both ends round alike."""
-  lo, hi = (f"{mb / 1000:.1f}" for mb in (min(xs), max(xs)))  # The docs' GB are 1000 MB.
-  return f"{lo} GB" if lo == hi else f"{lo}-{hi} GB"
-TORCH_RUNS = tuple(TORCH.format(run) for run in ("run1", "run2", "run3"))
-EAGER_RUNS = tuple(TORCH.format(run) for run in ("eager_run1", "eager_run2"))
-BOTH_HOSTS = step_files(H23) + step_files(H24)
-SENTENCES += [
-    ("BENCHMARKS.md", "This kind of machine does not always come up", BOTH_HOSTS + TORCH_RUNS, [
-        (lambda r: field(SMALL, "matmul_peak_gflops_per_s", slice(0, 5))(r), span("{:.0f}")),
-        (lambda r: H23_PEAK, "= {:.0f} GFLOP/s in theory"),
-        (field(SMALL, "matmul_peak_gflops_per_s", slice(5, 10)), span("{:.0f}")),
-        (field(SMALL, "matmul_peak_gflops_per_s", slice(10, 13)), span("{:.0f}"))]),
-    ("BENCHMARKS.md", "Here the small aim is met", step_files(H24) + step_files(H24, "system_malloc"), [
-        (median(field(SMALL, "ms_per_step", slice(0, 5))), "median {:.0f} ms"),
-        (field(SMALL, "ms_per_step", slice(1, 5)), span("{:.0f}")),
-        (lambda r: r[0]["results"][SMALL]["ms_per_step"], "first run's {:.0f}"),
-        (median(field(BASE, "ms_per_step", slice(0, 5))), "({:.0f} ms)"),
-        (lambda r: r[0]["results"][BASE]["flops_per_step"] / 0.95 / 1e9, "needs {:.0f} GFLOP/s"),
-        (lambda r: r[0]["results"][BASE]["flops_per_step"] / 0.95 / 1e9 / statistics.median(
-            field(BASE, "matmul_peak_gflops_per_s", slice(0, 5))(r)), "{:.0%}"),
-        (median(field(BASE, "matmul_peak_gflops_per_s", slice(0, 5))), "({:.0f})"),
-        (median(field(BASE, "fraction_of_matmul_peak", slice(0, 5))), "sustains {:.0%}"),
-        (malloc_gain(SMALL), span("{:.2f}", "x")), (malloc_gain(BASE), span("{:.2f}", "x")),
-    ]),
-    ("BENCHMARKS.md", "in the run beside each; peak RSS", step_files(H24) + step_files(H24, "system_malloc"), [
-        (field(SMALL, "peak_rss_mb", slice(0, 5)), gb),
-        (field(BASE, "peak_rss_mb", slice(0, 5)), gb),
-        (lambda r: (gb(field(SMALL, "peak_rss_mb")(r[5:])), gb(field(BASE, "peak_rss_mb")(r[5:]))),
-         lambda xs: f"{xs[0][:-3]} and {xs[1]} without")]),
-    ("BENCHMARKS.md", "Against the aims, from the files above only", BOTH_HOSTS, [
-        (median(field(SMALL, "ms_per_step", slice(5, 10))), "(median {:.0f})"),
-        (median(field(SMALL, "ms_per_step", slice(0, 5))), "({:.0f})"),
-        (lambda r: (statistics.median(field(BASE, "ms_per_step", slice(5, 10))(r)),
-                    statistics.median(field(BASE, "ms_per_step", slice(0, 5))(r))),
-         lambda ms: f"({ms[0]:.0f}, {ms[1]:.0f})"),
-    ]),
-    ("BENCHMARKS.md", "**>= 50% of the matmul peak: met**", BOTH_HOSTS, [
-        (field(SMALL, "fraction_of_matmul_peak"), lambda xs: f"small {min(xs):.0%}-{max(xs):.0%}".replace("%-", "-")),
-        (field(BASE, "fraction_of_matmul_peak"), lambda xs: f"base {min(xs):.0%}-{max(xs):.0%}".replace("%-", "-")),
-        (field(SMALL, "speedup_vs_torch"), span("{:.2f}", "x small")),
-        (field(BASE, "speedup_vs_torch"), span("{:.2f}", "x base"))]),
-    ("BENCHMARKS.md", "**Against torch at the same arithmetic", TORCH_RUNS, [
-        (field(SMALL, "matmul_peak_gflops_per_s"), span("{:.0f}", " GFLOP/s"))]),
-    ("BENCHMARKS.md", "On this host eager torch is torch's faster mode", TORCH_RUNS + EAGER_RUNS, [
-        (lambda r: field(SMALL, "speedup_vs_torch")(r[3:]) + field(BASE, "speedup_vs_torch")(r[3:]),
-         span("{:.2f}", "x faster")),
-        (field(SMALL, "ms_per_step"), span("{:.0f}", " ms/step")),
-        (field(BASE, "ms_per_step"), span("{:.0f}", " (aim")),
-        (lambda r: field(SMALL, "fraction_of_matmul_peak")(r[:3]) + field(BASE, "fraction_of_matmul_peak")(r[:3]),
-         lambda xs: f"{100 * min(xs):.0f}-{max(xs):.0%} of the matmul peak")]),
-    ("BENCHMARKS.md", "Why the absolute aims cannot be met", step_files(H23), [
-        (lambda r: r[0]["results"][SMALL]["flops_per_step"] / 1e9, "counts {:.1f} GFLOP"),
-        (lambda r: r[0]["results"][BASE]["flops_per_step"] / 1e9, "and {:.0f} GFLOP"),
-    ]),
-    ("BENCHMARKS.md", "The aim of 700 ms for small needs", step_files(H23), [
-        (lambda r: r[0]["results"][SMALL]["flops_per_step"] / 0.7 / 1e9, "needs {:.0f} GFLOP/s"),
-        (median(field(SMALL, "matmul_peak_gflops_per_s")), "rate ({:.0f})"),
-        (lambda r: r[0]["results"][SMALL]["flops_per_step"] / 0.7 / 1e9 / H23_PEAK, "and {:.0%}"),
-        (lambda r: H23_PEAK, "theoretical {:.0f};"),
-        (lambda r: r[0]["results"][BASE]["flops_per_step"] / 0.95 / 1e9, "needs {:.0f} GFLOP/s"),
-        (lambda r: max(field(SMALL, "matmul_peak_gflops_per_s")(r)), "(at most {:.0f})")]),
-    ("BENCHMARKS.md", "At the theoretical peak the floors are", step_files(H23), [
-        (lambda r: r[0]["results"][SMALL]["flops_per_step"] / H23_PEAK / 1e6, "{:.0f} ms (small)"),
-        (lambda r: r[0]["results"][BASE]["flops_per_step"] / H23_PEAK / 1e6, "{:.0f} ms (base)")]),
-    ("BENCHMARKS.md", "Peak RSS (process maximum", step_files(H23) + step_files(H23, "system_malloc"),
-     [(lambda r, c=c, runs=runs: field(c, "peak_rss_mb", runs)(r),
-       lambda xs: f"{round(min(xs), -1):.0f}-{round(max(xs), -1):.0f}")
-      for runs in (slice(0, 5), slice(5, 10)) for c in (SMALL, BASE)]),
-    ("BENCHMARKS.md", "One at a time each piece is within this run's noise", CPU_ABLATIONS, [
-        (lambda r: r["small_f32_with_ablations"]["ours_runs_ms"] + [
-            x for name in ("plain_tied_projection", "autodiff_cross_entropy", "bernoulli_dropout")
-            for x in r["small_f32_ablations"][name]["runs_ms"]], span("{:.0f}", " ms")),
-        ("small_f32_ablations.all_plain.over_ours", "cost {:.2f}x")]),
-    ("BENCHMARKS.md", "In the train-step runs above (the system-malloc column",
-     step_files(H23) + step_files(H23, "system_malloc") + step_files(H24)
-     + step_files(H24, "system_malloc"), [
-        (lambda r: malloc_gain(SMALL)(r[:10]), span("{:.2f}", "x (small)")),
-        (lambda r: malloc_gain(BASE)(r[:10]), span("{:.2f}", "x (base)")),
-        (lambda r: malloc_gain(SMALL)(r[10:]), span("{:.2f}", "x")),
-        (lambda r: malloc_gain(BASE)(r[10:]), span("{:.2f}", "x on"))]),
-    ("BENCHMARKS.md", "`peak_rss_mb`: small", step_files(H23) + step_files(H23, "system_malloc")
-     + step_files(H24) + step_files(H24, "system_malloc"), [
-        (lambda r: field(SMALL, "peak_rss_mb")(r[5:10] + r[15:]), lambda xs: f"small {gb(xs)}"),
-        (lambda r: field(SMALL, "peak_rss_mb")(r[:5] + r[10:15]), gb),
-        (lambda r: field(BASE, "peak_rss_mb")(r[5:10] + r[15:]), lambda xs: f"base {gb(xs)}"),
-        (lambda r: field(BASE, "peak_rss_mb")(r[:5] + r[10:15]), gb)]),
-]
 
 
 # The beam-search runs: medians over the five runs of each host, and the prose on them.

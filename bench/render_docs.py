@@ -284,7 +284,8 @@ def projection(root: Path) -> str:
 
 def train_step_runs(directory: str):
   """bench/train_step.py's five runs on one host, each beside a run under the system
-  malloc: per config, every run and the medians."""
+  malloc: per config, every run and the medians (peak RSS: the process's, so base's
+  includes the small run before it)."""
   def render(root: Path) -> str:
     runs = [(json.loads((root / directory / f"tuned_malloc_{i}.json").read_text()),
              json.loads((root / directory / f"system_malloc_{i}.json").read_text()))
@@ -298,10 +299,10 @@ def train_step_runs(directory: str):
         cells.append([r["ms_per_step"], r["tokens_per_s"], r["gflops_per_s"],
                       r["matmul_peak_gflops_per_s"], r["fraction_of_matmul_peak"],
                       r["compile_s"], r["torch_ms_per_step"], r["speedup_vs_torch"],
-                      s["ms_per_step"]])
+                      s["ms_per_step"], r["peak_rss_mb"], s["peak_rss_mb"]])
       text = lambda c: [f"{c[0]:.0f}", f"{c[1]:.0f}", f"{c[2]:.0f}", f"{c[3]:.0f}",  # noqa: E731
                         f"{c[4]:.0%}", f"{c[5]:.1f}", f"{c[6]:.0f}", f"{c[7]:.2f}",
-                        f"{c[8]:.0f}"]
+                        f"{c[8]:.0f}", f"{c[9]:.0f}", f"{c[10]:.0f}"]
       rows += [[config, f"{i}", *text(c)] for i, c in enumerate(cells, start=1)]
       median = text([statistics.median(column) for column in zip(*cells)])
       for bold in (0, 4, 7):
@@ -309,7 +310,7 @@ def train_step_runs(directory: str):
       rows.append([config, "**median**", *median])
     return table(["config", "run", "ms/step", "tokens/s", "GFLOP/s", "matmul peak",
                   "of matmul peak", "compile s", "torch ms/step", "speed-up vs torch",
-                  "system malloc ms/step"], rows)
+                  "system malloc ms/step", "peak RSS MB", "system malloc peak RSS MB"], rows)
   return render
 
 
