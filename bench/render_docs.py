@@ -536,10 +536,14 @@ def load_config(root: Path, spec: str) -> Record:
   return json.loads(json.dumps(config.to_dict()), object_hook=Record)
 
 
-def span(xs, fmt: str = "{:.2f}") -> str:
-  """'lo-hi' of values, each formatted; one figure when both ends format alike."""
-  lo, hi = fmt.format(min(xs)), fmt.format(max(xs))
-  return lo if lo == hi else f"{lo}-{hi}"
+def search_mflop(model, search) -> list[float]:
+  """Weight-matmul MFLOP of one beam-search step (2 FLOP a multiply-add) for `model`
+  and a bench/decode.py record's batch x beam rows: logits, FFN, and per layer
+  self-attention's four projections plus cross-attention's query and output ones (its
+  keys and values are cached)."""
+  rows, d, layers = search.batch * search.beam_size, model.d_model, model.num_layers
+  return [2 * rows * d * model.vocab_size / 1e6, layers * 4 * rows * d * model.d_ff / 1e6,
+          layers * 12 * rows * d * d / 1e6]
 
 
 def namespace(root: Path) -> dict:
@@ -557,22 +561,18 @@ def namespace(root: Path) -> dict:
         cache[path] = json.loads(text, object_hook=Record) if path.endswith(".json") else text
     return cache[path]
 
-  import doc_figures
+  def logged(path: str, key: str, step: int | None = None):
+    """A metrics.jsonl's `key`: every value logged, in order, or the one at `step`."""
+    records = [json.loads(line) for line in load(path).splitlines() if line.strip()]
+    values = [(r.get("step"), r[key]) for r in records if key in r]
+    return [v for _, v in values] if step is None else next(v for s, v in values if s == step)
 
   return {"load": load, "run": lambda name: load(run_json(name)[len("results/"):]),
-          "claim": lambda anchor, index: doc_figures.claim(root, anchor, index),
           "device": lambda session, name="accelerator": load(f"device_runs/{session}/{name}.json"),
           "m30k": load("configs/multi30k.py"), "defaults": load("configs/default.py"),
           "bench": lambda name: load(f"bench/{name}.json"), "median": statistics.median,
-          "span": span, "re": re, "sacrebleu": sacrebleu_score, **FIGURE_HELPERS}
-
-
-def sacrebleu_score(log: str, metric: str = "BLEU") -> float:
-  """The score of a decode log's sacreBLEU line ('BLEU = 38.78  (...)')."""
-  return float(re.search(rf"^{metric} = ([\d.]+)", log, re.M).group(1))
-
-
-FIGURE_HELPERS: dict = {}  # Named derivations a template calls (below, with their data).
+          "grep": lambda path, pattern: re.findall(pattern, load(path), re.M), "re": re,
+          "logged": logged, "search_mflop": search_mflop}
 
 
 def render_figure(template: str, names: dict) -> str:

@@ -73,15 +73,15 @@ def test_a_changed_rendered_figure_fails(copy, doc, old, new):
 @pytest.mark.parametrize("doc, old, new, named", [
     # A figure in a hand-written table (an H100 run's row, on the history page).
     ("docs/benchmarks_history.md", "-->36.18<!--/-->", "-->36.19<!--/-->", "base_bf16.ours_ms"),
-    # A figure in README prose (from the README job's JSON, through its derivation).
-    ("README.md", "21.7 minutes of training", "21.8 minutes of training", "The main job trains"),
+    # A figure in README prose (from the README job's JSON).
+    ("README.md", "21.7 minutes of training", "21.8 minutes of training", "train_wall_s / 60"),
     # A setting in README prose (against configs/multi30k.py).
     ("README.md", "BLEU every <!--{m30k.bleu_every_steps}-->400",
      "BLEU every <!--{m30k.bleu_every_steps}-->500", "bleu_every_steps"),
     # A figure computed by a formula (the search step's matmul count).
-    ("BENCHMARKS.md", "need 307 MFLOP", "need 308 MFLOP", "The bound, by count"),
+    ("BENCHMARKS.md", "-->307 MFLOP", "-->308 MFLOP", "search_mflop"),
     # A figure comparing two runs' JSON files (their BLEU difference).
-    ("RESULTS.md", "scored 0.6 BLEU below", "scored 0.9 BLEU below", "0.9 BLEU below"),
+    ("RESULTS.md", "-->0.6 BLEU below", "-->0.9 BLEU below", "0.9 BLEU below"),
     # A sentence's figure derived from a train-step run's JSON (the aim's GFLOP/s).
     ("BENCHMARKS.md", "-->139 GFLOP/s<!--/-->", "-->138 GFLOP/s<!--/-->", "flops_per_step / 0.7"),
     # A figure on a docs/ page (the H100 run's JSON).
