@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import gzip
 import importlib.util
 import json
 import logging
@@ -161,8 +160,10 @@ class Bench:
   def test_2016(self, vocabulary: Path) -> tuple[list[str], list[str]]:
     """Test 2016's English sources and German references: all, or with --tiny the first
     TINY_TEST_SENTENCES whose source is at most TINY_TEST_TOKENS tokens of `vocabulary`."""
-    sources = read_gz(self.data / "test_2016_flickr.en.gz")
-    references = read_gz(self.data / "test_2016_flickr.de.gz")
+    from flax_transformer.data.sources import read_lines
+
+    sources = read_lines(self.data / "test_2016_flickr.en.gz")
+    references = read_lines(self.data / "test_2016_flickr.de.gz")
     if not self.tiny:
       return sources, references
     from flax_transformer.data.tokenizer import Tokenizer
@@ -193,7 +194,9 @@ class Bench:
     train_log = self.root / "readme_train.log"
     train_wall = self.subprocess(self.train_argv(workdir, cache), train_log)
     compiles = parse_compiles(train_log.read_text())
-    metrics = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    from flax_transformer.training.metrics import read_metrics
+
+    metrics = read_metrics(workdir)
     step_times = [m["step_time_s"] for m in metrics if "step_time_s" in m]
     hyp, ref = self.root / "readme_test.hyp", self.root / "test.ref"
     sources = self.root / "test.src"
@@ -421,7 +424,6 @@ class Bench:
     timed = {}
 
     # Ours: the library's Trainer, as train.py builds it.
-    config = default.get_config()
     model_config = TransformerConfig(vocab_size=vocab, d_model=shape["d_model"],
                                      d_ff=shape["d_ff"], num_heads=shape["heads"],
                                      num_layers=shape["layers"], max_len=length,
@@ -685,7 +687,6 @@ class Bench:
 
     shape = (64, 1024)
     out = {}
-    lowering_before = jax.config.jax_threefry_gpu_kernel_lowering
     for impl in ("threefry2x32", "rbg", "unsafe_rbg"):
       bits = {}
       for name, device in (("device", jax.devices()[0]), ("cpu", jax.devices("cpu")[0])):
@@ -709,7 +710,9 @@ class Bench:
   # --- the whole run --------------------------------------------------------------
 
   def describe_device(self) -> None:
+    import flax
     import jax
+    import optax
 
     device = jax.devices()[0]
     self.record.update(device=device.device_kind, platform=device.platform,
@@ -717,14 +720,8 @@ class Bench:
                        host_cores=os.cpu_count(), xla_flags=os.environ.get("XLA_FLAGS", ""),
                        threefry_gpu_kernel_lowering=jax.config.jax_threefry_gpu_kernel_lowering,
                        jax_environment={k: v for k, v in os.environ.items()
-                                        if k.startswith("JAX_")})
-    try:
-      import flax
-      import optax
-
-      self.record.update(flax_version=flax.__version__, optax_version=optax.__version__)
-    except ImportError:
-      pass
+                                        if k.startswith("JAX_")},
+                       flax_version=flax.__version__, optax_version=optax.__version__)
     self.save()
 
   def run(self) -> None:
@@ -809,11 +806,6 @@ def parse_compiles(log: str) -> list[dict]:
 
 def attention_lines(log: str) -> list[str]:
   return sorted(set(re.findall(r"Attention: (.*)", log)))
-
-
-def read_gz(path: Path) -> list[str]:
-  with gzip.open(path, "rt", encoding="utf-8") as f:
-    return [line.rstrip("\n") for line in f]
 
 
 def summary(record: dict) -> None:

@@ -77,7 +77,6 @@ def matmul_peak_gflops(sizes=(1024, 2048), repeats: int = 5) -> float:
 
 def run_like_entry_points() -> None:
   """Re-executes with the malloc settings train.py and decode.py use (host_allocator)."""
-  from flax_transformer import host
   from flax_transformer.training import host_allocator
 
   host_allocator.reexec_with_reusable_malloc()

@@ -17,7 +17,6 @@ python bench/decode.py [--workdir DIR] [--json PATH] [--repeats 5]
 from __future__ import annotations
 
 import argparse
-import gzip
 
 from common import MULTI30K, machine, median, print_table, run_like_entry_points, timings, \
     write_json
@@ -78,10 +77,10 @@ def trained_model_rows(workdir: str, repeats: int) -> list[dict]:
   import jax
   import numpy as np
 
+  from flax_transformer.data.sources import read_lines
   from flax_transformer.translation.translator import SearchConfig, Translator
 
-  with gzip.open(MULTI30K / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
-    sentences = [line.rstrip("\n") for line in f]
+  sentences = read_lines(MULTI30K / "test_2016_flickr.en.gz")
   translators = {n: Translator.from_workdir(workdir,
                                             search=SearchConfig(beam_size=4, alpha=0.6),
                                             devices=jax.devices()[:n])

@@ -18,7 +18,6 @@ CTranslate2's.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import subprocess
@@ -118,17 +117,17 @@ def main() -> None:
   from common import machine, median, print_table, write_json
 
   from flax_transformer import provenance
+  from flax_transformer.data.sources import read_lines
   from flax_transformer.training import host_allocator
 
   env = dict(os.environ, XLA_FLAGS="", GLIBC_TUNABLES=host_allocator.TUNABLES)
   scratch = Path(tempfile.mkdtemp(prefix="bench_export_"))
-  read_gz = lambda name: [line.rstrip("\n") for line in gzip.open(MULTI30K / name, "rt")]  # noqa: E731
   source = scratch / "test.en"
   count = args.sentences or None
-  source.write_text("\n".join(read_gz("test_2016_flickr.en.gz")[:count]) + "\n")
-  references = read_gz("test_2016_flickr.de.gz")[:count]
+  source.write_text("\n".join(read_lines(MULTI30K / "test_2016_flickr.en.gz")[:count]) + "\n")
+  references = read_lines(MULTI30K / "test_2016_flickr.de.gz")[:count]
   validation = scratch / "val100.en"
-  validation.write_text("\n".join(read_gz("val.en.gz")[:100]) + "\n")
+  validation.write_text("\n".join(read_lines(MULTI30K / "val.en.gz")[:100]) + "\n")
 
   models = {"decode.py": args.workdir}
   exports = {}

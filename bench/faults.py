@@ -33,6 +33,7 @@ from common import MULTI30K, ROOT, final_params, print_table, same_params, write
 
 from flax_transformer import provenance
 from flax_transformer.checkpoints import Checkpointer
+from flax_transformer.training.metrics import read_metrics
 
 
 def command(workdir: Path, steps: int) -> list[str]:
@@ -48,13 +49,8 @@ def run(cmd, env) -> subprocess.CompletedProcess:
 
 
 def steps_logged(workdir: Path) -> list[int]:
-  """The steps in metrics.jsonl, every launch's, in order."""
-  path = workdir / "metrics.jsonl"
-  if not path.exists():
-    return []
-  import json
-
-  return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()]
+  """The steps logged, every launch's, in order."""
+  return [r["step"] for r in read_metrics(workdir)]
 
 
 def last_step_logged(workdir: Path) -> int:

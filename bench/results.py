@@ -15,7 +15,6 @@ then the members' totals, `members` lists each, and the curves are --workdir's.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import shlex
 import time
@@ -49,13 +48,14 @@ def main():
   import jax
 
   from flax_transformer import provenance
+  from flax_transformer.data.sources import read_lines
+  from flax_transformer.training.metrics import read_metrics
   from flax_transformer.translation.translator import SearchConfig, Translator
 
   ensemble = [w for w in args.ensemble.split(",") if w]
   workdirs = [args.workdir, *ensemble]
   run = json.loads((Path(args.workdir) / "run.json").read_text())
-  all_records = [[json.loads(line) for line in (Path(w) / "metrics.jsonl").read_text().splitlines()
-                  if line.strip()] for w in workdirs]
+  all_records = [read_metrics(w) for w in workdirs]
   records = all_records[0]
   launches = run.get("launches", [])
   # The command as train.py recorded it at its first launch, unless one is given.
@@ -64,9 +64,8 @@ def main():
   command = args.command[0] if args.command else recorded
   training = _training_record(launches, command, args.train_commit)
   src, tgt = _languages(training)
-  read = lambda lang: [line.rstrip("\n") for line in gzip.open(  # noqa: E731
-      MULTI30K / f"test_2016_flickr.{lang}.gz", "rt", encoding="utf-8")]
-  sources, references = read(src), read(tgt)
+  sources, references = (read_lines(MULTI30K / f"test_2016_flickr.{lang}.gz")
+                         for lang in (src, tgt))
   search_config = SearchConfig(beam_size=args.beam_size, alpha=args.alpha)
   translator = Translator.from_workdir(args.workdir, search=search_config, ensemble=ensemble,
                                        average_last=args.average_last)

@@ -217,7 +217,9 @@ def stage_train(args) -> dict:
   with open(log, "w") as f:
     code = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT,
                           env=dict(os.environ, XLA_FLAGS="")).returncode
-  records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+  from flax_transformer.training.metrics import read_metrics
+
+  records = read_metrics(workdir)
   return {"train_returncode": code, "train_wall_s": time.time() - START,
           "train_steps": args.train_steps, "train_log": str(log),
           "train_step_time_s": [r.get("step_time_s") for r in records if "step_time_s" in r],
@@ -225,13 +227,9 @@ def stage_train(args) -> dict:
 
 
 def run_stage(args, name: str) -> dict:
-  command = [sys.executable, __file__, "--stage", name, "--scratch", str(args.scratch),
-             "--pairs", str(args.pairs), "--resume_at", str(args.resume_at),
-             "--batches", str(args.batches), "--repeats", str(args.repeats),
-             "--warmup_batches", str(args.warmup_batches), "--train_steps", str(args.train_steps),
-             "--train_batch_tokens", str(args.train_batch_tokens),
-             "--vocab_pairs", str(args.vocab_pairs),
-             "--workers", *map(str, args.workers)]
+  # This script's own flags (the last --scratch wins: the resolved one).
+  command = [sys.executable, __file__, *sys.argv[1:], "--stage", name, "--scratch",
+             str(args.scratch)]
   start = time.time()
   result = subprocess.run(command, capture_output=True, text=True)
   lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
