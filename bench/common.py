@@ -6,6 +6,7 @@ import json
 import platform
 import resource
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -58,6 +59,40 @@ def same_params(a, b) -> bool:
   leaves_a, leaves_b = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
   return len(leaves_a) == len(leaves_b) and all(
       np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(leaves_a, leaves_b))
+
+
+def tree_memory(pid: int) -> dict[str, dict[str, float]]:
+  """RSS, PSS and USS (private pages) in MiB of process `pid` ('main') and of each of its
+  descendants ('worker N'; multiprocessing's 'resource_tracker'); {} once it has ended."""
+  import psutil
+
+  try:
+    root = psutil.Process(pid)
+    tree = [root, *root.children(recursive=True)]
+  except psutil.Error:
+    return {}
+  out, workers = {}, 0
+  for p in tree:
+    try:
+      command, info = " ".join(p.cmdline()), p.memory_full_info()
+    except psutil.Error:
+      continue
+    role = ("main" if p is root else "resource_tracker" if "resource_tracker" in command
+            else f"worker {workers}")
+    workers += role.startswith("worker")
+    out[role] = {k: getattr(info, k) / 2**20 for k in ("rss", "pss", "uss")}
+  return out
+
+
+def run_child(command: list[str], what: str) -> dict:
+  """Runs a bench's own stage in a process of its own (so that its memory is its own):
+  the JSON of its last 'RESULT ' line; exits naming `what` when it fails."""
+  result = subprocess.run(command, capture_output=True, text=True)
+  lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+  if result.returncode != 0 or not lines:
+    sys.stderr.write(result.stderr[-4000:])
+    raise SystemExit(f"{what} failed (exit {result.returncode})")
+  return json.loads(lines[-1][len("RESULT "):])
 
 
 def matmul_peak_gflops(sizes=(1024, 2048), repeats: int = 5) -> float:

@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from common import ROOT, final_params, print_table, same_params, write_json  # noqa: E402
+from common import ROOT, final_params, print_table, same_params, tree_memory, write_json
 
 import psutil
 
@@ -52,40 +52,27 @@ def command(args, workdir: Path, workers: int) -> list[str]:
 
 
 class TreeSampler:
-  """Peak summed RSS and PSS of a process and all its descendants."""
+  """Peak summed RSS and PSS (MiB) of a process and all its descendants."""
 
   def __init__(self, pid: int, every_s: float = 0.25):
-    self.root, self.every_s = psutil.Process(pid), every_s
-    self.peak_rss = self.peak_pss = self.peak_main_rss = 0
-    self.max_processes = 0
+    self.peak = {"peak_tree_rss_mb": 0.0, "peak_tree_pss_mb": 0.0, "peak_main_rss_mb": 0.0,
+                 "processes": 0}
     self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._run, daemon=True)
+    self._thread = threading.Thread(target=self._run, args=(pid, every_s), daemon=True)
     self._thread.start()
 
-  def _run(self):
-    while not self._stop.is_set():
-      try:
-        tree = [self.root, *self.root.children(recursive=True)]
-      except psutil.Error:
-        return
-      rss = pss = 0
-      for p in tree:
-        try:
-          info = p.memory_full_info()
-        except psutil.Error:
-          continue
-        rss, pss = rss + info.rss, pss + info.pss
-        if p is self.root:
-          self.peak_main_rss = max(self.peak_main_rss, info.rss)
-      self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
-      self.max_processes = max(self.max_processes, len(tree))
-      time.sleep(self.every_s)
+  def _run(self, pid: int, every_s: float):
+    while not self._stop.is_set() and (tree := tree_memory(pid)):
+      now = {"peak_tree_rss_mb": sum(m["rss"] for m in tree.values()),
+             "peak_tree_pss_mb": sum(m["pss"] for m in tree.values()),
+             "peak_main_rss_mb": tree.get("main", {}).get("rss", 0.0), "processes": len(tree)}
+      self.peak = {k: max(v, now[k]) for k, v in self.peak.items()}
+      time.sleep(every_s)
 
   def stop(self) -> dict:
     self._stop.set()
     self._thread.join()
-    return {"peak_tree_rss_mb": self.peak_rss / 2**20, "peak_tree_pss_mb": self.peak_pss / 2**20,
-            "peak_main_rss_mb": self.peak_main_rss / 2**20, "processes": self.max_processes}
+    return self.peak
 
 
 FIRST_BATCH = re.compile(r"First training batch .* in ([0-9.]+) s")

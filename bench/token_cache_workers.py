@@ -31,44 +31,11 @@ import argparse
 import json
 import os
 import pickle
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from common import ROOT, print_table, write_json
-
-KEYS = {"Rss": "rss", "Pss": "pss", "Private_Clean": "uss", "Private_Dirty": "uss"}
-
-
-def memory_mb(pid: int) -> dict[str, float]:
-  """{'rss', 'pss', 'uss'} of process `pid` in MB (smaps_rollup)."""
-  out = {"rss": 0.0, "pss": 0.0, "uss": 0.0}
-  with open(f"/proc/{pid}/smaps_rollup") as f:
-    for line in f:
-      name, _, rest = line.partition(":")
-      if name in KEYS:
-        out[KEYS[name]] += int(rest.split()[0]) / 1024  # kB -> MB
-  return out
-
-
-def tree_memory(root: int) -> dict[str, dict]:
-  """Memory of `root` and each descendant, by role: 'main', 'worker N', other helpers
-  (multiprocessing's resource tracker) by their command."""
-  import psutil
-
-  out = {"main": memory_mb(root)}
-  workers = 0
-  for child in psutil.Process(root).children(recursive=True):
-    try:
-      command = " ".join(child.cmdline())
-      role = ("resource_tracker" if "resource_tracker" in command else f"worker {workers}")
-      workers += role.startswith("worker")
-      out[role] = memory_mb(child.pid)
-    except (psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError):
-      pass
-  return out
-
+from common import ROOT, print_table, run_child, tree_memory, write_json
 
 def measure(args) -> dict:
   """One variant in this process: the pipeline, batches for --seconds, the tree's memory."""
@@ -159,12 +126,7 @@ def main():
     command = [sys.executable, __file__, "--variant", variant, "--scratch", str(args.scratch),
                "--workers", str(workers), "--seconds", str(args.seconds)]
     print(f"{variant}: {workers} worker(s) ...", flush=True)
-    result = subprocess.run(command, capture_output=True, text=True)
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    if result.returncode != 0 or not lines:
-      sys.stderr.write(result.stderr[-4000:])
-      raise SystemExit(f"variant {variant} failed (exit {result.returncode})")
-    records.append(json.loads(lines[-1][len("RESULT "):]))
+    records.append(run_child(command, f"variant {variant}"))
 
   rows = []
   for r in records:

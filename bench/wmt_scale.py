@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 START = time.time()
-from common import MULTI30K, ROOT, peak_rss_mb, print_table, write_json  # noqa: E402
+from common import MULTI30K, ROOT, peak_rss_mb, print_table, run_child, write_json  # noqa: E402
 
 STAGES = ("generate", "prepare", "vocab", "tokens", "first_batch", "throughput", "train")
 
@@ -231,14 +231,7 @@ def run_stage(args, name: str) -> dict:
   command = [sys.executable, __file__, *sys.argv[1:], "--stage", name, "--scratch",
              str(args.scratch)]
   start = time.time()
-  result = subprocess.run(command, capture_output=True, text=True)
-  lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-  if result.returncode != 0 or not lines:
-    sys.stderr.write(result.stderr[-4000:])
-    raise SystemExit(f"stage {name} failed (exit {result.returncode})")
-  record = json.loads(lines[-1][len("RESULT "):])
-  record["stage_wall_s"] = time.time() - start
-  return record
+  return {**run_child(command, f"stage {name}"), "stage_wall_s": time.time() - start}
 
 
 def _save(args, name: str, record: dict) -> None:
