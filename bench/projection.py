@@ -43,6 +43,8 @@ def main():
   args = parser.parse_args()
 
   from configs import base, big
+  from flax_transformer.averaging import abstract_params
+  from flax_transformer.network.model import count_params
   from flax_transformer.training.config_checks import model_config_from
   from flax_transformer.training.steps import train_step_flops
 
@@ -75,7 +77,7 @@ def main():
       model = model_config_from(config)
       flops = train_step_flops(model, rows, length, length)
       step_1 = flops * seconds_per_flop
-      params = _parameters(model)
+      params = count_params(abstract_params(model))
       allreduce = 2 * (GPUS - 1) / GPUS * params * 4 / (NCCL_BUS_GB_S * 1e9)
       step_8 = step_1 / GPUS + allreduce
       steps = PAPER[name]["steps"]
@@ -117,17 +119,6 @@ def _registry() -> dict:
       out[f"wmt14_translate/{name}"] = {"urls": wmt.archive_urls(builder),
                                         "download_bytes": wmt.download_size(builder)}
   return out
-
-
-def _parameters(model) -> int:
-  import jax
-
-  from flax_transformer.network.model import Transformer
-
-  shapes = jax.eval_shape(lambda: Transformer(model).init(
-      jax.random.PRNGKey(0), jax.numpy.ones((1, 8), jax.numpy.int32),
-      jax.numpy.ones((1, 8), jax.numpy.int32)))
-  return int(sum(x.size for x in jax.tree_util.tree_leaves(shapes)))
 
 
 if __name__ == "__main__":

@@ -3,20 +3,10 @@
 Used by tests/test_wmt.py (a few hundred pairs) and bench/wmt_scale.py (4.5M).
 
 `write_archives` writes the archives that `wmt14_translate/de-en` and `/fr-en`
-download, under their download names, with their member paths and formats:
-
-| archive (URL's file name)           | members read for xx-en                        | format |
-|-------------------------------------|-----------------------------------------------|--------|
-| training-parallel-europarl-v7.tgz   | training/europarl-v7.xx-en.{xx,en}            | text   |
-| training-parallel-commoncrawl.tgz   | commoncrawl.xx-en.{xx,en} (+ .annotation)     | text   |
-| training-parallel-nc-v9.tgz         | training/news-commentary-v9.xx-en.{xx,en}     | text   |
-| training-parallel-un.tgz (fr)       | un/undoc.2000.fr-en.{fr,en}                   | text   |
-| training-giga-fren.tar (fr)         | giga-fren.release2.fixed.{fr,en}.gz           | gzip text in tar |
-| dev.tgz                             | dev/newstest2013.{xx,en}                      | text   |
-|                                     | dev/newstest2014-xxen-{src.xx,ref.en}.sgm     | SGML   |
-
-Every format the two configs read is written as the real files are (one sentence a
-line, UTF-8, '\n'; SGML with srcset/refset, doc and one <seg id="n"> a line).
+download, under their download names, with their member paths (TRAIN_ARCHIVES; dev.tgz:
+newstest2013 as text, newstest2014 as SGML) and formats: one sentence a line, UTF-8,
+'\n' (giga-fren's as gzip text in a plain tar); SGML with srcset/refset, doc and one
+<seg id="n"> a line.
 
 Checksums: tfds verifies each archive against the size and SHA-256 registered for
 its URL, so these small archives fail tfds's registry for the real ones. tfds's
