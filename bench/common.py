@@ -95,6 +95,37 @@ def run_child(command: list[str], what: str) -> dict:
   return json.loads(lines[-1][len("RESULT "):])
 
 
+def time_train_step(model_config, rows: int, length: int, repeats: int, warmup: int):
+  """Our Trainer's step (configs/default.py, one device) on random ids [rows, length] a
+  side, as train.py compiles it: (median seconds a step, its FLOPs, compile seconds,
+  the compiled executable)."""
+  import jax
+  import numpy as np
+
+  from configs import default
+  from flax_transformer.training import sharding
+  from flax_transformer.training import steps as training
+
+  trainer = training.Trainer(model_config, default.get_config(),
+                             sharding.make_mesh({"data": 1}, jax.devices()[:1]))
+  state = trainer.init_state(0)
+  rng = np.random.default_rng(0)
+  batch = jax.device_put({k: rng.integers(2, model_config.vocab_size, (rows, length),
+                                          dtype=np.int32) for k in ("inputs", "targets")},
+                         trainer.batch_sharding)
+  start = time.perf_counter()
+  flops = trainer.compile_train_step(state, batch)
+  compile_s = time.perf_counter() - start
+  compiled = trainer._train_step.executable(state, batch)  # noqa: SLF001 (the cached one)
+  holder = [state]
+
+  def step():
+    holder[0], metrics = trainer.train_step(holder[0], batch)
+    jax.block_until_ready(metrics)
+
+  return median(timings(step, repeats, warmup=warmup)), flops, compile_s, compiled
+
+
 def matmul_peak_gflops(sizes=(1024, 2048), repeats: int = 5) -> float:
   """Best median GFLOP/s of a jitted float32 n x n x n matmul: the practical limit."""
   import jax

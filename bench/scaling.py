@@ -11,37 +11,17 @@ import argparse
 
 import numpy as np
 
-from common import machine, median, print_table, run_like_entry_points, timings, write_json
+from common import machine, print_table, run_like_entry_points, time_train_step, write_json
 
 
 def measure(rows: int, length: int, repeats: int) -> dict:
-  import jax
-
-  from configs import default
-  from flax_transformer.training import sharding
-  from flax_transformer.training import steps as training
   from flax_transformer.network.config import TransformerConfig
 
-  config = default.get_config()
   model_config = TransformerConfig(vocab_size=8000, d_model=256, d_ff=1024, num_heads=4,
                                    num_layers=3, max_len=max(length, 64))
-  trainer = training.Trainer(model_config, config,
-                             sharding.make_mesh({"data": 1}, jax.devices()[:1]))
-  state = trainer.init_state(0)
-  rng = np.random.default_rng(0)
-  batch = {k: rng.integers(2, 8000, (rows, length), dtype=np.int32)
-           for k in ("inputs", "targets")}
-  batch = jax.device_put(batch, trainer.batch_sharding)
-  trainer.compile_train_step(state, batch)
-  memory = trainer._compiled_train_step.memory_analysis()
+  seconds, _, _, compiled = time_train_step(model_config, rows, length, repeats, warmup=1)
+  memory = compiled.memory_analysis()
   temp_mb = getattr(memory, "temp_size_in_bytes", 0) / 2**20 if memory is not None else 0.0
-  holder = [state]
-
-  def step():
-    holder[0], metrics = trainer.train_step(holder[0], batch)
-    jax.block_until_ready(metrics)
-
-  seconds = median(timings(step, repeats, warmup=1))
   return {"rows": rows, "length": length, "tokens": 2 * rows * length,
           "ms_per_step": 1000 * seconds, "temp_mb": temp_mb}
 

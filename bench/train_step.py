@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import time
 
 from common import machine, matmul_peak_gflops, median, peak_rss_mb, print_table, \
-    run_like_entry_points, timings, write_json
+    run_like_entry_points, time_train_step, timings, write_json
 
 SHAPES = {
     "small": dict(vocab=8000, d_model=256, layers=3, heads=4, d_ff=1024, rows=32, length=64),
@@ -23,35 +22,13 @@ SHAPES = {
 
 
 def jax_step(shape: dict, repeats: int) -> dict:
-  import jax
-  import numpy as np
-
-  from configs import default
-  from flax_transformer.training import sharding
-  from flax_transformer.training import steps as training
   from flax_transformer.network.config import TransformerConfig
 
-  config = default.get_config()
   model_config = TransformerConfig(vocab_size=shape["vocab"], d_model=shape["d_model"],
                                    d_ff=shape["d_ff"], num_heads=shape["heads"],
                                    num_layers=shape["layers"], max_len=shape["length"])
-  trainer = training.Trainer(model_config, config,
-                             sharding.make_mesh({"data": 1}, jax.devices()[:1]))
-  state = trainer.init_state(0)
-  rng = np.random.default_rng(0)
-  batch = {k: rng.integers(2, shape["vocab"], (shape["rows"], shape["length"]), dtype=np.int32)
-           for k in ("inputs", "targets")}
-  batch = jax.device_put(batch, trainer.batch_sharding)
-  start = time.perf_counter()
-  flops = trainer.compile_train_step(state, batch)
-  compile_s = time.perf_counter() - start
-  holder = [state]
-
-  def step():
-    holder[0], metrics = trainer.train_step(holder[0], batch)
-    jax.block_until_ready(metrics)
-
-  seconds = median(timings(step, repeats, warmup=2))
+  seconds, flops, compile_s, _ = time_train_step(model_config, shape["rows"], shape["length"],
+                                                 repeats, warmup=2)
   tokens = 2 * shape["rows"] * shape["length"]
   return {"ms_per_step": 1000 * seconds, "tokens_per_s": tokens / seconds,
           "nonpad_tokens_per_s": tokens / seconds, "compile_s": compile_s,
