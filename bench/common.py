@@ -95,24 +95,28 @@ def run_child(command: list[str], what: str) -> dict:
   return json.loads(lines[-1][len("RESULT "):])
 
 
-def time_train_step(model_config, rows: int, length: int, repeats: int, warmup: int):
-  """Our Trainer's step (configs/default.py, one device) on random ids [rows, length] a
-  side, as train.py compiles it: (median seconds a step, its FLOPs, compile seconds,
+def random_ids(vocab: int, rows: int, length: int) -> dict:
+  """A batch of random ids [rows, length] a side, no padding."""
+  import numpy as np
+
+  rng = np.random.default_rng(0)
+  return {k: rng.integers(2, vocab, (rows, length), dtype=np.int32) for k in ("inputs", "targets")}
+
+
+def time_train_step(model_config, batch: dict, repeats: int, warmup: int = 1, config=None):
+  """Our Trainer's step (`config`, default configs/default.py; one device) on a host
+  batch, as train.py compiles it: (median seconds a step, its FLOPs, compile seconds,
   the compiled executable)."""
   import jax
-  import numpy as np
 
   from configs import default
   from flax_transformer.training import sharding
   from flax_transformer.training import steps as training
 
-  trainer = training.Trainer(model_config, default.get_config(),
+  trainer = training.Trainer(model_config, config or default.get_config(),
                              sharding.make_mesh({"data": 1}, jax.devices()[:1]))
   state = trainer.init_state(0)
-  rng = np.random.default_rng(0)
-  batch = jax.device_put({k: rng.integers(2, model_config.vocab_size, (rows, length),
-                                          dtype=np.int32) for k in ("inputs", "targets")},
-                         trainer.batch_sharding)
+  batch = jax.device_put(batch, trainer.batch_sharding)
   start = time.perf_counter()
   flops = trainer.compile_train_step(state, batch)
   compile_s = time.perf_counter() - start

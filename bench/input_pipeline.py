@@ -12,7 +12,7 @@ import argparse
 import tempfile
 import time
 
-from common import MULTI30K, machine, median, print_table, timings, write_json
+from common import MULTI30K, machine, median, print_table, time_train_step, timings, write_json
 
 
 def main():
@@ -26,7 +26,6 @@ def main():
                       help="do not time a training step for the ratio")
   args = parser.parse_args()
 
-  import jax
   import numpy as np
 
   from configs import multi30k
@@ -65,23 +64,11 @@ def main():
             "machine": machine()}
 
   if not args.skip_train_step:
-    from flax_transformer.training import sharding
-    from flax_transformer.training import steps as training
     from flax_transformer.training.config_checks import model_config_from
 
-    model_config = model_config_from(config).replace(vocab_size=tok.vocab_size)
-    trainer = training.Trainer(model_config, config,
-                               sharding.make_mesh({"data": 1}, jax.devices()[:1]))
-    state = trainer.init_state(0)
-    batch = jax.device_put(next(iterator), trainer.batch_sharding)
-    trainer.compile_train_step(state, batch)
-    holder = [state]
-
-    def step():
-      holder[0], metrics = trainer.train_step(holder[0], batch)
-      jax.block_until_ready(metrics)
-
-    step_s = median(timings(step, 3))
+    batch = next(iterator)
+    step_s, *_ = time_train_step(model_config_from(config).replace(vocab_size=tok.vocab_size),
+                                 batch, 3, config=config)
     consumed = float((np.asarray(batch["inputs"]) != 0).sum()
                      + (np.asarray(batch["targets"]) != 0).sum()) / step_s
     record.update(train_step_s=step_s, train_tokens_per_s=consumed,

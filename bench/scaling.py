@@ -11,7 +11,8 @@ import argparse
 
 import numpy as np
 
-from common import machine, print_table, run_like_entry_points, time_train_step, write_json
+from common import machine, print_table, random_ids, run_like_entry_points, time_train_step, \
+    write_json
 
 
 def measure(rows: int, length: int, repeats: int) -> dict:
@@ -19,7 +20,7 @@ def measure(rows: int, length: int, repeats: int) -> dict:
 
   model_config = TransformerConfig(vocab_size=8000, d_model=256, d_ff=1024, num_heads=4,
                                    num_layers=3, max_len=max(length, 64))
-  seconds, _, _, compiled = time_train_step(model_config, rows, length, repeats, warmup=1)
+  seconds, _, _, compiled = time_train_step(model_config, random_ids(8000, rows, length), repeats)
   memory = compiled.memory_analysis()
   temp_mb = getattr(memory, "temp_size_in_bytes", 0) / 2**20 if memory is not None else 0.0
   return {"rows": rows, "length": length, "tokens": 2 * rows * length,

@@ -13,7 +13,7 @@ import argparse
 import importlib.metadata
 
 from common import machine, matmul_peak_gflops, median, peak_rss_mb, print_table, \
-    run_like_entry_points, time_train_step, timings, write_json
+    random_ids, run_like_entry_points, time_train_step, timings, write_json
 
 SHAPES = {
     "small": dict(vocab=8000, d_model=256, layers=3, heads=4, d_ff=1024, rows=32, length=64),
@@ -27,8 +27,8 @@ def jax_step(shape: dict, repeats: int) -> dict:
   model_config = TransformerConfig(vocab_size=shape["vocab"], d_model=shape["d_model"],
                                    d_ff=shape["d_ff"], num_heads=shape["heads"],
                                    num_layers=shape["layers"], max_len=shape["length"])
-  seconds, flops, compile_s, _ = time_train_step(model_config, shape["rows"], shape["length"],
-                                                 repeats, warmup=2)
+  seconds, flops, compile_s, _ = time_train_step(
+      model_config, random_ids(shape["vocab"], shape["rows"], shape["length"]), repeats, warmup=2)
   tokens = 2 * shape["rows"] * shape["length"]
   return {"ms_per_step": 1000 * seconds, "tokens_per_s": tokens / seconds,
           "nonpad_tokens_per_s": tokens / seconds, "compile_s": compile_s,
