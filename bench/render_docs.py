@@ -397,10 +397,10 @@ def curves(root: Path, steps, *rows) -> str:
   return table(["step", *map(str, steps)], out).replace("|  |", "| |").replace("|  |", "| |")
 
 
-def curve_points(root: Path, name: str) -> str:
+def curve_points(root: Path, name: str, bleu: str = "validation BLEU") -> str:
   """A run's validation curve as step, wall time and BLEU rows (as its folder's page)."""
   curve = json.loads((root / run_json(name)).read_text())["validation_bleu_curve"]
-  return table(["step", "wall time", "validation BLEU"],
+  return table(["step", "wall time", bleu],
                [[f"{s}", f"{w / 60:.1f} min", f"{b:.2f}"] for s, w, b in curve])
 
 
@@ -670,11 +670,8 @@ def run_readme(root: Path, name: str) -> str:
   out = [f"# {name}\n", *([label + "\n"] if label else []),
          f"Rendered from [`{name}.json`]({name}.json) by `python bench/render_docs.py` "
          "(edit the JSON, not this page).\n", table(["", ""], rows)]
-  curve = r.get("validation_bleu_curve") or []
-  if curve:
-    out += ["## Validation BLEU by step (newest checkpoint)\n",
-            table(["step", "wall time", "BLEU"],
-                  [[f"{s}", f"{w / 60:.1f} min", f"{b:.2f}"] for s, w, b in curve])]
+  if r.get("validation_bleu_curve"):
+    out += ["## Validation BLEU by step (newest checkpoint)\n", curve_points(root, name, "BLEU")]
   files = sorted(p for p in folder.iterdir() if p.name != "README.md")
   described = lambda p: next(text for pattern, text in RUN_FILES if p.match(pattern))  # noqa: E731
   out += ["## Files\n", "\n".join(
