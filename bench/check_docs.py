@@ -44,6 +44,11 @@ PHRASES = [
     ("docs/accelerators.md", "jax 0.7.1 to 0.11.x", "versions"),
     ("docs/accelerators.md", "(-1: one per 2 cores, at most 8, on hosts of 8+ cores)",
      "the data_workers setting's meaning"),
+    ("docs/decoding.md", "gets a 4xx whose body is", "an HTTP status class"),
+    ("docs/decoding.md", "malformed JSON (400), a wrong type or an unknown field (422), more "
+     "than `--max_sentences` sentences or one longer than `--max_tokens` (413), an option out "
+     "of range (422), a missing or wrong token (401), a body not sent within "
+     "`--body_timeout_s` (408)", "serve.py's HTTP status codes"),
     ("docs/training.md", "Exit codes: 0 done (or stopped by a signal, checkpoint saved); 2 bad config, "
      "data, workdir or checkpoints (one line saying what and where); 1 the loss diverged.",
      "exit codes"),

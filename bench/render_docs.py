@@ -188,6 +188,22 @@ def export(root: Path) -> str:
                 "load s", "first pass s"], rows)
 
 
+def serve_load(root: Path) -> str:
+  """bench/serve.py: serve.py's throughput, latency and RSS by concurrent clients, one
+  test 2016 sentence per request, against decode.py's whole-file Translator passes timed
+  just before and after each run."""
+  rows = [[f"{r['clients']}", f"{r['sentences']}", f"{r['sentences_per_s']:.1f}",
+           f"{r['whole_file_sentences_per_s']:.1f}", f"{r['vs_whole_file']:.2f}",
+           f"{r['p50_ms']:.0f}", f"{r['p99_ms']:.0f}", f"{r['sentences_per_search']:.1f}",
+           f"{r['answers_equal_to_translator']} of {r['sentences']}",
+           f"{r['rss_mb_start']:.0f} / {r['rss_mb_max']:.0f} / {r['rss_mb_end']:.0f}"]
+          for r in bench_json(root, "serve")["rows"]]
+  return table(["clients", "requests", "sentences/s", "whole file (decode.py), sentences/s",
+                "vs whole file", "p50 ms", "p99 ms", "sentences per search",
+                "answers equal to Translator.translate", "server RSS MB (start / max / end)"],
+               rows)
+
+
 def _gb(n_bytes: float) -> str:
   return f"{n_bytes / 1e9:.2f} GB"
 
@@ -492,7 +508,7 @@ TABLES = {"readme-results": ("README.md", readme_results),
           "results-runs": ("RESULTS.md", results_runs),
           "scaling": ("BENCHMARKS.md", scaling),
           "faults": ("BENCHMARKS.md", faults),
-          "export": ("BENCHMARKS.md", export),
+          "export": ("BENCHMARKS.md", export), "serve": ("BENCHMARKS.md", serve_load),
           "wmt-scale": ("BENCHMARKS.md", wmt_scale),
           "token-cache-workers": ("BENCHMARKS.md", token_cache_workers),
           "soak": ("BENCHMARKS.md", soak),

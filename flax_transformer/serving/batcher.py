@@ -105,8 +105,7 @@ class Batcher:
   def warm(self, search: SearchConfig | None = None, workers: int = 4) -> float:
     """Compiles (and runs once) every [rows, width] search the server will use for
     `search` (default: the server's), several at once; returns the seconds taken."""
-    search = dataclasses.replace(search or self.default_search,
-                                 nbest=(search or self.default_search).beam_size)
+    search = search or self.default_search
     start = time.perf_counter()
     shapes = [(rows, width) for rows in self.ladder for width in self.widths]
     scorer = self._translator(self.default_search, self.ladder[-1], None)
@@ -164,17 +163,19 @@ class Batcher:
     by_width: dict[int, list[tuple[int, int]]] = collections.defaultdict(list)
     for j, job in enumerate(jobs):
       for i, sentence in enumerate(job.sentences):
-        # Empty sentences ride along: Translator answers them without a search.
-        width = bucket_length(min(self.source_length(sentence), self.max_tokens), WIDTH_MULTIPLE)
+        # Empty sentences ride along: Translator answers them without a search. A forced
+        # prefix shares its source's row width (translator.search_batches).
+        length = self.source_length(sentence)
+        if job.extra is not None:
+          length = max(length, self.source_length(job.extra[i]))
+        width = bucket_length(min(length, self.max_tokens), WIDTH_MULTIPLE)
         by_width[width].append((j, i))
     top = self.ladder[-1]
     for width, members in sorted(by_width.items()):
       for start in range(0, len(members), top):
         chunk = members[start:start + top]
         rows = next(r for r in self.ladder if r >= len(chunk))
-        # n-best lists are the first nbest of the beam: one program serves every nbest.
-        translator = self._translator(dataclasses.replace(search, nbest=search.beam_size),
-                                      rows, width)
+        translator = self._translator(search, rows, width)
         sentences = [jobs[j].sentences[i] for j, i in chunk]
         if jobs[chunk[0][0]].extra is not None:
           found = translator.translate_nbest(
@@ -202,7 +203,10 @@ class Batcher:
 
   def _translator(self, search: SearchConfig, rows: int, width: int | None) -> Translator:
     """The Translator whose one batch shape is [rows, width] (width None: the model's
-    token budget of rows x max_tokens, for scoring); kept per search options."""
+    token budget of rows x max_tokens, for scoring); kept per search options. Its
+    nbest is the beam: n-best lists are the beam's first nbest, so one program serves
+    every nbest (callers cut the lists)."""
+    search = dataclasses.replace(search, nbest=search.beam_size)
     with self._translators_lock:
       return self._translator_locked(search, rows, width)
 
@@ -210,10 +214,11 @@ class Batcher:
                          ) -> Translator:
     family = self._translators.get(search)
     if family is None:
-      if len(self._translators) >= self.max_configs:
-        evicted = next(s for s in self._translators if s != self.default_search)
-        del self._translators[evicted]
-        logging.info("Dropped the compiled searches of %s (over --max_configs=%d)", evicted,
+      default = dataclasses.replace(self.default_search, nbest=self.default_search.beam_size)
+      others = [s for s in self._translators if s != default]  # Oldest first.
+      if len(self._translators) >= self.max_configs and others:
+        del self._translators[others[0]]
+        logging.info("Dropped the compiled searches of %s (over %d option sets)", others[0],
                      self.max_configs)
       family = self._translators[search] = {}
     self._translators.move_to_end(search)

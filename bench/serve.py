@@ -1,0 +1,207 @@
+"""serve.py under load: N concurrent clients sending Multi30k test 2016, one sentence per request.
+
+python bench/serve.py --workdir=DIR [--clients 1,8,64] [--json results/bench/serve.json]
+
+First the whole file through `Translator.translate` in this process, as decode.py runs it
+(one device per core, 4096-token batches), timed after a pass that compiles and again
+after each load run (each run is compared with the mean of the passes around it); its
+output is the answer every request must get. Then serve.py on the
+same devices, and per client count: sentences/s, p50/p99 latency of a request, the
+answers equal to the Translator's, the server's searches (batches) and its RSS (sampled
+every 0.2 s) over the run. The aim (issue 60): at 64 clients, >= 70% of the whole-file
+throughput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import http.client
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from common import MULTI30K, ROOT, machine, print_table, write_json
+
+AIM_CLIENTS, AIM_FRACTION = 64, 0.7
+
+
+def rss_mb(pid: int) -> float:
+  for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+    if line.startswith("VmRSS:"):
+      return int(line.split()[1]) / 1024
+  return float("nan")
+
+
+class Client:
+  """One keep-alive HTTP connection to the server."""
+
+  def __init__(self, port: int):
+    self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+
+  def call(self, method: str, path: str, body=None) -> tuple[int, dict]:
+    self.connection.request(method, path, body=None if body is None else json.dumps(body),
+                            headers={"Content-Type": "application/json"})
+    response = self.connection.getresponse()
+    return response.status, json.loads(response.read())
+
+
+def load(port: int, pid: int, sentences: list[str], clients: int) -> dict:
+  """`clients` threads, each sending the next unsent sentence until none is left."""
+  todo: queue.Queue[int] = queue.Queue()
+  for i in range(len(sentences)):
+    todo.put(i)
+  answers: list[str | None] = [None] * len(sentences)
+  latencies: list[float] = []
+  errors: list[str] = []
+  rss, done = [rss_mb(pid)], threading.Event()
+
+  def sample():
+    while not done.wait(0.2):
+      rss.append(rss_mb(pid))
+
+  def client():
+    connection = Client(port)
+    while True:
+      try:
+        i = todo.get_nowait()
+      except queue.Empty:
+        return
+      start = time.perf_counter()
+      status, answer = connection.call("POST", "/translate", {"text": [sentences[i]]})
+      latencies.append(time.perf_counter() - start)
+      if status != 200:
+        errors.append(f"{status} {answer}")
+      else:
+        answers[i] = answer["translations"][0]
+
+  before = Client(port).call("GET", "/health")[1]["batching"]
+  sampler = threading.Thread(target=sample)
+  sampler.start()
+  threads = [threading.Thread(target=client) for _ in range(clients)]
+  start = time.perf_counter()
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  wall = time.perf_counter() - start
+  done.set()
+  sampler.join()
+  rss.append(rss_mb(pid))
+  after = Client(port).call("GET", "/health")[1]["batching"]
+  latencies.sort()
+  at = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))]  # noqa: E731
+  searches = after["searches"] - before["searches"]
+  return {"clients": clients, "sentences": len(sentences), "wall_s": wall,
+          "sentences_per_s": len(sentences) / wall, "p50_ms": 1000 * at(0.5),
+          "p99_ms": 1000 * at(0.99), "searches": searches,
+          "sentences_per_search": len(sentences) / max(1, searches), "errors": errors[:5],
+          "error_count": len(errors), "answers": answers, "rss_mb_start": rss[0],
+          "rss_mb_end": rss[-1], "rss_mb_max": max(rss), "rss_samples": len(rss)}
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--workdir", required=True, help="a trained Multi30k EN->DE workdir")
+  parser.add_argument("--clients", default="1,8,64", help="concurrent clients, comma-separated")
+  parser.add_argument("--sentences", type=int, default=1000, help="first N of test 2016")
+  parser.add_argument("--json", default=str(ROOT / "results/bench/serve.json"))
+  parser.add_argument("--port", type=int, default=18080)
+  parser.add_argument("--cpu_devices", type=int, default=0, help="as decode.py (0 = per core)")
+  parser.add_argument("--max_wait_ms", type=float, default=5.0, help="serve.py's flag")
+  parser.add_argument("--max_batch", type=int, default=64, help="serve.py's flag")
+  parser.add_argument("--compilation_cache_dir", default="", help="'' = off: every compile shows")
+  args = parser.parse_args()
+  from flax_transformer import provenance
+  from flax_transformer.cli import common as cli
+
+  cli.set_cpu_devices(args.cpu_devices)
+  from flax_transformer.translation.translator import Translator
+
+  with gzip.open(MULTI30K / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
+    sentences = [line.rstrip("\n") for line in f][:args.sentences]
+  # decode.py's defaults: the last 5 checkpoints averaged, 4096-token batches, beam 4.
+  translator = Translator.from_workdir(args.workdir, average_last=5)
+  translator.translate(sentences)  # Compiles every batch shape.
+
+  def whole_file() -> tuple[float, list[str]]:
+    start = time.perf_counter()
+    texts = translator.translate(sentences)
+    return time.perf_counter() - start, texts
+
+  before_s, reference = whole_file()
+  max_tokens = max(len(translator.tokenizer.tokenize(s)) for s in sentences)
+  model = {"workdir": args.workdir, "steps_averaged": translator.checkpoint_steps[0],
+           **{k: getattr(translator.model_config, k)
+              for k in ("vocab_size", "d_model", "d_ff", "num_heads", "num_layers", "max_len")}}
+  command = [sys.executable, str(ROOT / "serve.py"), f"--workdir={args.workdir}",
+             f"--port={args.port}", f"--cpu_devices={args.cpu_devices}",
+             f"--max_tokens={max_tokens}", f"--max_batch={args.max_batch}",
+             f"--max_wait_ms={args.max_wait_ms}", f"--max_sentences={args.max_batch}",
+             f"--compilation_cache_dir={args.compilation_cache_dir}"]
+  log_path = Path(args.json).with_suffix(".log")
+  log_path.parent.mkdir(parents=True, exist_ok=True)
+  started = time.perf_counter()
+  with open(log_path, "w") as log:
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                              env={**os.environ, "XLA_FLAGS": ""})
+  try:
+    while True:
+      try:
+        if Client(args.port).call("GET", "/health")[0] == 200:
+          break
+      except OSError:
+        pass
+      if server.poll() is not None:
+        raise SystemExit(f"serve.py exited ({server.returncode}); see {log_path}")
+      time.sleep(0.5)
+    ready_s = time.perf_counter() - started
+    # The machine's load drifts (it is shared): the whole file is timed again after each
+    # load run (the server idle meanwhile), and each run is compared with the mean of the
+    # passes just before and after it.
+    rows, passes_s = [], [before_s]
+    for clients in [int(c) for c in args.clients.split(",")]:
+      row = load(args.port, server.pid, sentences, clients)
+      answers = row.pop("answers")
+      row["answers_equal_to_translator"] = sum(a == r for a, r in zip(answers, reference))
+      seconds, again = whole_file()
+      assert again == reference, "Translator.translate changed its output between passes"
+      passes_s.append(seconds)
+      row["whole_file_sentences_per_s"] = 2 * len(sentences) / sum(passes_s[-2:])
+      row["vs_whole_file"] = row["sentences_per_s"] / row["whole_file_sentences_per_s"]
+      rows.append(row)
+      print(f"{clients} clients: {row['sentences_per_s']:.1f} sentences/s, "
+            f"{row['vs_whole_file']:.2f} of the whole file's", flush=True)
+  finally:
+    server.terminate()
+    server.wait(timeout=60)
+  whole = {"sentences": len(sentences), "passes_s": passes_s,
+           "sentences_per_s": len(sentences) * len(passes_s) / sum(passes_s),
+           "devices": len(translator.devices), "batch_tokens": translator.batch_tokens}
+  print_table(rows, ["clients", "sentences", "sentences_per_s", "vs_whole_file", "p50_ms",
+                     "p99_ms", "sentences_per_search", "answers_equal_to_translator",
+                     "error_count", "rss_mb_start", "rss_mb_max", "rss_mb_end"])
+  print(f"decode.py's whole file (Translator.translate): {whole['sentences_per_s']:.1f} "
+        f"sentences/s on {whole['devices']} device(s)")
+  aim = next((r for r in rows if r["clients"] == AIM_CLIENTS), None)
+  record = {"command": " ".join(["python", "bench/serve.py", *sys.argv[1:]]),
+            "serve_command": " ".join(["python", "serve.py", *command[2:]]),
+            "server_log": str(log_path.relative_to(ROOT)) if log_path.is_relative_to(ROOT)
+            else str(log_path),
+            "model": model, "whole_file": whole, "server_ready_s": ready_s, "rows": rows,
+            "aim": {"clients": AIM_CLIENTS, "fraction_of_whole_file": AIM_FRACTION,
+                    "measured": aim and aim["vs_whole_file"],
+                    "met": bool(aim and aim["vs_whole_file"] >= AIM_FRACTION)},
+            **provenance.commit(), "packages": provenance.package_versions(),
+            "machine": machine()}
+  write_json(args.json, record)
+
+
+if __name__ == "__main__":
+  main()
