@@ -275,3 +275,18 @@ def test_interactive_is_the_default_on_a_terminal_and_refuses_batch_flags():
   with pytest.raises(DataError, match="--interactive translates stdin line by line: drop "
                                       "--reference"):
     interactive.check_flags(**{"--reference": "ref.de", "--prefix": None})
+
+
+def test_serve_py_names_a_taken_port_or_a_missing_workdir_in_one_line(server, trained_tiny,
+                                                                      tmp_path):
+  port = server.url.rsplit(":", 1)[1]
+  runs = {what: subprocess.Popen([sys.executable, str(ROOT / "serve.py"), *flags],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cpu_env())
+          for what, flags in {"port": [f"--workdir={trained_tiny}", f"--port={port}"],
+                              "workdir": [f"--workdir={tmp_path / 'none'}", "--port=0"]}.items()}
+  stderr = {what: text.decode().strip() for what, text in
+            conftest.stderr_of_each(runs, timeout=120).items()}
+  assert [runs[what].returncode for what in runs] == [2, 2], stderr
+  assert stderr["port"] == f"error: --host 127.0.0.1 --port {port}: the address is in use"
+  assert stderr["workdir"].startswith("error: ") and "none" in stderr["workdir"]
+  assert all(len(text.splitlines()) == 1 for text in stderr.values()), stderr
