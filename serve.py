@@ -19,7 +19,8 @@ from flax_transformer.translation.translator import SearchConfig
 SEARCH = SearchConfig()
 
 flags.DEFINE_string("workdir", None, "Training workdir (checkpoints, vocab.model, run.json).")
-flags.DEFINE_list("ensemble", [], "More workdirs whose models vote with --workdir's (as decode.py).")
+flags.DEFINE_list("ensemble", [], "More workdirs whose models vote with --workdir's, as in "
+                  "decode.py.")
 flags.DEFINE_string("host", "127.0.0.1", "Address to bind; 0.0.0.0 serves other machines too.")
 flags.DEFINE_integer("port", 8080, "TCP port.", lower_bound=0, upper_bound=65535)
 flags.DEFINE_string("token", None, "If set, every API call needs 'Authorization: Bearer TOKEN'.")

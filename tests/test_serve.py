@@ -9,6 +9,7 @@ import concurrent.futures
 import http.client
 import json
 import os
+import re
 import select
 import shutil
 import socket
@@ -145,6 +146,11 @@ def test_options_nbest_prefix_and_score(server, translator, expected):
   assert status == 200
   for got, (logprob, tokens) in zip(answer["scores"], translator.score(*pairs)):
     assert got["tokens"] == tokens and got["logprob"] == pytest.approx(logprob, abs=1e-4)
+  # Every search without a prefix, n-best ones too, ran a program warmed before serving.
+  log = server.log.read_text()
+  pattern = r"Beam search for inputs \[\d+, \d+\] (compiled|loaded)"
+  warmed = [m.start() for m in re.finditer(pattern, log)]
+  assert len(warmed) == 2 and max(warmed) < log.index("Serving "), log
 
 
 BAD = [  # (what, request arguments, status, words of the one-line error)
