@@ -382,30 +382,22 @@ def test_two_processes_of_4_devices_match_one_of_8(tmp_path, multi30k_dir):
   which Adam's updates carry forward step by step (measured: half the 20 losses
   differ, by at most 2e-7 of the loss). Hence 1e-5 of the loss, not bit equality.
 
-  The run starts from a compilation cache a 1-step run of the same steps filled: as on any
-  relaunch, process 0 loads its steps in seconds while process 1 compiles its own (jax's
-  CPU cache keys differ by process), and process 0 must not enter the first collective
-  alone (gloo gives a peer 30 s there; before the fix, 6 of 9 such launches hung)."""
+  The resume below is a relaunch on the compilation cache the first launch filled: process 0
+  loads its steps in seconds while process 1 compiles its own (jax's CPU cache keys differ
+  by process, and only process 0 writes), and process 0 must not enter the first
+  collective alone (gloo gives a peer 30 s there; before the fix, 6 of 9 such launches
+  hung)."""
   from flax_transformer.data import pipeline as data
   from flax_transformer.data import sources
   from flax_transformer.network.config import TransformerConfig
   from flax_transformer.data.tokenizer import Tokenizer
 
   steps = 20
-  overrides = ["--config.log_every_steps=1", "--config.eval_every_steps=20",
-               "--config.bleu_every_steps=20", "--config.num_bleu_sentences=8",
-               f"--config.compilation_cache_dir={tmp_path / 'xla'}"]
-  two_processes(train_command(tmp_path / "prime", multi30k_dir, "--config.num_train_steps=1",
-                              *overrides))
+  cache = f"--config.compilation_cache_dir={tmp_path / 'xla'}"  # Its own: filled here.
   command = train_command(tmp_path, multi30k_dir, f"--config.num_train_steps={steps}",
-                          *overrides)
-  first, stderr = two_processes(command)
-  assert "Train step for batch [16, 32] loaded from the compilation cache" in first
-  # Process 0 began its first step only once process 1 had compiled its own (a hang
-  # needs a slow host; this fails on any host if process 0 does not wait).
-  ready = log_time(first, "processes ready for the first step")
-  compiled = log_time(stderr, "Train step for batch [16, 32] compiled")
-  assert ready and ready >= compiled, first[-3000:]
+                          "--config.log_every_steps=1", "--config.eval_every_steps=20",
+                          "--config.bleu_every_steps=20", "--config.num_bleu_sentences=8", cache)
+  _, stderr = two_processes(command)
   assert "Devices: 8 (cpu), mesh {'data': 8, 'fsdp': 1, 'tensor': 1}, 2 process(es)" in stderr
   records = read_metrics(tmp_path)
   assert [r["step"] for r in records] == list(range(1, steps + 1))
@@ -441,7 +433,13 @@ def test_two_processes_of_4_devices_match_one_of_8(tmp_path, multi30k_dir):
   iterator_file.write_text(iterator_file.read_text()[:10])
   resumed = two_processes(train_command(tmp_path, multi30k_dir, "--config.num_train_steps=25",
                                         "--config.checkpoint_every_steps=5",
-                                        "--config.log_every_steps=1"))
+                                        "--config.log_every_steps=1", cache))
+  assert "Train step for batch [16, 32] loaded from the compilation cache" in resumed[0]
+  # Process 0 began its first step only once process 1 had compiled its own (a hang
+  # needs a slow host; this fails on any host if process 0 does not wait).
+  ready = log_time(resumed[0], "processes ready for the first step")
+  compiled = log_time(resumed[1], "Train step for batch [16, 32] compiled")
+  assert ready and ready >= compiled, resumed[0][-3000:]
   for stderr in resumed:
     assert "Resumed from the checkpoint of step 10" in stderr
     assert "step 20: process 1: JSONDecodeError" in stderr
