@@ -161,13 +161,33 @@ def kill_resume_and_compare(workdir, multi30k_dir, uninterrupted) -> None:
 RUN_STEPS = 60
 
 
+def once_per_run(tmp_path_factory, name: str, build) -> Path:
+  """`build(folder)` once for the whole test run: with pytest-xdist, the first worker to
+  ask builds it and the others wait for it and share it (never writing into it)."""
+  import fcntl
+
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = root.parent  # The run's folder, above each worker's own.
+  folder, done = root / name, root / f"{name}.done"
+  with open(root / f"{name}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not done.exists():
+      shutil.rmtree(folder, ignore_errors=True)  # A failed build's leftovers.
+      build(folder)
+      done.touch()
+  return folder
+
+
 @pytest.fixture(scope="session")
 def uninterrupted(tmp_path_factory, multi30k_dir):
   """A RUN_STEPS-step tiny run start to end: (its workdir, final step, final parameters), what
   interrupted and resumed runs must reach bit for bit."""
-  workdir = tmp_path_factory.mktemp("straight")
-  subprocess.run(train_command(workdir, multi30k_dir, f"--config.num_train_steps={RUN_STEPS}"),
-                 env=cpu_env(), check=True, capture_output=True)
+  def build(workdir):
+    subprocess.run(train_command(workdir, multi30k_dir, f"--config.num_train_steps={RUN_STEPS}"),
+                   env=cpu_env(), check=True, capture_output=True)
+
+  workdir = once_per_run(tmp_path_factory, "straight", build)
   return (workdir, *final_params(workdir))
 
 
@@ -180,13 +200,16 @@ def trained_tiny(tmp_path_factory, multi30k_dir):
   """The workdir of one tiny run (60 steps: a model that tells sentences apart, with
   checkpoints at TRAINED_TINY_CHECKPOINTS), trained once for the session. Shared by the
   decode, export and averaging tests: they read it, and never write into it."""
-  workdir = tmp_path_factory.mktemp("trained_tiny") / "run"
   steps, every = TRAINED_TINY_CHECKPOINTS[-1], TRAINED_TINY_CHECKPOINTS[0]
-  done = subprocess.run(train_command(workdir, multi30k_dir, f"--config.num_train_steps={steps}",
-                                      f"--config.checkpoint_every_steps={every}"),
-                        env=cpu_env(), capture_output=True, text=True)
-  assert done.returncode == 0, done.stderr[-3000:]
-  return workdir
+
+  def build(folder):
+    done = subprocess.run(train_command(folder / "run", multi30k_dir,
+                                        f"--config.num_train_steps={steps}",
+                                        f"--config.checkpoint_every_steps={every}"),
+                          env=cpu_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+  return once_per_run(tmp_path_factory, "trained_tiny", build) / "run"
 
 
 # --- Buckets on localhost: a GCS emulator, an S3-compatible server ---------------------
@@ -254,6 +277,9 @@ def s3_bucket():
   server.wait()
 
 
+_SHARED_CACHE = "FLAX_TRANSFORMER_TEST_XLA_CACHE"
+
+
 def pytest_configure(config):
   # Every sharding feature is tested on 8 simulated CPU devices; set before jax starts.
   flags = os.environ.get("XLA_FLAGS", "")
@@ -266,8 +292,12 @@ def pytest_configure(config):
   from flax_transformer import compilation
 
   global XLA_CACHE
-  config.xla_cache = XLA_CACHE = tempfile.mkdtemp(prefix="flax_transformer_test_xla_")
-  compilation.enable_cache(config.xla_cache)
+  if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(_SHARED_CACHE):
+    XLA_CACHE = os.environ[_SHARED_CACHE]  # The run's, made by pytest-xdist's controller.
+  else:
+    config.xla_cache = XLA_CACHE = tempfile.mkdtemp(prefix="flax_transformer_test_xla_")
+    os.environ[_SHARED_CACHE] = XLA_CACHE  # Its workers start after this, with it.
+  compilation.enable_cache(XLA_CACHE)
   config.addinivalue_line("markers", "devices(n): needs n devices (the CPU's 8 simulated ones)")
   if os.environ["JAX_PLATFORMS"] != "cpu":
     # On a GPU (JAX_PLATFORMS=cuda), float32 matmuls default to TF32 (10-bit
