@@ -22,6 +22,7 @@ LAYERS = {
     "translation": 5,  # search, batching, translator, attention_plot.
     "evaluation": 6,  # Eval loss and BLEU during training (it translates).
     "export": 6,  # A trained model as StableHLO or CTranslate2 (it reads a translator's).
+    "serving": 6,  # serve.py's HTTP app and dynamic batching (over translators).
     "loop": 7,  # The training loop: the run, its setup, its steps.
     "cli": 8,  # What the entry points share; decode.py's work.
     "__init__": 9,  # The public API.

@@ -7,7 +7,7 @@ import sys
 from typing import BinaryIO, TextIO
 
 from flax_transformer import compilation
-from flax_transformer.cli.translate import _one_line
+from flax_transformer.cli.translate import output_lines
 from flax_transformer.data.sources import split_lines_lenient
 from flax_transformer.errors import DataError
 from flax_transformer.translation.translator import Translator
@@ -40,10 +40,7 @@ def run_interactive(*, workdir: str, output_path: str, compilation_cache_dir: st
       if invalid:
         logging.warning("input line %d is not valid UTF-8 (bad bytes replaced)", index + 1)
       hyps = translator.translate_nbest(lines or [""])[0]
-      if nbest == 1:
-        out.write(_one_line(hyps[0][0]) + "\n")
-      else:
-        out.writelines(f"{index} ||| {_one_line(text)} ||| {value:.4f}\n" for text, value in hyps)
+      out.writelines(output_lines(index, hyps, nbest))
       out.flush()
   finally:
     if out is not sys.stdout:

@@ -69,6 +69,14 @@ def _one_line(text: str) -> str:
   return " ".join(text.splitlines()) if ("\n" in text or "\r" in text) else text
 
 
+def output_lines(index: int, hyps: Sequence[tuple[str, float]], nbest: int) -> list[str]:
+  """decode.py's lines for input line `index`: its best translation, or with nbest > 1
+  one 'index ||| translation ||| score' line per hypothesis."""
+  if nbest == 1:
+    return [_one_line(hyps[0][0]) + "\n"]
+  return [f"{index} ||| {_one_line(text)} ||| {value:.4f}\n" for text, value in hyps]
+
+
 def score(hypotheses: Sequence[str], references: Sequence[str], metrics: Sequence[str],
           tokenize: str | None = None) -> list[tuple[str, float, str]]:
   """(name, score, sacrebleu signature) per metric, detokenized text in."""
@@ -122,11 +130,7 @@ def run_decode(*, workdir: str, input_path: str, output_path: str, reference: st
     results = translator.translate_nbest(sentences, progress, prefixes)
   with _output(output_path) as out:
     for i, hyps in enumerate(results):
-      if nbest == 1:
-        out.write(_one_line(hyps[0][0]) + "\n")
-      else:
-        for text, value in hyps:
-          out.write(f"{i} ||| {_one_line(text)} ||| {value:.4f}\n")
+      out.writelines(output_lines(i, hyps, nbest))
   if references is not None:
     best = [hyps[0][0] for hyps in results]
     for name, value, signature in score(best, references, metrics, sacrebleu_tokenize):
