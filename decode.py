@@ -11,8 +11,9 @@ from there, and the score counts the prefix's log-probability too.
 pair 'logprob<TAB>tokens', the target's log-probability under the model (or
 ensemble) summed over its tokens (natural log) and the token count, EOS
 included: logprob / tokens is the mean per token.
---interactive (the default when stdin is a terminal): each stdin line is translated
-and written, flushed, as soon as it is read.
+--interactive (the default when stdin is a terminal and no --reference, --score,
+--prefix or --attention_plot is given; --nointeractive turns it off): each stdin line
+is translated and written, flushed, as soon as it is read.
 """
 
 from absl import app, flags
@@ -70,7 +71,8 @@ flags.DEFINE_string("compilation_cache_dir", compilation.default_cache_dir(),
                     "jax's persistent compilation cache: a second run with the same shapes "
                     "loads its searches instead of compiling them; '' = off.")
 flags.DEFINE_bool("interactive", False, "Translate stdin line by line, each line written and "
-                  "flushed as soon as it is read (the default when stdin is a terminal).")
+                  "flushed as soon as it is read (the default when stdin is a terminal and no "
+                  "batch-only flag is given; --nointeractive: read the whole input).")
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
 
@@ -83,10 +85,11 @@ def main(argv):
     search = SearchConfig(beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
                           max_extra=FLAGS.max_extra, nbest=FLAGS.nbest,
                           temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p)
-    if interactive.wanted(FLAGS.interactive, FLAGS.input):
-      interactive.check_flags(**{"--input": FLAGS.input != "-", "--reference": FLAGS.reference,
-                                 "--attention_plot": FLAGS.attention_plot,
-                                 "--prefix": FLAGS.prefix, "--score": FLAGS.score})
+    batch_only = {"--reference": FLAGS.reference, "--attention_plot": FLAGS.attention_plot,
+                  "--prefix": FLAGS.prefix, "--score": FLAGS.score}
+    asked = FLAGS.interactive if FLAGS["interactive"].present else None
+    if interactive.wanted(asked, FLAGS.input, batch_only=batch_only.values()):
+      interactive.check_flags(**{"--input": FLAGS.input != "-", **batch_only})
       interactive.run_interactive(
           workdir=FLAGS.workdir, output_path=FLAGS.output, search=search, seed=FLAGS.seed,
           compilation_cache_dir=FLAGS.compilation_cache_dir, average_last=FLAGS.average_last,

@@ -276,8 +276,11 @@ def test_interactive_is_the_default_on_a_terminal_and_refuses_batch_flags():
 
   terminal, pipe = type("T", (), {"isatty": lambda self: True})(), \
       type("P", (), {"isatty": lambda self: False})()
-  assert interactive.wanted(False, "-", terminal) and not interactive.wanted(False, "-", pipe)
-  assert not interactive.wanted(False, "in.en", terminal) and interactive.wanted(True, "-", pipe)
+  assert interactive.wanted(None, "-", terminal) and not interactive.wanted(None, "-", pipe)
+  assert not interactive.wanted(None, "in.en", terminal) and interactive.wanted(True, "-", pipe)
+  # --nointeractive, or a batch-only flag, on a terminal (srun --pty, say): the whole input.
+  assert not interactive.wanted(False, "-", terminal)
+  assert not interactive.wanted(None, "-", terminal, batch_only=["t.de", None])
   with pytest.raises(DataError, match="--interactive translates stdin line by line: drop "
                                       "--reference"):
     interactive.check_flags(**{"--reference": "ref.de", "--prefix": None})

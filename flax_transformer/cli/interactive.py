@@ -13,10 +13,13 @@ from flax_transformer.errors import DataError
 from flax_transformer.translation.translator import Translator
 
 
-def wanted(flag: bool, input_path: str, stdin=None) -> bool:
-  """Interactive when asked for, or when the input is stdin and stdin is a terminal."""
+def wanted(flag: bool | None, input_path: str, stdin=None, batch_only=()) -> bool:
+  """--interactive or --nointeractive as given (`flag`); unset (None): when the input is
+  stdin, stdin is a terminal, and none of the batch-only flags' values is set."""
+  if flag is not None:
+    return flag
   stdin = stdin or sys.stdin
-  return flag or (input_path == "-" and stdin.isatty())
+  return input_path == "-" and stdin.isatty() and not any(batch_only)
 
 
 def run_interactive(*, workdir: str, output_path: str, compilation_cache_dir: str = "",
