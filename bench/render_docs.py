@@ -638,6 +638,10 @@ def rendered(root: Path, wrong: list[str] | None = None) -> dict[str, str]:
 
     def figure(match, name=name, text=text):
       where = f"{name}:{text.count(chr(10), 0, match.start()) + 1}"
+      row = text[text.rfind("\n", 0, match.start()) + 1:match.start()]
+      if row.startswith("|") and "|" in match[0]:  # A table row: GitHub splits the cell.
+        raise SystemExit(f"{where}: the figure {match[1]} holds a '|' in a table row: "
+                         "keep the cell's bars outside <!--{...}-->TEXT<!--/-->")
       try:
         value = render_figure(match[1], names)
       except Exception as e:  # noqa: BLE001 (any error of a template: name it, no traceback)
