@@ -163,6 +163,9 @@ BAD = [  # (what, request arguments, status, words of the one-line error)
      "too many sentences"),
     ("over-long sentence", dict(body={"text": ["A dog runs " * 10]}), 413,
      "over 16 (--max_tokens)"),
+    ("nested too deeply", dict(raw=b"[" * 50000), 400, "malformed JSON"),
+    ("nested field", dict(raw=b'{"text": ' + b"[" * 50000), 400, "malformed JSON"),
+    ("lone surrogate", dict(body={"text": ["A dog \ud800."]}), 422, "text[0] is not valid text"),
     ("beam too wide", dict(body={"text": ["A dog."], "beam_size": 99}), 422, "beam_size"),
     ("nbest over beam", dict(body={"text": ["A dog."], "beam_size": 2, "nbest": 3}), 422,
      "nbest"),
@@ -183,6 +186,28 @@ def test_bad_input_gets_a_4xx_with_one_line_and_one_log_line(server):
     assert any(f"{status} POST /translate" in line and words in line
                for line in log.splitlines()), what
   assert "Traceback" not in log and " 500 " not in log
+
+
+def test_an_unexpected_error_gets_a_one_line_json_500_and_one_log_line(caplog):
+  import asyncio
+
+  from flax_transformer.serving.app import CatchAll
+
+  async def failing(scope, receive, send):
+    raise RuntimeError("search failed\non two lines")
+
+  sent = []
+
+  async def send(message):
+    sent.append(message)
+
+  scope = {"type": "http", "method": "POST", "path": "/translate", "headers": []}
+  asyncio.run(CatchAll(failing)(scope, None, send))
+  assert sent[0]["status"] == 500
+  assert json.loads(sent[1]["body"]) == {
+      "error": "internal error: RuntimeError: search failed on two lines"}
+  assert [r.getMessage() for r in caplog.records] == [
+      "500 POST /translate: RuntimeError: search failed on two lines"]
 
 
 def test_a_request_cut_off_mid_body_is_dropped_and_a_stalled_one_times_out(server, expected):

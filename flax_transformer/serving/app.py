@@ -52,6 +52,36 @@ class _Disconnected(Exception):
   """The client went away before its body was complete."""
 
 
+class CatchAll:
+  """ASGI middleware: an unexpected error gets a one-line JSON 500 and one log line.
+
+  (Not an exception handler for Exception: Starlette re-raises after running one,
+  and the server would log a traceback.)
+  """
+
+  def __init__(self, app):
+    self.app = app
+
+  async def __call__(self, scope, receive, send):
+    if scope["type"] != "http":
+      return await self.app(scope, receive, send)
+    started = False
+
+    async def send_tracked(message):
+      nonlocal started
+      started = started or message["type"] == "http.response.start"
+      await send(message)
+
+    try:
+      await self.app(scope, receive, send_tracked)
+    except Exception as e:  # noqa: BLE001 - the one place every other error ends up.
+      what = " ".join(f"{type(e).__name__}: {e}".split())
+      log.error("500 %s %s: %s", scope.get("method"), scope.get("path"), what)
+      if not started:
+        await JSONResponse({"error": f"internal error: {what}"}, status_code=500)(
+            scope, receive, send)
+
+
 class TranslateRequest(BaseModel):
   model_config = ConfigDict(extra="forbid", strict=True)
   text: list[str]
@@ -86,6 +116,7 @@ def make_app(translator: Translator, batcher: Batcher, *, workdir: str, token: s
   """The app serving `translator`'s model through `batcher`; `token`: when set, API calls
   need the header `Authorization: Bearer <token>`."""
   app = FastAPI(title="flax-transformer", docs_url=None, redoc_url=None, openapi_url=None)
+  app.add_middleware(CatchAll)
   can_prefix = _supports_prefixes(translator)
   can_score = hasattr(translator, "score")
   model = translator.model_config
@@ -131,7 +162,7 @@ def make_app(translator: Translator, batcher: Batcher, *, workdir: str, token: s
       raise RequestError(408, f"body not received within {limits.body_timeout_s:g} s") from None
     try:
       data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # Recursion: nested deep.
       raise RequestError(400, f"malformed JSON: {e}") from None
     try:
       return schema.model_validate(data)
@@ -143,6 +174,11 @@ def make_app(translator: Translator, batcher: Batcher, *, workdir: str, token: s
       raise RequestError(413, f"too many sentences in {field!r}: {len(sentences)} > "
                               f"{limits.max_sentences} (--max_sentences)")
     for i, sentence in enumerate(sentences):
+      try:  # JSON admits lone surrogates ("\\ud800"); the tokenizer does not.
+        sentence.encode("utf-8")
+      except UnicodeEncodeError as e:
+        raise RequestError(422, f"{field}[{i}] is not valid text: {e.reason} at "
+                                f"character {e.start}") from None
       length = batcher.source_length(sentence)
       if length > batcher.max_tokens:
         raise RequestError(413, f"{field}[{i}] is {length} tokens long, over "
