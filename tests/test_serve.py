@@ -6,6 +6,7 @@ sentences (shapes [2, 16] and [8, 16], compiled before it answers /health).
 """
 
 import concurrent.futures
+import dataclasses
 import http.client
 import json
 import os
@@ -324,3 +325,28 @@ def test_serve_py_names_a_taken_port_or_a_missing_workdir_in_one_line(server, tr
   assert stderr["port"] == f"error: --host 127.0.0.1 --port {port}: the address is in use"
   assert stderr["workdir"].startswith("error: ") and "none" in stderr["workdir"]
   assert all(len(text.splitlines()) == 1 for text in stderr.values()), stderr
+
+
+@pytest.fixture(scope="module")
+def batcher(translator):
+  """A Batcher in this process (nothing compiled until it searches)."""
+  from flax_transformer.serving.batcher import Batcher
+
+  return Batcher(translator, max_batch=8, max_tokens=64)
+
+
+def test_the_batcher_shares_the_translators_placed_params(batcher, translator):
+  derived = batcher._translator(dataclasses.replace(SEARCH, alpha=1.0), 2, 16)
+  base = jax.tree_util.tree_leaves(translator._placed_params)
+  for params in (batcher._params, derived._placed_params):
+    leaves = jax.tree_util.tree_leaves(params)
+    assert len(leaves) == len(base) and all(a is b for a, b in zip(leaves, base))
+
+
+def test_a_forced_prefix_is_routed_at_its_length_without_eos(batcher):
+  prefixes = {batcher.prefix_length(" ".join(["a"] * n)): " ".join(["a"] * n)
+              for n in range(1, 40)}
+  assert len(batcher.tokenizer.tokenize(prefixes[16])) == 17  # Its EOS: never forced.
+  assert batcher.width("A dog.", prefixes[16]) == 16
+  assert batcher.width("A dog.", prefixes[17]) == 32
+  assert batcher.width("A dog.", "") == batcher.width("A dog.") == 16

@@ -24,7 +24,7 @@ from flax_transformer import provenance
 from flax_transformer.errors import ConfigError
 from flax_transformer.serving.batcher import Batcher
 from flax_transformer.serving.page import PAGE
-from flax_transformer.translation.translator import SearchConfig, Translator
+from flax_transformer.translation.translator import Translator
 
 log = logging.getLogger("flax_transformer.serving")
 
@@ -169,7 +169,8 @@ def make_app(translator: Translator, batcher: Batcher, *, workdir: str, token: s
     except ValidationError as e:
       raise RequestError(422, _one_line(e, schema)) from None
 
-  def check_sentences(field: str, sentences: list[str]) -> None:
+  def check_sentences(field: str, sentences: list[str], length_of=batcher.source_length
+                      ) -> None:
     if len(sentences) > limits.max_sentences:
       raise RequestError(413, f"too many sentences in {field!r}: {len(sentences)} > "
                               f"{limits.max_sentences} (--max_sentences)")
@@ -179,7 +180,7 @@ def make_app(translator: Translator, batcher: Batcher, *, workdir: str, token: s
       except UnicodeEncodeError as e:
         raise RequestError(422, f"{field}[{i}] is not valid text: {e.reason} at "
                                 f"character {e.start}") from None
-      length = batcher.source_length(sentence)
+      length = length_of(sentence)
       if length > batcher.max_tokens:
         raise RequestError(413, f"{field}[{i}] is {length} tokens long, over "
                                 f"{batcher.max_tokens} (--max_tokens)")
@@ -234,7 +235,7 @@ def make_app(translator: Translator, batcher: Batcher, *, workdir: str, token: s
       if len(body.prefix) != len(body.text):
         raise RequestError(422, f"'prefix' has {len(body.prefix)} entries, 'text' "
                                 f"{len(body.text)}")
-      check_sentences("prefix", body.prefix)
+      check_sentences("prefix", body.prefix, batcher.prefix_length)
     found = await asyncio.wrap_future(batcher.translate(body.text, search, body.prefix))
     answer = {"translations": [hyps[0][0] for hyps in found]}
     if search.nbest > 1:

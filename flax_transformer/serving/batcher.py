@@ -19,10 +19,6 @@ import threading
 import time
 from typing import Sequence
 
-import jax
-import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
 from flax_transformer.translation.batching import bucket_length
 from flax_transformer.translation.translator import SearchConfig, Translator
 
@@ -70,10 +66,9 @@ class Batcher:
     self.ladder = row_ladder(len(self.devices), max_batch)
     self.widths = list(range(WIDTH_MULTIPLE, bucket_length(self.max_tokens, WIDTH_MULTIPLE) + 1,
                              WIDTH_MULTIPLE))
-    mesh = Mesh(np.asarray(self.devices), ("rows",))
-    # Placed once: every Translator below gets these arrays, and jax.device_put of arrays
-    # already on that sharding returns them as they are (no copy per search variant).
-    self._params = jax.device_put(base.params, NamedSharding(mesh, PartitionSpec()))
+    # The base's placed copy: every Translator below gets these arrays, and jax.device_put
+    # of arrays already on that sharding returns them as they are (one copy per device).
+    self._params = base._placed_params
     self._model = base
     self._translators: collections.OrderedDict[SearchConfig, dict] = collections.OrderedDict()
     self._translators_lock = threading.Lock()  # warm() makes them from several threads.
@@ -88,6 +83,18 @@ class Batcher:
   def source_length(self, sentence: str) -> int:
     """Tokens of `sentence` as a source (EOS included)."""
     return len(self.tokenizer.tokenize(sentence))
+
+  def prefix_length(self, prefix: str) -> int:
+    """Tokens of `prefix` as forced (no EOS, as `Translator.translate_nbest` forces it)."""
+    return len(self.tokenizer.tokenize(prefix)) - 1
+
+  def width(self, sentence: str, prefix: str | None = None) -> int:
+    """The row width (tokens) `sentence` is searched at: its source's, or its forced
+    prefix's if longer (translator.search_batches), in multiples of 16."""
+    length = self.source_length(sentence)
+    if prefix is not None:
+      length = max(length, self.prefix_length(prefix))
+    return bucket_length(min(length, self.max_tokens), WIDTH_MULTIPLE)
 
   def translate(self, sentences: Sequence[str], search: SearchConfig,
                 prefixes: Sequence[str] | None = None) -> concurrent.futures.Future:
@@ -163,12 +170,8 @@ class Batcher:
     by_width: dict[int, list[tuple[int, int]]] = collections.defaultdict(list)
     for j, job in enumerate(jobs):
       for i, sentence in enumerate(job.sentences):
-        # Empty sentences ride along: Translator answers them without a search. A forced
-        # prefix shares its source's row width (translator.search_batches).
-        length = self.source_length(sentence)
-        if job.extra is not None:
-          length = max(length, self.source_length(job.extra[i]))
-        width = bucket_length(min(length, self.max_tokens), WIDTH_MULTIPLE)
+        # Empty sentences ride along: Translator answers them without a search.
+        width = self.width(sentence, None if job.extra is None else job.extra[i])
         by_width[width].append((j, i))
     top = self.ladder[-1]
     for width, members in sorted(by_width.items()):
