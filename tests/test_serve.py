@@ -154,6 +154,45 @@ def test_options_nbest_prefix_and_score(server, translator, expected):
   assert len(warmed) == 2 and max(warmed) < log.index("Serving "), log
 
 
+def _timed_call(server, body) -> tuple[tuple[int, dict], float]:
+  """((status, answer), when it came back) of POST /translate `body`."""
+  answer = server.call("/translate", body)
+  return answer, time.perf_counter()
+
+
+def test_a_new_option_set_compiles_without_holding_up_other_requests(server, expected):
+  # No earlier test asks for alpha 0.7, and the session's compilation cache is its own:
+  # its search compiles now (seconds), a default search takes a few ms.
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    new = pool.submit(_timed_call, server, {"text": [SENTENCES[0]], "alpha": 0.7})
+    time.sleep(0.3)  # Gathered and in the search thread's hands (windows are 50 ms).
+    others = [_timed_call(server, {"text": [s]}) for s in SENTENCES[:3]]
+    (status, answer), new_done = new.result()
+  assert status == 200 and len(answer["translations"]) == 1
+  assert [a for a, _ in others] == [(200, {"translations": [e]}) for e in expected[:3]]
+  assert max(t for _, t in others) < new_done, "the default requests waited for the compile"
+  assert "other requests are served meanwhile" in server.log.read_text()
+
+
+def test_concurrent_requests_with_different_options_equal_each_sent_alone(server):
+  bodies = [{"text": [SENTENCES[0]]}, {"text": [SENTENCES[1]], "beam_size": 2},
+            {"text": SENTENCES[2:4], "prefix": ["Eine", ""]},
+            {"text": [SENTENCES[4]], "nbest": 2}, {"text": [SENTENCES[6]], "alpha": 0.7}]
+  alone = [server.call("/translate", body) for body in bodies]
+  assert [status for status, _ in alone] == [200] * len(bodies), alone
+  before = server.stats()
+  start = threading.Barrier(len(bodies))
+
+  def one(body):
+    start.wait()
+    return server.call("/translate", body)
+
+  with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+    together = list(pool.map(one, bodies))
+  assert together == alone
+  assert server.stats()["requests"] - before["requests"] == len(bodies)
+
+
 BAD = [  # (what, request arguments, status, words of the one-line error)
     ("malformed JSON", dict(raw=b'{"text": ["A dog'), 400, "malformed JSON"),
     ("not an object", dict(body=["A dog."]), 422, "JSON object"),

@@ -1,8 +1,9 @@
 """The HTTP API (FastAPI): /translate, /score, /health, and the page at /.
 
 Every bad request gets a 4xx whose JSON body is {"error": "<one line>"} and one log
-line naming it; no request can take the server down or hold others up (searches
-run on the batcher's thread, bodies are read with a deadline).
+line naming it. Bodies are read with a deadline, searches run on the batcher's
+thread, and a request whose search has not been compiled yet (new options) waits
+for its compile on a compile thread while the others are served (batcher.py).
 """
 
 from __future__ import annotations

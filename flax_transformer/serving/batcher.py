@@ -6,6 +6,12 @@ worker takes the first waiting request, gathers more for at most `max_wait_s`
 row width, and searches each group as one batch of a warmed shape [rows, width]
 (rows from a short ladder, so one sentence does not pay for 64). Each request
 gets its own sentences' answers back, in order.
+
+A group whose program has not run yet (new search options, a first prefix at
+some shape) is not searched on that thread: its shapes compile on a compile
+thread while the search thread serves the others, and its requests go back to
+the queue once their programs are ready. So a new option set delays its own
+requests by its compile, and nobody else's.
 """
 
 from __future__ import annotations
@@ -39,10 +45,22 @@ def row_ladder(devices: int, max_batch: int) -> list[int]:
 @dataclasses.dataclass
 class _Job:
   kind: str  # "translate" or "score"
-  sentences: list[str]
+  sentences: list[str]  # Translate: the sources; score: the sources.
   search: SearchConfig | None
-  extra: list[str] | None  # Per sentence: the forced prefix (translate) or target (score).
   future: concurrent.futures.Future
+  prefixes: list[str] | None = None  # Translate: per sentence, its forced prefix.
+  targets: list[str] | None = None  # Score: per sentence, its target.
+
+
+@dataclasses.dataclass
+class _Family:
+  """The searches of one option set: a Translator per [rows, width], the programs
+  (rows, width, prefixed) that have run once (ready: their use compiles nothing), and
+  those compiling on the compile thread."""
+  translators: dict[tuple[int, int | None], Translator] = dataclasses.field(default_factory=dict)
+  ready: set[tuple[int, int, bool]] = dataclasses.field(default_factory=set)
+  compiling: dict[tuple[int, int, bool], concurrent.futures.Future] = dataclasses.field(
+      default_factory=dict)
 
 
 class Batcher:
@@ -70,8 +88,9 @@ class Batcher:
     # of arrays already on that sharding returns them as they are (one copy per device).
     self._params = base._placed_params
     self._model = base
-    self._translators: collections.OrderedDict[SearchConfig, dict] = collections.OrderedDict()
-    self._translators_lock = threading.Lock()  # warm() makes them from several threads.
+    self._families: collections.OrderedDict[SearchConfig, _Family] = collections.OrderedDict()
+    self._families_lock = threading.Lock()  # Used by warm()'s, the search and compile threads.
+    self._compiler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compile")
     self._queue: queue.Queue[_Job] = queue.Queue()
     self.stats = {"requests": 0, "sentences": 0, "searches": 0}
     self._stats_lock = threading.Lock()
@@ -99,15 +118,14 @@ class Batcher:
   def translate(self, sentences: Sequence[str], search: SearchConfig,
                 prefixes: Sequence[str] | None = None) -> concurrent.futures.Future:
     """-> Future of, per sentence, `search.nbest` (translation, score) pairs, best first."""
-    return self._submit(_Job("translate", list(sentences), search,
-                             None if prefixes is None else list(prefixes),
-                             concurrent.futures.Future()))
+    return self._submit(_Job("translate", list(sentences), search, concurrent.futures.Future(),
+                             prefixes=None if prefixes is None else list(prefixes)))
 
   def score(self, sources: Sequence[str], targets: Sequence[str]) -> concurrent.futures.Future:
     """-> Future of, per pair, {"logprob": log P(target | source), "tokens": target tokens
     (EOS included)}, from `Translator.score`."""
-    return self._submit(_Job("score", list(sources), None, list(targets),
-                             concurrent.futures.Future()))
+    return self._submit(_Job("score", list(sources), None, concurrent.futures.Future(),
+                             targets=list(targets)))
 
   def warm(self, search: SearchConfig | None = None, workers: int = 4) -> float:
     """Compiles (and runs once) every [rows, width] search the server will use for
@@ -118,10 +136,8 @@ class Batcher:
     scorer = self._translator(self.default_search, self.ladder[-1], None)
     samples = [self._sentence_of_width(width) for width in self.widths]
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-      runs = [pool.submit(lambda shape=shape: self._translator(search, *shape).translate(
-          [self._sentence_of_width(shape[1])])) for shape in shapes]
-      if hasattr(scorer, "score"):  # One scoring batch per width.
-        runs.append(pool.submit(scorer.score, samples, samples))
+      runs = [pool.submit(self._run_once, search, (rows, width, False)) for rows, width in shapes]
+      runs.append(pool.submit(scorer.score, samples, samples))  # One batch per width.
       for run in runs:
         run.result()
     seconds = time.perf_counter() - start
@@ -152,7 +168,7 @@ class Batcher:
         count += len(job.sentences)
       groups: dict[tuple, list[_Job]] = collections.defaultdict(list)
       for job in jobs:
-        groups[job.kind, job.search, job.extra is not None].append(job)
+        groups[job.kind, job.search, job.prefixes is not None].append(job)
       for (kind, search, _), members in groups.items():
         try:
           if kind == "score":
@@ -160,41 +176,97 @@ class Batcher:
           else:
             self._translate(search, members)
         except Exception as e:  # noqa: BLE001 - an error goes to its requests, not the thread.
-          logging.exception("%s of %d request(s) failed", kind, len(members))
-          for job in members:
-            if not job.future.done():
-              job.future.set_exception(e)
+          self._fail(members, e)
 
-  def _translate(self, search: SearchConfig, jobs: list[_Job]) -> None:
-    results = [[[("", 0.0)] for _ in job.sentences] for job in jobs]
+  def _fail(self, jobs: list[_Job], error: BaseException) -> None:
+    logging.error("%s of %d request(s) failed: %s", jobs[0].kind, len(jobs), error,
+                  exc_info=error)
+    for job in jobs:
+      if not job.future.done():
+        job.future.set_exception(error)
+
+  def _plan(self, jobs: list[_Job]) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """The searches of one group: (rows, width, its (job, sentence) indices) each."""
     by_width: dict[int, list[tuple[int, int]]] = collections.defaultdict(list)
     for j, job in enumerate(jobs):
       for i, sentence in enumerate(job.sentences):
         # Empty sentences ride along: Translator answers them without a search.
-        width = self.width(sentence, None if job.extra is None else job.extra[i])
-        by_width[width].append((j, i))
-    top = self.ladder[-1]
+        by_width[self.width(sentence, None if job.prefixes is None else job.prefixes[i])
+                 ].append((j, i))
+    top, plan = self.ladder[-1], []
     for width, members in sorted(by_width.items()):
       for start in range(0, len(members), top):
         chunk = members[start:start + top]
-        rows = next(r for r in self.ladder if r >= len(chunk))
-        translator = self._translator(search, rows, width)
-        sentences = [jobs[j].sentences[i] for j, i in chunk]
-        if jobs[chunk[0][0]].extra is not None:
-          found = translator.translate_nbest(
-              sentences, prefixes=[jobs[j].extra[i] for j, i in chunk])
-        else:
-          found = translator.translate_nbest(sentences)
-        with self._stats_lock:
-          self.stats["searches"] += 1
-        for (j, i), hyps in zip(chunk, found):
-          results[j][i] = hyps[:search.nbest]
+        plan.append((next(r for r in self.ladder if r >= len(chunk)), width, chunk))
+    return plan
+
+  def _translate(self, search: SearchConfig, jobs: list[_Job]) -> None:
+    plan = self._plan(jobs)
+    prefixed = jobs[0].prefixes is not None
+    with self._families_lock:
+      family = self._family(search)
+      missing = {(rows, width, prefixed) for rows, width, _ in plan} - family.ready
+    if missing:
+      self._compile_then_requeue(search, missing, jobs)
+      return
+    results = [[[("", 0.0)] for _ in job.sentences] for job in jobs]
+    for rows, width, chunk in plan:
+      translator = self._translator(search, rows, width)
+      sentences = [jobs[j].sentences[i] for j, i in chunk]
+      found = translator.translate_nbest(
+          sentences, prefixes=[jobs[j].prefixes[i] for j, i in chunk] if prefixed else None)
+      with self._stats_lock:
+        self.stats["searches"] += 1
+      for (j, i), hyps in zip(chunk, found):
+        results[j][i] = hyps[:search.nbest]
     for job, result in zip(jobs, results):
       job.future.set_result(result)
 
+  def _compile_then_requeue(self, search: SearchConfig, keys: set[tuple[int, int, bool]],
+                            jobs: list[_Job]) -> None:
+    """Compiles `keys`' programs on the compile thread (once, however many groups wait
+    for them), then puts `jobs` back in the queue (or fails them with the compile's error)."""
+    with self._families_lock:
+      family = self._family(search)
+      futures = [family.compiling.get(key) for key in keys]
+      futures = [future or family.compiling.setdefault(
+                     key, self._compiler.submit(self._run_once, search, key))
+                 for key, future in zip(keys, futures)]
+    logging.info("Compiling %s for %d request(s), shapes (rows, width, prefixed) %s; "
+                 "other requests are served meanwhile", search, len(jobs), sorted(keys))
+    left, lock = [len(futures)], threading.Lock()
+
+    def done(_):
+      with lock:
+        left[0] -= 1
+        if left[0]:
+          return
+      error = next((f.exception() for f in futures if f.exception() is not None), None)
+      if error is not None:
+        self._fail(jobs, error)
+      else:
+        for job in jobs:
+          self._queue.put(job)
+
+    for future in futures:
+      future.add_done_callback(done)
+
+  def _run_once(self, search: SearchConfig, key: tuple[int, int, bool]) -> None:
+    """Compiles (or loads) and runs the program of `key` = (rows, width, prefixed) once;
+    from then on it is ready."""
+    rows, width, prefixed = key
+    with self._families_lock:
+      family = self._family(search)  # Dropped meanwhile? Its users find the key missing.
+    sample = self._sentence_of_width(width)
+    self._translator(search, rows, width).translate_nbest([sample],
+                                                          prefixes=[""] if prefixed else None)
+    with self._families_lock:
+      family.ready.add(key)
+      family.compiling.pop(key, None)
+
   def _score(self, jobs: list[_Job]) -> None:
     sources = [s for job in jobs for s in job.sentences]
-    targets = [t for job in jobs for t in job.extra]
+    targets = [t for job in jobs for t in job.targets]
     found = [{"logprob": logprob, "tokens": tokens} for logprob, tokens in
              self._translator(self.default_search, self.ladder[-1], None).score(sources, targets)]
     with self._stats_lock:
@@ -206,33 +278,36 @@ class Batcher:
 
   def _translator(self, search: SearchConfig, rows: int, width: int | None) -> Translator:
     """The Translator whose one batch shape is [rows, width] (width None: the model's
-    token budget of rows x max_tokens, for scoring); kept per search options. Its
-    nbest is the beam: n-best lists are the beam's first nbest, so one program serves
-    every nbest (callers cut the lists)."""
-    search = dataclasses.replace(search, nbest=search.beam_size)
-    with self._translators_lock:
-      return self._translator_locked(search, rows, width)
+    token budget of rows x max_tokens, for scoring); kept per search options."""
+    with self._families_lock:
+      family = self._family(search)
+      key = (rows, width)
+      if key not in family.translators:
+        # batch_tokens rows x width: translate_ids' batches at this width hold `rows` rows.
+        budget = rows * (width or bucket_length(self.max_tokens, WIDTH_MULTIPLE))
+        family.translators[key] = Translator(
+            self._model.model_configs, self._params, self.tokenizer,
+            dataclasses.replace(search, nbest=search.beam_size), batch_tokens=budget,
+            devices=self.devices, checkpoint_steps=self._model.checkpoint_steps)
+      return family.translators[key]
 
-  def _translator_locked(self, search: SearchConfig, rows: int, width: int | None
-                         ) -> Translator:
-    family = self._translators.get(search)
+  def _family(self, search: SearchConfig) -> _Family:
+    """`search`'s family (made, and the least recently used other than the default's
+    dropped beyond max_configs); the caller holds the lock. Its Translators' nbest is
+    the beam: n-best lists are the beam's first nbest, so one program serves every
+    nbest (callers cut the lists)."""
+    search = dataclasses.replace(search, nbest=search.beam_size)
+    family = self._families.get(search)
     if family is None:
       default = dataclasses.replace(self.default_search, nbest=self.default_search.beam_size)
-      others = [s for s in self._translators if s != default]  # Oldest first.
-      if len(self._translators) >= self.max_configs and others:
-        del self._translators[others[0]]
+      others = [s for s in self._families if s != default]  # Oldest first.
+      if len(self._families) >= self.max_configs and others:
+        del self._families[others[0]]
         logging.info("Dropped the compiled searches of %s (over %d option sets)", others[0],
                      self.max_configs)
-      family = self._translators[search] = {}
-    self._translators.move_to_end(search)
-    key = (rows, width)
-    if key not in family:
-      # batch_tokens rows x width: translate_ids' batches at this width hold `rows` rows.
-      budget = rows * (width or bucket_length(self.max_tokens, WIDTH_MULTIPLE))
-      family[key] = Translator(self._model.model_configs, self._params, self.tokenizer, search,
-                               batch_tokens=budget, devices=self.devices,
-                               checkpoint_steps=self._model.checkpoint_steps)
-    return family[key]
+      family = self._families[search] = _Family()
+    self._families.move_to_end(search)
+    return family
 
   def _sentence_of_width(self, width: int) -> str:
     """A sentence whose source is `width` - 15 .. `width` tokens long (for warming)."""
