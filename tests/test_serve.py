@@ -291,6 +291,13 @@ def test_the_page_translates_in_headless_chromium(server, expected):
     browser.get(server.url + "/")
     browser.find_element(By.ID, "token").send_keys(TOKEN)
     browser.find_element(By.ID, "source").send_keys(SENTENCES[0] + "\n" + SENTENCES[1])
+    # Beam and alpha: not sent unless set (the server's defaults, shown from /health).
+    WebDriverWait(browser, 30).until(
+        lambda b: b.find_element(By.ID, "alpha").get_attribute("placeholder"))
+    fields = {f: browser.find_element(By.ID, f) for f in ("beam_size", "alpha")}
+    assert {f: (e.get_attribute("value"), e.get_attribute("placeholder"))
+            for f, e in fields.items()} == {"beam_size": ("", str(SEARCH.beam_size)),
+                                            "alpha": ("", str(SEARCH.alpha))}
     browser.find_element(By.ID, "translate").click()
     WebDriverWait(browser, 60).until(
         lambda b: b.find_element(By.ID, "translations").get_attribute("data-done")

@@ -1,4 +1,8 @@
-"""The page at `/`: type or paste sentences (one per line), see their translations."""
+"""The page at `/`: type or paste sentences (one per line), see their translations.
+
+Beam and alpha start empty, their placeholders the server's defaults (from /health):
+a request carries only what the user set, so it runs the server's warmed search.
+"""
 
 PAGE = """<!doctype html>
 <html lang="en">
@@ -19,9 +23,8 @@ PAGE = """<!doctype html>
 <form id="form">
   <textarea id="source" rows="6" placeholder="One sentence per line"></textarea>
   <p>
-    <label>Beam <input id="beam_size" type="number" min="1" value="4" style="width:4em"></label>
-    <label>Alpha <input id="alpha" type="number" step="0.1" min="0" value="0.6"
-                        style="width:4em"></label>
+    <label>Beam <input id="beam_size" type="number" min="1" style="width:4em"></label>
+    <label>Alpha <input id="alpha" type="number" step="0.1" min="0" style="width:4em"></label>
     <label id="token_label">Token <input id="token" type="password"></label>
     <button id="translate" type="submit">Translate</button>
   </p>
@@ -45,6 +48,8 @@ async function showModel() {
   const h = await r.json();
   $("model").textContent = "Model: " + h.model.workdir + ", steps averaged " +
       JSON.stringify(h.steps_averaged);
+  $("beam_size").placeholder = h.search.beam_size;
+  $("alpha").placeholder = h.search.alpha;
 }
 
 $("form").addEventListener("submit", async (event) => {
@@ -52,7 +57,10 @@ $("form").addEventListener("submit", async (event) => {
   $("error").textContent = "";
   $("translations").replaceChildren();
   const text = $("source").value.split("\\n").filter((line) => line.trim());
-  const body = {text, beam_size: Number($("beam_size").value), alpha: Number($("alpha").value)};
+  const body = {text};
+  for (const field of ["beam_size", "alpha"]) {  // Only those set: else the server's default.
+    if ($(field).value !== "") body[field] = Number($(field).value);
+  }
   try {
     const r = await fetch("/translate", {method: "POST", headers: headers(),
                                         body: JSON.stringify(body)});
@@ -68,6 +76,7 @@ $("form").addEventListener("submit", async (event) => {
     $("error").textContent = String(e);
   }
 });
+$("token").addEventListener("change", showModel);
 showModel();
 </script>
 </body>
