@@ -99,7 +99,6 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
   # Before anything is written: a second launch on this workdir stops here (launch_lock).
   lock = opened.enter_context(launch_lock.hold(workdir, launch))
   compilation.enable_cache(config.compilation_cache_dir)
-  model_config = model_config_from(config)
   process_index, process_count = jax.process_index(), jax.process_count()
   mesh = sharding_lib.make_mesh(config.mesh)
   dp_size = sharding_lib.data_parallel_size(mesh)
@@ -112,15 +111,7 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
     logging.info("Data: %s", line)
   train_pairs = load_pairs(config, config.train_split)
   logging.info("Training pairs: %d (%s)", len(train_pairs), config.dataset_name)
-  tokenizer = data_lib.build_tokenizer(config, workdir.vocab_file, train_pairs, process_index)
-  if tokenizer.vocab_size != model_config.vocab_size:
-    logging.info("Model vocabulary size %d -> %d (the vocabulary's)", model_config.vocab_size,
-                 tokenizer.vocab_size)
-    model_config = model_config.replace(vocab_size=tokenizer.vocab_size)
-  if process_index == 0:
-    workdir_lib.record_launch(workdir, model_config, tokenizer.vocab_size, {
-        **(launch or {}), "config": config.to_dict(), "process_count": process_count})
-
+  tokenizer, model_config = _vocabulary(config, workdir, train_pairs, launch)
   trainer = Trainer(model_config, config, mesh)
   trainer.compile_train_step_ahead(train_batching.abstract_batch(process_count,
                                                                  trainer.batch_sharding))
@@ -129,7 +120,8 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
   shard_host_rows = functools.partial(data_lib.shard_host_rows, sharding=trainer.batch_sharding)
   shard_global_batch = functools.partial(data_lib.shard_global_batch,
                                          sharding=trainer.batch_sharding)
-  train_iter = _input_pipeline(config, train_pairs, tokenizer, train_batching, shard_host_rows)
+  train_iter = data_lib.training_input(config, train_pairs, tokenizer, train_batching,
+                                        shard_host_rows)
   opened.callback(data_lib.close_input, train_iter)  # Its prefetch threads and workers.
   evaluation = Evaluation(config, model_config, trainer, tokenizer, shard_global_batch, dp_size)
   if config.compile_ahead:  # While the parameters initialise and the train step compiles.
@@ -154,6 +146,22 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
              meter, state, start_step, opened, lock=lock)
 
 
+def _vocabulary(config, workdir: workdir_lib.Workdir, train_pairs, launch: dict | None):
+  """The run's tokenizer (built or loaded) and its model config, whose vocabulary size is
+  the tokenizer's; process 0 records the launch."""
+  model_config = model_config_from(config)
+  tokenizer = data_lib.build_tokenizer(config, workdir.vocab_file, train_pairs,
+                                       jax.process_index())
+  if tokenizer.vocab_size != model_config.vocab_size:
+    logging.info("Model vocabulary size %d -> %d (the vocabulary's)", model_config.vocab_size,
+                 tokenizer.vocab_size)
+    model_config = model_config.replace(vocab_size=tokenizer.vocab_size)
+  if jax.process_index() == 0:
+    workdir_lib.record_launch(workdir, model_config, tokenizer.vocab_size, {
+        **(launch or {}), "config": config.to_dict(), "process_count": jax.process_count()})
+  return tokenizer, model_config
+
+
 def _log_devices(config, mesh, process_count: int) -> None:
   logging.info("Devices: %d (%s), mesh %s, %d process(es); host memory: %s; XLA_FLAGS: %s; "
                "PRNG %s (threefry GPU kernel %s); cross entropy backward: %s",
@@ -172,23 +180,6 @@ def _step_meter(config, model_config, global_rows: int, start_step: int,
   # object of a bucket workdir.
   return StepMeter(config, step_flops, start_step,
                    previous_wall_time(workdir) if jax.process_index() == 0 else 0.0)
-
-
-def _input_pipeline(config, train_pairs, tokenizer, train_batching, shard_host_rows):
-  """An iterator of training batches on the devices (tokenized through the token cache
-  where the corpus is large enough), prefetched; its state is checkpointed."""
-  workers = data_lib.auto_workers(config.data_workers)
-  tokenize = data_lib.TokenizePair(tokenizer, config.subword_sampling_alpha)
-  train_ids = data_lib.training_ids(config, train_pairs, tokenize)
-  train_iter = iter(data_lib.prefetched(
-      data_lib.train_dataset(
-          train_pairs if train_ids is None else train_ids, train_batching, seed=config.seed,
-          process_index=jax.process_index(), process_count=jax.process_count(),
-          tokenize=tokenize if train_ids is None else None),
-      shard_host_rows, workers=workers, device_buffer=config.prefetch_batches))
-  logging.info("Input pipeline: %d worker process(es), %d batch(es) prefetched to the devices",
-               workers, config.prefetch_batches)
-  return train_iter
 
 
 def train_and_evaluate(config, workdir: str, launch: dict | None = None) -> dict[str, Any]:

@@ -267,6 +267,25 @@ def train_batching(config, data_parallel_size: int, process_count: int = 1) -> T
                        packing=config.packing)
 
 
+def training_input(config, train_pairs: Sequence, tokenizer: Tokenizer,
+                   batching: TrainBatching, place) -> Iterator:
+  """train.py's iterator of training batches on the devices (`place`: host rows -> global
+  arrays), tokenized through the token cache where the corpus is large enough,
+  prefetched; its state is checkpointed."""
+  workers = auto_workers(config.data_workers)
+  tokenize = TokenizePair(tokenizer, config.subword_sampling_alpha)
+  train_ids = training_ids(config, train_pairs, tokenize)
+  train_iter = iter(prefetched(
+      train_dataset(
+          train_pairs if train_ids is None else train_ids, batching, seed=config.seed,
+          process_index=jax.process_index(), process_count=jax.process_count(),
+          tokenize=tokenize if train_ids is None else None),
+      place, workers=workers, device_buffer=config.prefetch_batches))
+  logging.info("Input pipeline: %d worker process(es), %d batch(es) prefetched to the devices",
+               workers, config.prefetch_batches)
+  return train_iter
+
+
 INPUT_CLOSE_TIMEOUT_S = 30.0
 
 
