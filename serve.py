@@ -7,6 +7,7 @@ compiled before the server takes requests. Needs the `serve` extra (FastAPI, uvi
 """
 
 import errno
+import os
 import socket
 
 from absl import app, flags
@@ -22,8 +23,12 @@ flags.DEFINE_string("workdir", None, "Training workdir (checkpoints, vocab.model
 flags.DEFINE_list("ensemble", [], "More workdirs whose models vote with --workdir's, as in "
                   "decode.py.")
 flags.DEFINE_string("host", "127.0.0.1", "Address to bind; 0.0.0.0 serves other machines too.")
-flags.DEFINE_integer("port", 8080, "TCP port.", lower_bound=0, upper_bound=65535)
-flags.DEFINE_string("token", None, "If set, every API call needs 'Authorization: Bearer TOKEN'.")
+flags.DEFINE_integer("port", 8080, "TCP port (0: any free one; the line 'Serving ... on URL' "
+                     "names it).", lower_bound=0, upper_bound=65535)
+TOKEN_VARIABLE = "SERVE_TOKEN"
+flags.DEFINE_string("token", None, "If set, every API call needs 'Authorization: Bearer TOKEN'. "
+                    f"Default: the environment variable {TOKEN_VARIABLE} (out of ps and shell "
+                    "history); this flag wins if given.")
 flags.DEFINE_integer("average_last", 5, "Average the last K checkpoints (as decode.py).",
                      lower_bound=1)
 flags.DEFINE_integer("checkpoint_step", None, "Use this checkpoint step (default: newest).")
@@ -48,11 +53,13 @@ flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
 
 
-def _check_port_free(host: str, port: int) -> None:
-  """A taken port is named now, not after the searches have compiled."""
+def _bind(host: str, port: int) -> socket.socket:
+  """The listening socket, bound before loading: a taken port is named now, not after
+  the searches have compiled, and nobody takes it meanwhile (requests sent while
+  loading wait in its backlog)."""
   try:
-    with socket.create_server((host, port)):
-      pass
+    return socket.create_server(
+        (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
   except OSError as e:
     reason = "is in use" if e.errno == errno.EADDRINUSE else f"cannot be bound ({e.strerror})"
     raise ConfigError(f"--host {host} --port {port}: the address {reason}") from None
@@ -69,7 +76,7 @@ def main(argv):
       raise ConfigError(f"serve.py needs FastAPI and uvicorn ({e}): pip install -e '.[serve]'")
     from flax_transformer.translation.translator import Translator
 
-    _check_port_free(FLAGS.host, FLAGS.port)
+    listening = _bind(FLAGS.host, FLAGS.port)
     search = SearchConfig(beam_size=FLAGS.beam_size, alpha=FLAGS.alpha, max_extra=FLAGS.max_extra)
     translator = Translator.from_workdir(FLAGS.workdir, search=search, ensemble=FLAGS.ensemble,
                                          average_last=FLAGS.average_last,
@@ -80,11 +87,13 @@ def main(argv):
     batcher.warm()
     limits = Limits(max_sentences=FLAGS.max_sentences, max_beam=FLAGS.max_beam,
                     body_timeout_s=FLAGS.body_timeout_s)
-    server = make_app(translator, batcher, workdir=FLAGS.workdir, token=FLAGS.token,
-                      limits=limits)
-    print(f"Serving {FLAGS.workdir} on http://{FLAGS.host}:{FLAGS.port}/", flush=True)
-    uvicorn.run(server, host=FLAGS.host, port=FLAGS.port, log_config=None, access_log=False,
-                timeout_graceful_shutdown=5)
+    token = FLAGS.token if FLAGS.token is not None else os.environ.get(TOKEN_VARIABLE) or None
+    server = make_app(translator, batcher, workdir=FLAGS.workdir, token=token, limits=limits)
+    port = listening.getsockname()[1]
+    print(f"Serving {FLAGS.workdir} on http://{FLAGS.host}:{port}/", flush=True)
+    config = uvicorn.Config(server, log_config=None, access_log=False,
+                            timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=[listening])
 
   cli.set_cpu_devices(FLAGS.cpu_devices)
   cli.run_main(argv, work)

@@ -26,7 +26,7 @@ import jax
 import pytest
 
 import conftest
-from conftest import ROOT, TRAINED_TINY_CHECKPOINTS, cpu_env, free_port
+from conftest import ROOT, TRAINED_TINY_CHECKPOINTS, cpu_env
 from flax_transformer.translation.translator import SearchConfig, Translator
 
 TOKEN = "test-token-5f2c"
@@ -60,25 +60,24 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(trained_tiny, tmp_path_factory):
-  port = free_port()
+  """serve.py on a port of its choosing (--port=0: its 'Serving' line names it), the token
+  from the environment (SERVE_TOKEN, not the command line)."""
   log = tmp_path_factory.mktemp("serve") / "serve.log"
   with open(log, "wb") as out:
     process = subprocess.Popen(
-        [sys.executable, str(ROOT / "serve.py"), f"--workdir={trained_tiny}", f"--port={port}",
-         f"--token={TOKEN}", "--cpu_devices=2", "--max_tokens=16", "--max_batch=8",
+        [sys.executable, str(ROOT / "serve.py"), f"--workdir={trained_tiny}", "--port=0",
+         "--cpu_devices=2", "--max_tokens=16", "--max_batch=8",
          f"--max_sentences={MAX_SENTENCES}", "--max_extra=5", "--max_wait_ms=50",
          "--body_timeout_s=2", f"--compilation_cache_dir={conftest.XLA_CACHE}"],
-        stdout=out, stderr=subprocess.STDOUT, env=cpu_env())
-  running = Server(f"http://127.0.0.1:{port}", log, process)
+        stdout=out, stderr=subprocess.STDOUT, env=dict(cpu_env(), SERVE_TOKEN=TOKEN))
   deadline = time.time() + 240
-  while True:
-    try:
-      if running.call("/health")[0] == 200:
-        break
-    except (urllib.error.URLError, ConnectionError):
-      pass
+  while not (serving := re.search(r"Serving \S+ on (http://127\.0\.0\.1:(\d+))/",
+                                  log.read_text())):
     assert process.poll() is None and time.time() < deadline, log.read_text()[-3000:]
     time.sleep(0.3)
+  assert int(serving[2]) > 0
+  running = Server(serving[1], log, process)
+  assert running.call("/health")[0] == 200
   yield running
   process.terminate()
   try:
