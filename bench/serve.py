@@ -26,16 +26,14 @@ import threading
 import time
 from pathlib import Path
 
-from common import MULTI30K, ROOT, machine, print_table, write_json
+from common import MULTI30K, ROOT, machine, print_table, tree_memory, write_json
 
 AIM_CLIENTS, AIM_FRACTION = 64, 0.7
 
 
 def rss_mb(pid: int) -> float:
-  for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-    if line.startswith("VmRSS:"):
-      return int(line.split()[1]) / 1024
-  return float("nan")
+  """The server's RSS (MiB; nan once it has ended)."""
+  return tree_memory(pid).get("main", {}).get("rss", float("nan"))
 
 
 class Client:
