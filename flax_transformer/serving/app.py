@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hmac
-import inspect
 import json
 import logging
 
@@ -25,7 +24,7 @@ from flax_transformer import provenance
 from flax_transformer.errors import ConfigError
 from flax_transformer.serving.batcher import Batcher
 from flax_transformer.serving.page import PAGE
-from flax_transformer.translation.translator import Translator
+from flax_transformer.translation.translator import SearchConfig, Translator
 
 log = logging.getLogger("flax_transformer.serving")
 
@@ -108,59 +107,45 @@ def _one_line(error: ValidationError, model: type[BaseModel]) -> str:
   return f"field {where!r}: {first['msg']}"
 
 
-def _supports_prefixes(translator: Translator) -> bool:
-  return "prefixes" in inspect.signature(translator.translate_nbest).parameters
+class _Requests:
+  """Reading and checking requests: the token, the body (size, deadline), its JSON and
+  schema, its sentences. Each check raises a RequestError naming what was wrong."""
 
+  def __init__(self, batcher: Batcher, limits: Limits, token: str | None):
+    self.batcher, self.limits, self.token = batcher, limits, token
 
-def make_app(translator: Translator, batcher: Batcher, *, workdir: str, token: str | None = None,
-             limits: Limits = Limits()) -> FastAPI:
-  """The app serving `translator`'s model through `batcher`; `token`: when set, API calls
-  need the header `Authorization: Bearer <token>`."""
-  app = FastAPI(title="flax-transformer", docs_url=None, redoc_url=None, openapi_url=None)
-  app.add_middleware(CatchAll)
-  can_prefix = _supports_prefixes(translator)
-  can_score = hasattr(translator, "score")
-  model = translator.model_config
-  health = {"status": "ok",
-            "model": {"workdir": str(workdir), "members": len(translator.model_configs),
-                      "d_model": model.d_model, "num_layers": model.num_layers,
-                      "vocab_size": model.vocab_size, "max_len": model.max_len},
-            "steps_averaged": [list(s) for s in translator.checkpoint_steps or ()],
-            "commit": provenance.commit(),
-            "search": dataclasses.asdict(batcher.default_search),
-            "limits": {**dataclasses.asdict(limits), "max_tokens": batcher.max_tokens},
-            "features": {"prefix": can_prefix, "score": can_score}}
-
-  def check_token(request: Request) -> None:
-    if token is None:
+  def check_token(self, request: Request) -> None:
+    if self.token is None:
       return
-    given = request.headers.get("authorization", "")
-    scheme, _, value = given.partition(" ")
+    scheme, _, value = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not value:
       raise RequestError(401, "missing bearer token (header 'Authorization: Bearer <token>')")
-    if not hmac.compare_digest(value.strip().encode(), token.encode()):
+    if not hmac.compare_digest(value.strip().encode(), self.token.encode()):
       raise RequestError(401, "bad bearer token")
 
-  async def read_body(request: Request) -> bytes:
+  async def _body(self, request: Request) -> bytes:
+    most = self.limits.max_body_bytes
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
-      raise RequestError(413, f"body of {declared} bytes is over {limits.max_body_bytes}")
+    if declared is not None and declared.isdigit() and int(declared) > most:
+      raise RequestError(413, f"body of {declared} bytes is over {most}")
     chunks, size = [], 0
     async for chunk in request.stream():
       size += len(chunk)
-      if size > limits.max_body_bytes:
-        raise RequestError(413, f"body is over {limits.max_body_bytes} bytes")
+      if size > most:
+        raise RequestError(413, f"body is over {most} bytes")
       chunks.append(chunk)
     return b"".join(chunks)
 
-  async def parse(request: Request, schema: type[BaseModel]):
-    check_token(request)
+  async def parse(self, request: Request, schema: type[BaseModel]):
+    """The request's body as `schema`, once its token is checked."""
+    self.check_token(request)
+    seconds = self.limits.body_timeout_s
     try:
-      body = await asyncio.wait_for(read_body(request), limits.body_timeout_s)
+      body = await asyncio.wait_for(self._body(request), seconds)
     except ClientDisconnect:
       raise _Disconnected() from None
     except asyncio.TimeoutError:
-      raise RequestError(408, f"body not received within {limits.body_timeout_s:g} s") from None
+      raise RequestError(408, f"body not received within {seconds:g} s") from None
     try:
       data = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError) as e:  # Recursion: nested deep.
@@ -170,11 +155,13 @@ def make_app(translator: Translator, batcher: Batcher, *, workdir: str, token: s
     except ValidationError as e:
       raise RequestError(422, _one_line(e, schema)) from None
 
-  def check_sentences(field: str, sentences: list[str], length_of=batcher.source_length
-                      ) -> None:
-    if len(sentences) > limits.max_sentences:
+  def check_sentences(self, field: str, sentences: list[str], length_of=None) -> None:
+    """How many, valid text, and each at most max_tokens long (`length_of`: default, as
+    a source)."""
+    length_of = length_of or self.batcher.source_length
+    if len(sentences) > self.limits.max_sentences:
       raise RequestError(413, f"too many sentences in {field!r}: {len(sentences)} > "
-                              f"{limits.max_sentences} (--max_sentences)")
+                              f"{self.limits.max_sentences} (--max_sentences)")
     for i, sentence in enumerate(sentences):
       try:  # JSON admits lone surrogates ("\\ud800"); the tokenizer does not.
         sentence.encode("utf-8")
@@ -182,9 +169,49 @@ def make_app(translator: Translator, batcher: Batcher, *, workdir: str, token: s
         raise RequestError(422, f"{field}[{i}] is not valid text: {e.reason} at "
                                 f"character {e.start}") from None
       length = length_of(sentence)
-      if length > batcher.max_tokens:
+      if length > self.batcher.max_tokens:
         raise RequestError(413, f"{field}[{i}] is {length} tokens long, over "
-                                f"{batcher.max_tokens} (--max_tokens)")
+                                f"{self.batcher.max_tokens} (--max_tokens)")
+
+  @staticmethod
+  def check_paired(field: str, items: list[str], other: str, others: list[str]) -> None:
+    if len(items) != len(others):
+      raise RequestError(422, f"{field!r} has {len(items)} entries, {other!r} {len(others)}")
+
+  def search_of(self, body: TranslateRequest) -> SearchConfig:
+    """The server's default search with the request's options."""
+    default = self.batcher.default_search
+    beam_size = default.beam_size if body.beam_size is None else body.beam_size
+    if not 1 <= beam_size <= self.limits.max_beam:
+      raise RequestError(422, f"beam_size must be in [1, {self.limits.max_beam}], got "
+                              f"{beam_size}")
+    try:
+      search = dataclasses.replace(
+          default, beam_size=beam_size,
+          alpha=default.alpha if body.alpha is None else body.alpha,
+          nbest=default.nbest if body.nbest is None else body.nbest)
+    except ConfigError as e:
+      raise RequestError(422, str(e)) from None
+    if not 0 <= search.alpha <= 10:
+      raise RequestError(422, f"alpha must be in [0, 10], got {search.alpha}")
+    return search
+
+
+def _health(translator: Translator, batcher: Batcher, workdir: str, limits: Limits) -> dict:
+  """/health's answer but the batching counts: the model, its steps, the commit, defaults."""
+  model = translator.model_config
+  return {"status": "ok",
+          "model": {"workdir": str(workdir), "members": len(translator.model_configs),
+                    "d_model": model.d_model, "num_layers": model.num_layers,
+                    "vocab_size": model.vocab_size, "max_len": model.max_len},
+          "steps_averaged": [list(s) for s in translator.checkpoint_steps or ()],
+          "commit": provenance.commit(),
+          "search": dataclasses.asdict(batcher.default_search),
+          "limits": {**dataclasses.asdict(limits), "max_tokens": batcher.max_tokens}}
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+  """Bad requests: {"error": one line} and one log line; a dropped body: a log line."""
 
   @app.exception_handler(RequestError)
   async def bad_request(request: Request, error: RequestError):
@@ -204,39 +231,25 @@ def make_app(translator: Translator, batcher: Batcher, *, workdir: str, token: s
   async def http_error(request: Request, error: StarletteHTTPException):
     return JSONResponse({"error": str(error.detail)}, status_code=error.status_code)
 
+
+def _add_routes(app: FastAPI, requests: _Requests, batcher: Batcher, health: dict) -> None:
   @app.get("/", response_class=HTMLResponse)
   async def page():
     return PAGE
 
   @app.get("/health")
   async def get_health(request: Request):
-    check_token(request)
+    requests.check_token(request)
     return {**health, "batching": dict(batcher.stats)}
 
   @app.post("/translate")
   async def translate(request: Request):
-    body = await parse(request, TranslateRequest)
-    check_sentences("text", body.text)
-    default = batcher.default_search
-    beam_size = default.beam_size if body.beam_size is None else body.beam_size
-    if not 1 <= beam_size <= limits.max_beam:
-      raise RequestError(422, f"beam_size must be in [1, {limits.max_beam}], got {beam_size}")
-    try:
-      search = dataclasses.replace(
-          default, beam_size=beam_size,
-          alpha=default.alpha if body.alpha is None else body.alpha,
-          nbest=default.nbest if body.nbest is None else body.nbest)
-    except ConfigError as e:
-      raise RequestError(422, str(e)) from None
-    if not 0 <= search.alpha <= 10:
-      raise RequestError(422, f"alpha must be in [0, 10], got {search.alpha}")
+    body = await requests.parse(request, TranslateRequest)
+    requests.check_sentences("text", body.text)
+    search = requests.search_of(body)
     if body.prefix is not None:
-      if not can_prefix:
-        raise RequestError(501, "'prefix' is not available in this version")
-      if len(body.prefix) != len(body.text):
-        raise RequestError(422, f"'prefix' has {len(body.prefix)} entries, 'text' "
-                                f"{len(body.text)}")
-      check_sentences("prefix", body.prefix, batcher.prefix_length)
+      requests.check_paired("prefix", body.prefix, "text", body.text)
+      requests.check_sentences("prefix", body.prefix, batcher.prefix_length)
     found = await asyncio.wrap_future(batcher.translate(body.text, search, body.prefix))
     answer = {"translations": [hyps[0][0] for hyps in found]}
     if search.nbest > 1:
@@ -246,15 +259,20 @@ def make_app(translator: Translator, batcher: Batcher, *, workdir: str, token: s
 
   @app.post("/score")
   async def score(request: Request):
-    body = await parse(request, ScoreRequest)
-    if not can_score:
-      raise RequestError(501, "/score is not available in this version")
-    if len(body.source) != len(body.target):
-      raise RequestError(422, f"'source' has {len(body.source)} entries, 'target' "
-                              f"{len(body.target)}")
-    check_sentences("source", body.source)
-    check_sentences("target", body.target)
-    found = await asyncio.wrap_future(batcher.score(body.source, body.target))
-    return {"scores": found}
+    body = await requests.parse(request, ScoreRequest)
+    requests.check_paired("source", body.source, "target", body.target)
+    requests.check_sentences("source", body.source)
+    requests.check_sentences("target", body.target)
+    return {"scores": await asyncio.wrap_future(batcher.score(body.source, body.target))}
 
+
+def make_app(translator: Translator, batcher: Batcher, *, workdir: str, token: str | None = None,
+             limits: Limits = Limits()) -> FastAPI:
+  """The app serving `translator`'s model through `batcher`; `token`: when set, API calls
+  need the header `Authorization: Bearer <token>`."""
+  app = FastAPI(title="flax-transformer", docs_url=None, redoc_url=None, openapi_url=None)
+  app.add_middleware(CatchAll)
+  _add_error_handlers(app)
+  _add_routes(app, _Requests(batcher, limits, token), batcher,
+              _health(translator, batcher, workdir, limits))
   return app
