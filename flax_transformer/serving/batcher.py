@@ -45,7 +45,7 @@ def row_ladder(devices: int, max_batch: int) -> list[int]:
 @dataclasses.dataclass
 class _Job:
   kind: str  # "translate" or "score"
-  sentences: list[str]  # Translate: the sources; score: the sources.
+  sentences: list[str]  # The sources.
   search: SearchConfig | None
   future: concurrent.futures.Future
   prefixes: list[str] | None = None  # Translate: per sentence, its forced prefix.
