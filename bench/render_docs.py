@@ -583,12 +583,21 @@ def namespace(root: Path) -> dict:
     values = [(r.get("step"), r[key]) for r in records if key in r]
     return [v for _, v in values] if step is None else next(v for s, v in values if s == step)
 
+  def suite(path: str) -> Record:
+    """A `/usr/bin/time -v bash .ci/run` log: tests passed, pytest's minutes, and the
+    whole job's minutes (venv and install included)."""
+    text = load(path)
+    wall = re.search(r"Elapsed \(wall clock\).*: (\d+):([\d.]+)", text)
+    return Record(tests=int(re.findall(r"(\d+) passed", text)[-1]),
+                  minutes=float(re.findall(r"passed.* in ([\d.]+)s", text)[-1]) / 60,
+                  job_minutes=int(wall[1]) + float(wall[2]) / 60)
+
   return {"load": load, "run": lambda name: load(run_json(name)[len("results/"):]),
           "device": lambda session, name="accelerator": load(f"device_runs/{session}/{name}.json"),
           "m30k": load("configs/multi30k.py"), "defaults": load("configs/default.py"),
           "bench": lambda name: load(f"bench/{name}.json"), "median": statistics.median,
           "grep": lambda path, pattern: re.findall(pattern, load(path), re.M), "re": re,
-          "logged": logged, "search_mflop": search_mflop}
+          "logged": logged, "search_mflop": search_mflop, "suite": suite}
 
 
 def render_figure(template: str, names: dict) -> str:
