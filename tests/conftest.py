@@ -167,8 +167,8 @@ def once_per_run(tmp_path_factory, name: str, build) -> Path:
   import fcntl
 
   root = tmp_path_factory.getbasetemp()
-  if os.environ.get("PYTEST_XDIST_WORKER"):
-    root = root.parent  # The run's folder, above each worker's own.
+  if re.fullmatch(r"popen-gw\d+", root.name):  # A pytest-xdist worker's own folder:
+    root = root.parent  # the run's, above every worker's (never a folder of an older run).
   folder, done = root / name, root / f"{name}.done"
   with open(root / f"{name}.lock", "w") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
@@ -292,7 +292,9 @@ def pytest_configure(config):
   from flax_transformer import compilation
 
   global XLA_CACHE
-  if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(_SHARED_CACHE):
+  # A pytest-xdist worker (`workerinput`), not a pytest that a test starts (it inherits
+  # the environment, PYTEST_XDIST_WORKER included).
+  if hasattr(config, "workerinput") and os.environ.get(_SHARED_CACHE):
     XLA_CACHE = os.environ[_SHARED_CACHE]  # The run's, made by pytest-xdist's controller.
   else:
     config.xla_cache = XLA_CACHE = tempfile.mkdtemp(prefix="flax_transformer_test_xla_")
