@@ -87,7 +87,7 @@ def main(argv):
     batcher.warm()
     limits = Limits(max_sentences=FLAGS.max_sentences, max_beam=FLAGS.max_beam,
                     body_timeout_s=FLAGS.body_timeout_s)
-    token = FLAGS.token if FLAGS.token is not None else os.environ.get(TOKEN_VARIABLE) or None
+    token = (FLAGS.token if FLAGS.token is not None else os.environ.get(TOKEN_VARIABLE)) or None
     server = make_app(translator, batcher, workdir=FLAGS.workdir, token=token, limits=limits)
     port = listening.getsockname()[1]
     print(f"Serving {FLAGS.workdir} on http://{FLAGS.host}:{port}/", flush=True)

@@ -147,6 +147,15 @@ def background_executor() -> concurrent.futures.ThreadPoolExecutor:
   return _executor
 
 
+def cancel_queued() -> None:
+  """Drops the compiles started ahead that have not begun (a run that failed in setup
+  exits once the running one ends, not after every program it queued)."""
+  global _executor
+  if _executor is not None:
+    _executor.shutdown(wait=False, cancel_futures=True)
+    _executor = None
+
+
 class PerShape:
   """A jitted function compiled once per input shape, each compile logged.
 

@@ -86,6 +86,8 @@ def setup_run(config, workdir: workdir_lib.Workdir, launch: dict | None = None) 
   is released before the error propagates; otherwise `Run.close` releases it.
   """
   with contextlib.ExitStack() as opened:
+    # Pushed first, so run last on a failure: after the input pipeline and checkpointer close.
+    opened.push(lambda error, *_: error is not None and compilation.cancel_queued())
     run = _build_run(config, workdir, launch, opened)
     run.opened = opened.pop_all()
     return run

@@ -39,3 +39,36 @@ def test_compile_ahead_compiles_once_in_the_background_and_counts_against_the_ca
     per_shape(np.zeros(7, np.float32))  # The pending shape holds the second place.
   np.testing.assert_array_equal(np.asarray(per_shape(np.ones(5, np.float32))), np.full(5, 3.0))
   assert per_shape.num_shapes == 2
+
+
+def test_a_failed_setup_drops_the_compiles_it_queued():
+  """train.py queues its compiles at setup; if setup then fails, the process must not sit
+  through every queued program before exiting (loop.setup_run calls cancel_queued)."""
+  import threading
+
+  import jax
+  import jax.numpy as jnp
+
+  executor = compilation.background_executor()
+  release, started = threading.Event(), threading.Semaphore(0)
+
+  def hold():
+    started.release()
+    release.wait(30)
+
+  blockers = [executor.submit(hold) for _ in range(executor._max_workers)]
+  for _ in blockers:  # Every compile thread busy: what follows stays queued.
+    assert started.acquire(timeout=30)
+  per_shape = compilation.PerShape(jax.jit(lambda x: x + 1), "Queued")
+  shapes = [(n,) for n in range(3, 3 + 8)]
+  for shape in shapes:
+    per_shape.compile_ahead(jax.ShapeDtypeStruct(shape, jnp.float32))
+  compilation.cancel_queued()
+  release.set()
+  for blocker in blockers:
+    blocker.result(timeout=30)
+  assert all(f.cancelled() for f in per_shape._pending.values())
+  assert per_shape.compile_seconds == {}  # None of them compiled.
+  # Later compiles get a new executor.
+  per_shape.compile_ahead(jax.ShapeDtypeStruct((2,), jnp.float32))
+  assert float(per_shape(jnp.ones(2))[0]) == 2.0

@@ -439,7 +439,7 @@ def test_two_processes_of_4_devices_match_one_of_8(tmp_path, multi30k_dir):
   # needs a slow host; this fails on any host if process 0 does not wait).
   ready = log_time(resumed[0], "processes ready for the first step")
   compiled = log_time(resumed[1], "Train step for batch [16, 32] compiled")
-  assert ready and ready >= compiled, resumed[0][-3000:]
+  assert ready and compiled and ready >= compiled, resumed[0][-3000:]
   for stderr in resumed:
     assert "Resumed from the checkpoint of step 10" in stderr
     assert "step 20: process 1: JSONDecodeError" in stderr

@@ -45,6 +45,8 @@ def run_interactive(*, workdir: str, output_path: str, compilation_cache_dir: st
       hyps = translator.translate_nbest(lines or [""])[0]
       out.writelines(output_lines(index, hyps, nbest))
       out.flush()
+  except KeyboardInterrupt:  # Ctrl-C is how a user leaves the loop: no traceback.
+    raise SystemExit(130) from None
   finally:
     if out is not sys.stdout:
       out.close()

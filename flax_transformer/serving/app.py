@@ -155,10 +155,12 @@ class _Requests:
     except ValidationError as e:
       raise RequestError(422, _one_line(e, schema)) from None
 
-  def check_sentences(self, field: str, sentences: list[str], length_of=None) -> None:
-    """How many, valid text, and each at most max_tokens long (`length_of`: default, as
-    a source)."""
+  def check_sentences(self, field: str, sentences: list[str], length_of=None,
+                      most: int | None = None) -> None:
+    """How many, valid text, and each at most `most` tokens long (default max_tokens;
+    `length_of`: default, as a source)."""
     length_of = length_of or self.batcher.source_length
+    most = most or self.batcher.max_tokens
     if len(sentences) > self.limits.max_sentences:
       raise RequestError(413, f"too many sentences in {field!r}: {len(sentences)} > "
                               f"{self.limits.max_sentences} (--max_sentences)")
@@ -169,9 +171,9 @@ class _Requests:
         raise RequestError(422, f"{field}[{i}] is not valid text: {e.reason} at "
                                 f"character {e.start}") from None
       length = length_of(sentence)
-      if length > self.batcher.max_tokens:
-        raise RequestError(413, f"{field}[{i}] is {length} tokens long, over "
-                                f"{self.batcher.max_tokens} (--max_tokens)")
+      if length > most:
+        limit = "--max_tokens" if most == self.batcher.max_tokens else "the model's max_len - 1"
+        raise RequestError(413, f"{field}[{i}] is {length} tokens long, over {most} ({limit})")
 
   @staticmethod
   def check_paired(field: str, items: list[str], other: str, others: list[str]) -> None:
@@ -249,7 +251,9 @@ def _add_routes(app: FastAPI, requests: _Requests, batcher: Batcher, health: dic
     search = requests.search_of(body)
     if body.prefix is not None:
       requests.check_paired("prefix", body.prefix, "text", body.text)
-      requests.check_sentences("prefix", body.prefix, batcher.prefix_length)
+      # A forced prefix leaves room for EOS within the model's max_len (as Translator).
+      requests.check_sentences("prefix", body.prefix, batcher.prefix_length,
+                               min(batcher.max_tokens, batcher.max_len - 1))
     found = await asyncio.wrap_future(batcher.translate(body.text, search, body.prefix))
     answer = {"translations": [hyps[0][0] for hyps in found]}
     if search.nbest > 1:

@@ -77,6 +77,7 @@ class Batcher:
     self.tokenizer = base.tokenizer
     self.default_search = base.search
     self.devices = list(base.devices)
+    self.max_len = base.max_len  # The model's (the ensemble's shortest).
     self.max_tokens = min(max_tokens, base.max_len)
     self.max_batch = max_batch
     self.max_wait_s = max_wait_s
@@ -258,11 +259,14 @@ class Batcher:
     with self._families_lock:
       family = self._family(search)  # Dropped meanwhile? Its users find the key missing.
     sample = self._sentence_of_width(width)
-    self._translator(search, rows, width).translate_nbest([sample],
-                                                          prefixes=[""] if prefixed else None)
-    with self._families_lock:
-      family.ready.add(key)
-      family.compiling.pop(key, None)
+    try:
+      self._translator(search, rows, width).translate_nbest([sample],
+                                                            prefixes=[""] if prefixed else None)
+      with self._families_lock:
+        family.ready.add(key)
+    finally:  # A failed compile (a passing out-of-memory, say) is tried anew by the next.
+      with self._families_lock:
+        family.compiling.pop(key, None)
 
   def _score(self, jobs: list[_Job]) -> None:
     sources = [s for job in jobs for s in job.sentences]
