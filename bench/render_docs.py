@@ -50,6 +50,11 @@ def run_json(name: str) -> str:
   return f"{RUNS}/{name}/{name}.json"
 
 
+def run_record(root: Path, name: str) -> dict:
+  """A training run's record ('multi30k_en-de' -> its NAME.json)."""
+  return json.loads((root / run_json(name)).read_text())
+
+
 def bench_json(root: Path, name: str) -> dict:
   """A bench script's JSON under results/bench/ ('scaling' -> its record)."""
   return json.loads((root / BENCH / f"{name}.json").read_text())
@@ -64,6 +69,22 @@ def doc_names(root: Path) -> list[str]:
 def table(header: list[str], rows: list[list[str]]) -> str:
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
+
+
+def rows_table(columns: dict[str, str], records: list[dict], **names) -> str:
+  """A table of one row per record: each column's cell is its template rendered as a
+  figure's (render_figure) over the record's keys and `names`."""
+  return table(list(columns), [[render_figure(template, {**names, **record})
+                                for template in columns.values()] for record in records])
+
+
+def runs_and_median(cells: list[list[float]], formats: list[str], bold=()) -> list[list[str]]:
+  """Rows 1..n of a bench's repeated runs (each column formatted by its format spec)
+  and the row of their medians, the columns numbered in `bold` in bold."""
+  text = lambda row: [format(x, f) for x, f in zip(row, formats)]  # noqa: E731
+  median = text([statistics.median(column) for column in zip(*cells)])
+  median = [f"**{m}**" if i in bold else m for i, m in enumerate(median)]
+  return [[f"{i}", *text(c)] for i, c in enumerate(cells, start=1)] + [["**median**", *median]]
 
 
 def scores(record: dict) -> list[str]:
@@ -89,7 +110,7 @@ README_ROWS = [
 def readme_results(root: Path) -> str:
   rows = []
   for pair, config, name in README_ROWS:
-    record = json.loads((root / run_json(name)).read_text())
+    record = run_record(root, name)
     last = averaged(record)
     label = config + (f", last {last} averaged" if last != 5 else "")
     rows.append([pair, label, f"{record['steps']:d}", f"{record['train_wall_s'] / 60:.0f} min",
@@ -149,7 +170,7 @@ RESULTS_ROWS = [
 def results_runs(root: Path) -> str:
   rows = []
   for label, name in RESULTS_ROWS:
-    record = json.loads((root / run_json(name)).read_text())
+    record = run_record(root, name)
     members = record.get("members")
     steps = f"{len(members)} runs, {record['steps']:d}" if members else f"{record['steps']:d}"
     wall = f"{record['train_wall_s'] / 60:.1f} min" + (" (sum)" if members else "")
@@ -161,47 +182,44 @@ def results_runs(root: Path) -> str:
 def scaling(root: Path) -> str:
   """bench/scaling.py's step time and XLA temporary memory, by length then by batch."""
   record = bench_json(root, "scaling")
-  rows = [[f"{r['rows']}", f"{r['length']}", f"{r['tokens']}", f"{r['ms_per_step']:.0f}",
-           f"{r['temp_mb']:.0f}"] for r in record["by_length"] + record["by_batch"]]
-  return table(["rows", "length", "tokens (both sides)", "ms/step", "XLA temp MB"], rows)
+  return rows_table({"rows": "{rows}", "length": "{length}", "tokens (both sides)": "{tokens}",
+                     "ms/step": "{ms_per_step:.0f}", "XLA temp MB": "{temp_mb:.0f}"},
+                    record["by_length"] + record["by_batch"])
 
 
 def faults(root: Path) -> str:
   """bench/faults.py's scenarios: how often, what happened, whether the parameters equal
   an uninterrupted run's bit for bit, and the most steps any restart lost."""
-  record = bench_json(root, "faults")
-  rows = [[r["fault"], f"{r['times']}", r["outcome"], "yes" if r["params_equal"] else "**no**",
-           f"{r['steps_lost_max']}"] for r in record["rows"]]
-  return table(["fault", "times", "outcome", "params equal", "steps lost (max)"], rows)
+  return rows_table({"fault": "{fault}", "times": "{times}", "outcome": "{outcome}",
+                     "params equal": "{'yes' if params_equal else '**no**'}",
+                     "steps lost (max)": "{steps_lost_max}"}, bench_json(root, "faults")["rows"])
 
 
 def export(root: Path) -> str:
   """bench/export.py: decode.py, the StableHLO runner and CTranslate2 on test 2016."""
   record = bench_json(root, "export")
-  rows = [[f"`{r['engine']}`" if r["engine"] == "decode.py" else r["engine"],
-           f"{r['sentences_per_s']:.1f}", f"{r['speedup_vs_decode_py']:.2f}x",
-           f"{r['bleu']:.2f}", f"{r['bleu_minus_decode_py']:+.2f}",
-           f"{r['lines_equal_to_decode_py']}", f"{r['peak_rss_mb']:.0f}", f"{r['load_s']:.1f}",
-           f"{r['first_pass_s']:.1f}"] for r in record["rows"]]
-  return table(["engine", "sentences/s", "vs decode.py", "BLEU", "BLEU change",
-                f"lines equal to decode.py (of {record['sentences']})", "peak RSS MB",
-                "load s", "first pass s"], rows)
+  return rows_table({
+      "engine": "{'`decode.py`' if engine == 'decode.py' else engine}",
+      "sentences/s": "{sentences_per_s:.1f}", "vs decode.py": "{speedup_vs_decode_py:.2f}x",
+      "BLEU": "{bleu:.2f}", "BLEU change": "{bleu_minus_decode_py:+.2f}",
+      f"lines equal to decode.py (of {record['sentences']})": "{lines_equal_to_decode_py}",
+      "peak RSS MB": "{peak_rss_mb:.0f}", "load s": "{load_s:.1f}",
+      "first pass s": "{first_pass_s:.1f}"}, record["rows"])
 
 
 def serve_load(root: Path) -> str:
   """bench/serve.py: serve.py's throughput, latency and RSS by concurrent clients, one
   test 2016 sentence per request, against decode.py's whole-file Translator passes timed
   just before and after each run."""
-  rows = [[f"{r['clients']}", f"{r['sentences']}", f"{r['sentences_per_s']:.1f}",
-           f"{r['whole_file_sentences_per_s']:.1f}", f"{r['vs_whole_file']:.2f}",
-           f"{r['p50_ms']:.0f}", f"{r['p99_ms']:.0f}", f"{r['sentences_per_search']:.1f}",
-           f"{r['answers_equal_to_translator']} of {r['sentences']}",
-           f"{r['rss_mb_start']:.0f} / {r['rss_mb_max']:.0f} / {r['rss_mb_end']:.0f}"]
-          for r in bench_json(root, "serve")["rows"]]
-  return table(["clients", "requests", "sentences/s", "whole file (decode.py), sentences/s",
-                "vs whole file", "p50 ms", "p99 ms", "sentences per search",
-                "answers equal to Translator.translate", "server RSS MB (start / max / end)"],
-               rows)
+  return rows_table({
+      "clients": "{clients}", "requests": "{sentences}", "sentences/s": "{sentences_per_s:.1f}",
+      "whole file (decode.py), sentences/s": "{whole_file_sentences_per_s:.1f}",
+      "vs whole file": "{vs_whole_file:.2f}", "p50 ms": "{p50_ms:.0f}", "p99 ms": "{p99_ms:.0f}",
+      "sentences per search": "{sentences_per_search:.1f}",
+      "answers equal to Translator.translate": "{answers_equal_to_translator} of {sentences}",
+      "server RSS MB (start / max / end)":
+          "{rss_mb_start:.0f} / {rss_mb_max:.0f} / {rss_mb_end:.0f}"},
+      bench_json(root, "serve")["rows"])
 
 
 def _gb(n_bytes: float) -> str:
@@ -242,14 +260,14 @@ def wmt_scale(root: Path) -> str:
 def token_cache_workers(root: Path) -> str:
   """bench/token_cache_workers.py: input workers over the 4.5M-pair token cache, the cache
   pickled as its folder (now) and as its arrays (before)."""
-  record = bench_json(root, "token_cache_workers")
-  labels = {"new": "as its folder (now)", "old": "as its arrays (before)"}
-  mb = lambda x: f"{x:,.0f} MB"  # noqa: E731
-  rows = [[labels[v["variant"]], str(v["workers"]), f"{v['pickle_bytes']:,} B",
-           mb(v["worker_uss_mb_max"]), mb(v["peak_mb"]["main"]["uss"]), mb(v["tree_pss_mb"]),
-           mb(v["tree_rss_mb"]), f"{v['first_batch_s']:.1f} s"] for v in record["variants"]]
-  return table(["token cache pickled", "workers", "pickled dataset", "USS per worker (max)",
-                "main process USS", "tree PSS", "tree RSS", "first batch"], rows)
+  return rows_table({
+      "token cache pickled": "{labels[variant]}", "workers": "{workers}",
+      "pickled dataset": "{pickle_bytes:,} B",
+      "USS per worker (max)": "{worker_uss_mb_max:,.0f} MB",
+      "main process USS": "{peak_mb['main']['uss']:,.0f} MB", "tree PSS": "{tree_pss_mb:,.0f} MB",
+      "tree RSS": "{tree_rss_mb:,.0f} MB", "first batch": "{first_batch_s:.1f} s"},
+      bench_json(root, "token_cache_workers")["variants"],
+      labels={"new": "as its folder (now)", "old": "as its arrays (before)"})
 
 
 def soak(root: Path) -> str:
@@ -289,13 +307,13 @@ def wmt_download(root: Path) -> str:
 
 def projection(root: Path) -> str:
   """bench/projection.py: the paper's runs at our measured step rates (a projection)."""
-  record = bench_json(root, "projection")
-  rows = [[r["model"], r["device"], f"{r['steps']:,}", f"{r['step_ms_1']:.1f}",
-           f"{r['hours_1']:.1f} h", f"{r['step_ms_8']:.1f}", f"{r['hours_8']:.2f} h",
-           f"{r['paper_hours_8_p100']:.0f} h", f"{r['speedup_8_vs_paper']:.0f}x",
-           f"{r['input_cores_8']:.1f}"] for r in record["projections"]]
-  return table(["model", "GPU", "steps", "ms/step, 1 GPU", "1 GPU", "ms/step, 8 GPUs",
-                "8 GPUs", "paper, 8 P100", "vs paper", "input cores for 8 GPUs"], rows)
+  return rows_table({
+      "model": "{model}", "GPU": "{device}", "steps": "{steps:,}",
+      "ms/step, 1 GPU": "{step_ms_1:.1f}", "1 GPU": "{hours_1:.1f} h",
+      "ms/step, 8 GPUs": "{step_ms_8:.1f}", "8 GPUs": "{hours_8:.2f} h",
+      "paper, 8 P100": "{paper_hours_8_p100:.0f} h", "vs paper": "{speedup_8_vs_paper:.0f}x",
+      "input cores for 8 GPUs": "{input_cores_8:.1f}"},
+      bench_json(root, "projection")["projections"])
 
 
 def train_step_runs(directory: str):
@@ -316,14 +334,8 @@ def train_step_runs(directory: str):
                       r["matmul_peak_gflops_per_s"], r["fraction_of_matmul_peak"],
                       r["compile_s"], r["torch_ms_per_step"], r["speedup_vs_torch"],
                       s["ms_per_step"], r["peak_rss_mb"], s["peak_rss_mb"]])
-      text = lambda c: [f"{c[0]:.0f}", f"{c[1]:.0f}", f"{c[2]:.0f}", f"{c[3]:.0f}",  # noqa: E731
-                        f"{c[4]:.0%}", f"{c[5]:.1f}", f"{c[6]:.0f}", f"{c[7]:.2f}",
-                        f"{c[8]:.0f}", f"{c[9]:.0f}", f"{c[10]:.0f}"]
-      rows += [[config, f"{i}", *text(c)] for i, c in enumerate(cells, start=1)]
-      median = text([statistics.median(column) for column in zip(*cells)])
-      for bold in (0, 4, 7):
-        median[bold] = f"**{median[bold]}**"
-      rows.append([config, "**median**", *median])
+      formats = [".0f"] * 4 + [".0%", ".1f", ".0f", ".2f"] + [".0f"] * 3
+      rows += [[config, *row] for row in runs_and_median(cells, formats, bold=(0, 4, 7))]
     return table(["config", "run", "ms/step", "tokens/s", "GFLOP/s", "matmul peak",
                   "of matmul peak", "compile s", "torch ms/step", "speed-up vs torch",
                   "system malloc ms/step", "peak RSS MB", "system malloc peak RSS MB"], rows)
@@ -361,15 +373,10 @@ def decode_runs(root: Path) -> str:
     trained = [r[4]["sentences_per_s"], r[5]["sentences_per_s"]]
     cells.append([*(x["s_per_batch"] for x in r[:4]), fastest_plain, *trained,
                   trained[1] / trained[0]])
-  text = lambda c: [*(f"{x:.3f}" for x in c[:4]), f"{c[4]:.2f}", f"{c[5]:.1f}",  # noqa: E731
-                    f"{c[6]:.1f}", f"{c[7]:.2f}"]
-  median = text([statistics.median(column) for column in zip(*cells)])
-  median[4], median[7] = f"**{median[4]}**", f"**{median[7]}**"
   return table(["run", "plain, 1 device", "ours, 1 device", "plain, 2 devices", "ours, 2 devices",
                 "ours 2 devices vs the faster plain", "trained, 1 device", "trained, 2 devices",
                 "trained, ratio"],
-               [[f"{i}", *text(c)] for i, c in enumerate(cells, start=1)]
-               + [["**median**", *median]])
+               runs_and_median(cells, [".3f"] * 4 + [".2f", ".1f", ".1f", ".2f"], bold=(4, 7)))
 
 
 def decode_runs_2026_11_23(root: Path) -> str:
@@ -377,11 +384,9 @@ def decode_runs_2026_11_23(root: Path) -> str:
   cells = [[r["plain_s_per_batch"], r["s_per_batch"], r["speedup_vs_plain"]]
            for r in (json.loads((root / BENCH / f"decode_runs/decode_{run}.json").read_text())
                      for run in range(1, 6))]
-  text = lambda c: [f"{c[0]:.3f}", f"{c[1]:.3f}", f"{c[2]:.2f}"]  # noqa: E731
-  median = text([statistics.median(column) for column in zip(*cells)])
   return table(["host", "run", "plain cached", "ours", "speed-up in the same run"],
-               [["2026-11-23", f"{i}", *text(c)] for i, c in enumerate(cells, start=1)]
-               + [["2026-11-23", "**median**", *median[:2], f"**{median[2]}**"]])
+               [["2026-11-23", *row]
+                for row in runs_and_median(cells, [".3f", ".3f", ".2f"], bold=(2,))])
 
 
 def cpu_ablations(root: Path) -> str:
@@ -407,7 +412,7 @@ def curves(root: Path, steps, *rows) -> str:
   out = []
   for label, name, what, *ties in rows:
     points = {s: (w / 60 if what == "wall" else b)
-              for s, w, b in json.loads((root / run_json(name)).read_text())["validation_bleu_curve"]}
+              for s, w, b in run_record(root, name)["validation_bleu_curve"]}
     out.append([label] + [one_decimal(points[s], *[t.get(s) for t in ties]) if s in points
                           else "" for s in steps])
   return table(["step", *map(str, steps)], out).replace("|  |", "| |").replace("|  |", "| |")
@@ -415,7 +420,7 @@ def curves(root: Path, steps, *rows) -> str:
 
 def curve_points(root: Path, name: str, bleu: str = "validation BLEU") -> str:
   """A run's validation curve as step, wall time and BLEU rows (as its folder's page)."""
-  curve = json.loads((root / run_json(name)).read_text())["validation_bleu_curve"]
+  curve = run_record(root, name)["validation_bleu_curve"]
   return table(["step", "wall time", bleu],
                [[f"{s}", f"{w / 60:.1f} min", f"{b:.2f}"] for s, w, b in curve])
 
@@ -441,8 +446,8 @@ def met(ok: bool) -> str:
 
 def h100_aims(root: Path) -> str:
   """The GPU issue's aims against run A (README job, base bf16) and B (small f32, search)."""
-  a, b = _h100(root)["A"], _h100(root)["B"]
-  cpu = json.loads((root / run_json("multi30k_en-de_paper_exact")).read_text())
+  a, b = (_h100(root)[run] for run in "AB")
+  cpu = run_record(root, "multi30k_en-de_paper_exact")
   base, small = a["base_bf16"], b["small_f32"]
   search = b["decode_base"]["batches"]
   fastest = lambda section: min(section["variants"].items(), key=lambda kv: kv[1]["ms"])  # noqa: E731
