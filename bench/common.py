@@ -1,21 +1,50 @@
-"""Shared by the benchmarks: timing medians, the machine's matmul peak, tables, JSON."""
+"""Shared by the benchmarks: their flags, train.py launches, timing, memory sampling, the
+machine's matmul peak, tables and JSON records."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
+import re
 import resource
-import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from statistics import median  # noqa: F401 (the benches' median)
 from typing import Callable, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
   sys.path.insert(0, str(ROOT))  # `configs` and `flax_transformer` from a checkout.
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+  """A bench's flags: its docstring as --help, and --json (where its record goes)."""
+  out = argparse.ArgumentParser(description=doc,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+  out.add_argument("--json", help="write the results here")
+  return out
+
+
+def bench_command() -> str:
+  """This bench's command line, for its record ('python bench/soak.py --steps 300')."""
+  return " ".join(["python", f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]])
+
+
+def train_command(config: str, workdir, overrides: dict) -> list[str]:
+  """train.py's argv: configs/`config` into `workdir`, each override as --config.KEY=VALUE."""
+  return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / config),
+          f"--workdir={workdir}", *(f"--config.{k}={v}" for k, v in overrides.items())]
+
+
+def resumed_from(log: str) -> int | None:
+  """The step a train.py log says it resumed from (None: it started afresh)."""
+  found = re.search(r"Resumed from the checkpoint of step (\d+)", log)
+  return int(found.group(1)) if found else None
 
 
 def timings(fn: Callable[[], object], repeats: int, warmup: int = 1) -> list[float]:
@@ -30,8 +59,27 @@ def timings(fn: Callable[[], object], repeats: int, warmup: int = 1) -> list[flo
   return out
 
 
-def median(xs: Sequence[float]) -> float:
-  return statistics.median(xs)
+def alternating(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+  """Seconds of each call of each of `fns` (which must block until done), timed in turn
+  round after round, so that each meets the same machine state."""
+  runs = {name: [] for name in fns}
+  for _ in range(rounds):
+    for name, fn in fns.items():
+      start = time.perf_counter()
+      fn()
+      runs[name].append(time.perf_counter() - start)
+  return runs
+
+
+def model_config(shape: dict, **overrides):
+  """Our TransformerConfig at a bench's shape (vocab, d_model, d_ff, heads, layers and
+  length: max_len), `overrides` its other fields."""
+  from flax_transformer.network.config import TransformerConfig
+
+  return TransformerConfig(**{
+      "vocab_size": shape["vocab"], "d_model": shape["d_model"], "d_ff": shape["d_ff"],
+      "num_heads": shape["heads"], "num_layers": shape["layers"], "max_len": shape["length"],
+      **overrides})
 
 
 def peak_rss_mb(children: bool = False) -> float:
@@ -84,10 +132,34 @@ def tree_memory(pid: int) -> dict[str, dict[str, float]]:
   return out
 
 
-def run_child(command: list[str], what: str) -> dict:
+class TreeSampler:
+  """`tree_memory(pid)` every `every_s` seconds in a thread, from now until the process
+  ends or stop(): `samples`, one {role: {rss, pss, uss}} each."""
+
+  def __init__(self, pid: int, every_s: float):
+    self.pid, self.samples, self._done = pid, [], threading.Event()
+    self._thread = threading.Thread(target=self._run, args=(every_s,), daemon=True)
+    self._thread.start()
+
+  def _run(self, every_s: float) -> None:
+    while (sample := tree_memory(self.pid)):
+      self.samples.append(sample)
+      if self._done.wait(every_s):
+        return
+
+  def stop(self) -> list[dict]:
+    """The samples, one more taken now if the process still runs."""
+    self._done.set()
+    self._thread.join()
+    if (sample := tree_memory(self.pid)):
+      self.samples.append(sample)
+    return self.samples
+
+
+def run_child(command: list[str], what: str, env: dict | None = None) -> dict:
   """Runs a bench's own stage in a process of its own (so that its memory is its own):
   the JSON of its last 'RESULT ' line; exits naming `what` when it fails."""
-  result = subprocess.run(command, capture_output=True, text=True)
+  result = subprocess.run(command, capture_output=True, text=True, env=env)
   lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
   if result.returncode != 0 or not lines:
     sys.stderr.write(result.stderr[-4000:])

@@ -17,7 +17,6 @@ CTranslate2's.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -27,9 +26,8 @@ import time
 from pathlib import Path
 
 START = time.perf_counter()  # A worker's load time counts from here: imports included.
-BENCH = Path(__file__).resolve().parent
-ROOT = BENCH.parent
-MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
+from common import MULTI30K, ROOT, bench_command, machine, median, parser, print_table, \
+    run_child, write_json  # noqa: E402 (after START; flax_transformer is not imported)
 # CTranslate2 as the runner runs it (one 1-thread worker per core), and with its
 # threads sharing each batch instead (one worker, a thread per core).
 SHARED = ", 1 worker x all threads"
@@ -76,9 +74,11 @@ def _worker(args) -> None:
   Path(args.output).write_text("".join(line + "\n" for line in out), encoding="utf-8")
   import resource
 
-  print(json.dumps({"load_s": load_s, "first_pass_s": first_s, "second_pass_s": second_s,
-                    "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                    "imports_flax_transformer": "flax_transformer" in sys.modules}))
+  # Not common.peak_rss_mb: it imports flax_transformer, which the runners must not need.
+  print("RESULT " + json.dumps({
+      "load_s": load_s, "first_pass_s": first_s, "second_pass_s": second_s,
+      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+      "imports_flax_transformer": "flax_transformer" in sys.modules}))
 
 
 def _spawn(engine: str, model: str, source: Path, output: Path, env: dict, *,
@@ -86,10 +86,7 @@ def _spawn(engine: str, model: str, source: Path, output: Path, env: dict, *,
   command = [sys.executable, str(Path(__file__).resolve()), f"--worker={engine}",
              f"--model={model}", f"--input={source}", f"--output={output}",
              f"--beam_size={beam_size}"] + (["--once"] if once else [])
-  done = subprocess.run(command, capture_output=True, text=True, env=env)
-  if done.returncode:
-    raise SystemExit(f"{engine} failed:\n{done.stderr[-3000:]}")
-  return json.loads(done.stdout.strip().splitlines()[-1])
+  return run_child(command, engine, env)
 
 
 def _read(path: Path) -> list[str]:
@@ -97,24 +94,22 @@ def _read(path: Path) -> list[str]:
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser()
-  parser.add_argument("--workdir")
-  parser.add_argument("--runs", type=int, default=3)
-  parser.add_argument("--json")
-  parser.add_argument("--sentences", type=int, default=0, help="first N of test 2016 (dry runs)")
-  parser.add_argument("--worker", choices=ENGINES)
-  parser.add_argument("--model")
-  parser.add_argument("--input")
-  parser.add_argument("--output")
-  parser.add_argument("--beam_size", type=int, default=4)
-  parser.add_argument("--once", action="store_true")
-  args = parser.parse_args()
+  flags = parser(__doc__)
+  flags.add_argument("--workdir", help="a trained Multi30k EN->DE workdir")
+  flags.add_argument("--runs", type=int, default=3)
+  flags.add_argument("--sentences", type=int, default=0, help="first N of test 2016 (dry runs)")
+  # One engine's process (_spawn): these flags are its arguments.
+  flags.add_argument("--worker", choices=ENGINES)
+  flags.add_argument("--model")
+  flags.add_argument("--input")
+  flags.add_argument("--output")
+  flags.add_argument("--beam_size", type=int, default=4)
+  flags.add_argument("--once", action="store_true")
+  args = flags.parse_args()
   if args.worker:
     return _worker(args)
 
-  sys.path.insert(0, str(BENCH))
   import sacrebleu
-  from common import machine, median, print_table, write_json
 
   from flax_transformer import provenance
   from flax_transformer.data.sources import read_lines
@@ -189,7 +184,7 @@ def main() -> None:
            beam_size=1, once=True)
     greedy[engine] = _read(scratch / f"greedy {engine}.de")
   record = {
-      "command": "python bench/export.py " + " ".join(sys.argv[1:]),
+      "command": bench_command(),
       **provenance.commit(),
       "machine": machine(), "workdir": args.workdir, "sentences": len(reference_out),
       "search": {"beam_size": 4, "alpha": 0.6, "max_extra": 50}, "runs": args.runs,

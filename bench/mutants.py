@@ -15,8 +15,6 @@ every mutant is caught, 1 otherwise; the table goes to stdout, the record to JSO
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import re
 import shutil
@@ -27,8 +25,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from common import MULTI30K, ROOT, bench_command, parser, write_json
 
 RECIPE = "tests/test_recipe.py"
 PAPER = "tests/test_paper.py"
@@ -186,17 +183,17 @@ def run_tests(checkout: Path, tests, timeout: int) -> tuple[str, float, str]:
   outcome: "passed", "failed" (exit status 1 and a test reported failed), "timeout"
   (over `timeout` seconds) or "error" (anything else: collection errors, a usage error).
   """
-  env = dict(os.environ, PYTHONPATH=str(checkout), MULTI30K_DIR=str(
-      ROOT.parent / "shared" / "data" / "multi30k"))
+  env = dict(os.environ, PYTHONPATH=str(checkout), MULTI30K_DIR=str(MULTI30K))
   start = time.perf_counter()
   try:
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
                              *tests], cwd=checkout, env=env, capture_output=True, text=True,
                             timeout=timeout)
     output = result.stdout + result.stderr
+    summary = (result.stdout.strip().splitlines() or [""])[-1]  # "1 failed, 2 passed in 3.0s"
     if result.returncode == 0:
       outcome = "passed"
-    elif result.returncode == 1 and re.search(r"\b\d+ failed\b", summary_line(result.stdout)):
+    elif result.returncode == 1 and re.search(r"\b\d+ failed\b", summary):
       outcome = "failed"  # Exit status 1 alone is also a fixture's error in setup.
     else:
       outcome = "error"
@@ -205,12 +202,6 @@ def run_tests(checkout: Path, tests, timeout: int) -> tuple[str, float, str]:
     outcome, output = "timeout", f"timed out after {timeout} s"
   lines = [line for line in output.strip().splitlines() if line.strip()]
   return outcome, time.perf_counter() - start, "\n".join(lines[-3:])
-
-
-def summary_line(stdout: str) -> str:
-  """pytest's last line: "1 failed, 2 passed in 3.0s", "1 error in 0.5s", ..."""
-  lines = stdout.strip().splitlines()
-  return lines[-1] if lines else ""
 
 
 def run_mutant(checkout: Path, mutant: Mutant, timeout: int) -> tuple[str, float, str]:
@@ -236,12 +227,11 @@ def check_applies(mutant: Mutant, root: Path = ROOT) -> str | None:
 
 
 def main() -> int:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--only", nargs="*", default=None, help="mutant names to run")
-  parser.add_argument("--json", default="results/bench/mutants.json")
-  parser.add_argument("--timeout", type=int, default=900, help="seconds per pytest run")
-  args = parser.parse_args()
+  flags = parser(__doc__)
+  flags.set_defaults(json="results/bench/mutants.json")
+  flags.add_argument("--only", nargs="*", default=None, help="mutant names to run")
+  flags.add_argument("--timeout", type=int, default=900, help="seconds per pytest run")
+  args = flags.parse_args()
   mutants = [m for m in MUTANTS if args.only is None or m.name in args.only]
   problems = [p for p in map(check_applies, mutants) if p]
   if problems:
@@ -250,7 +240,7 @@ def main() -> int:
 
   from flax_transformer import provenance
 
-  record = {"command": " ".join(["python", "bench/mutants.py", *sys.argv[1:]]),
+  record = {"command": bench_command(),
             **provenance.describe(), "mutants": []}
   with tempfile.TemporaryDirectory(prefix="mutants-") as scratch:
     checkout = Path(scratch)
@@ -274,9 +264,7 @@ def main() -> int:
   caught = sum(m["outcome"] == "caught" for m in record["mutants"])
   record["caught"], record["total"] = caught, len(record["mutants"])
   print(f"{caught} of {len(record['mutants'])} mutants caught")
-  out = ROOT / args.json
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(record, indent=1) + "\n")
+  write_json(ROOT / args.json, record)
   return 0 if caught == len(record["mutants"]) else 1
 
 

@@ -9,13 +9,6 @@ import argparse
 from pathlib import Path
 
 
-def read(workdir: str) -> list[dict]:
-  """Every launch's logged steps, a local workdir's or a bucket's (either layout)."""
-  from flax_transformer.training.metrics import read_metrics
-
-  return read_metrics(workdir)
-
-
 def main():
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("workdirs", nargs="+", help="training workdirs (local or gs://, s3://)")
@@ -24,12 +17,14 @@ def main():
 
   import matplotlib
 
+  from flax_transformer.training.metrics import read_metrics  # Local or bucket, every launch.
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
   fig, (loss_ax, bleu_ax) = plt.subplots(1, 2, figsize=(11, 4))
   for workdir in args.workdirs:
-    records = read(workdir)
+    records = read_metrics(workdir)
     name = Path(workdir).name
     minutes = [r["wall_s"] / 60 for r in records]
     loss_ax.plot(minutes, [r["loss"] for r in records], label=f"{name} train")

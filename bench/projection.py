@@ -21,10 +21,9 @@ Assumptions (stated in the JSON and in BENCHMARKS):
 
 from __future__ import annotations
 
-import argparse
 import json
 
-from common import ROOT, print_table, write_json
+from common import ROOT, bench_command, parser, print_table, write_json
 
 DEVICE_RUNS = {
     "H200": ("results/device_runs/2026-11-26_h200_f31bb47/base.json", "base_bf16"),
@@ -38,9 +37,7 @@ NCCL_BUS_GB_S = 350.0  # Assumed all-reduce bus bandwidth, 8 GPUs on NVLink (ncc
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__)
-  parser.add_argument("--json", help="write the projection here")
-  args = parser.parse_args()
+  args = parser(__doc__).parse_args()
 
   from configs import base, big
   from flax_transformer.averaging import abstract_params
@@ -97,7 +94,7 @@ def main():
                                    "real_tokens_a_side_per_step": tokens_a_side,
                                    "input_tokens_per_s_per_core": per_core}
   record["tfds_registry"] = _registry()
-  record["command"] = "python bench/projection.py --json " + (args.json or "")
+  record["command"] = bench_command()
   print_table(rows_out, ["model", "device", "steps", "step_ms_1", "hours_1", "step_ms_8",
                          "hours_8", "paper_hours_8_p100", "speedup_8_vs_paper",
                          "input_cores_8"])

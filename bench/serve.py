@@ -14,8 +14,6 @@ throughput.
 
 from __future__ import annotations
 
-import argparse
-import gzip
 import http.client
 import json
 import os
@@ -26,14 +24,10 @@ import threading
 import time
 from pathlib import Path
 
-from common import MULTI30K, ROOT, machine, print_table, tree_memory, write_json
+from common import MULTI30K, ROOT, TreeSampler, bench_command, machine, parser, print_table, \
+    write_json
 
 AIM_CLIENTS, AIM_FRACTION = 64, 0.7
-
-
-def rss_mb(pid: int) -> float:
-  """The server's RSS (MiB; nan once it has ended)."""
-  return tree_memory(pid).get("main", {}).get("rss", float("nan"))
 
 
 class Client:
@@ -57,11 +51,6 @@ def load(port: int, pid: int, sentences: list[str], clients: int) -> dict:
   answers: list[str | None] = [None] * len(sentences)
   latencies: list[float] = []
   errors: list[str] = []
-  rss, done = [rss_mb(pid)], threading.Event()
-
-  def sample():
-    while not done.wait(0.2):
-      rss.append(rss_mb(pid))
 
   def client():
     connection = Client(port)
@@ -79,8 +68,7 @@ def load(port: int, pid: int, sentences: list[str], clients: int) -> dict:
         answers[i] = answer["translations"][0]
 
   before = Client(port).call("GET", "/health")[1]["batching"]
-  sampler = threading.Thread(target=sample)
-  sampler.start()
+  sampler = TreeSampler(pid, every_s=0.2)
   threads = [threading.Thread(target=client) for _ in range(clients)]
   start = time.perf_counter()
   for thread in threads:
@@ -88,9 +76,7 @@ def load(port: int, pid: int, sentences: list[str], clients: int) -> dict:
   for thread in threads:
     thread.join()
   wall = time.perf_counter() - start
-  done.set()
-  sampler.join()
-  rss.append(rss_mb(pid))
+  rss = [tree["main"]["rss"] for tree in sampler.stop() if "main" in tree]  # The server's, MiB.
   after = Client(port).call("GET", "/health")[1]["batching"]
   latencies.sort()
   at = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))]  # noqa: E731
@@ -104,26 +90,25 @@ def load(port: int, pid: int, sentences: list[str], clients: int) -> dict:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--workdir", required=True, help="a trained Multi30k EN->DE workdir")
-  parser.add_argument("--clients", default="1,8,64", help="concurrent clients, comma-separated")
-  parser.add_argument("--sentences", type=int, default=1000, help="first N of test 2016")
-  parser.add_argument("--json", default=str(ROOT / "results/bench/serve.json"))
-  parser.add_argument("--port", type=int, default=18080)
-  parser.add_argument("--cpu_devices", type=int, default=0, help="as decode.py (0 = per core)")
-  parser.add_argument("--max_wait_ms", type=float, default=5.0, help="serve.py's flag")
-  parser.add_argument("--max_batch", type=int, default=64, help="serve.py's flag")
-  parser.add_argument("--compilation_cache_dir", default="", help="'' = off: every compile shows")
-  args = parser.parse_args()
+  flags = parser(__doc__)
+  flags.set_defaults(json=str(ROOT / "results/bench/serve.json"))
+  flags.add_argument("--workdir", required=True, help="a trained Multi30k EN->DE workdir")
+  flags.add_argument("--clients", default="1,8,64", help="concurrent clients, comma-separated")
+  flags.add_argument("--sentences", type=int, default=1000, help="first N of test 2016")
+  flags.add_argument("--port", type=int, default=18080)
+  flags.add_argument("--cpu_devices", type=int, default=0, help="as decode.py (0 = per core)")
+  flags.add_argument("--max_wait_ms", type=float, default=5.0, help="serve.py's flag")
+  flags.add_argument("--max_batch", type=int, default=64, help="serve.py's flag")
+  flags.add_argument("--compilation_cache_dir", default="", help="'' = off: every compile shows")
+  args = flags.parse_args()
   from flax_transformer import provenance
   from flax_transformer.cli import common as cli
 
   cli.set_cpu_devices(args.cpu_devices)
+  from flax_transformer.data.sources import read_lines
   from flax_transformer.translation.translator import Translator
 
-  with gzip.open(MULTI30K / "test_2016_flickr.en.gz", "rt", encoding="utf-8") as f:
-    sentences = [line.rstrip("\n") for line in f][:args.sentences]
+  sentences = read_lines(MULTI30K / "test_2016_flickr.en.gz")[:args.sentences]
   # decode.py's defaults: the last 5 checkpoints averaged, 4096-token batches, beam 4.
   translator = Translator.from_workdir(args.workdir, average_last=5)
   translator.translate(sentences)  # Compiles every batch shape.
@@ -188,7 +173,7 @@ def main():
   print(f"decode.py's whole file (Translator.translate): {whole['sentences_per_s']:.1f} "
         f"sentences/s on {whole['devices']} device(s)")
   aim = next((r for r in rows if r["clients"] == AIM_CLIENTS), None)
-  record = {"command": " ".join(["python", "bench/serve.py", *sys.argv[1:]]),
+  record = {"command": bench_command(),
             "serve_command": " ".join(["python", "serve.py", *command[2:]]),
             "server_log": str(log_path.relative_to(ROOT)) if log_path.is_relative_to(ROOT)
             else str(log_path),

@@ -9,11 +9,10 @@ random ids (no padding), Adam, label smoothing 0.1, dropout 0.1.
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 
-from common import machine, matmul_peak_gflops, median, peak_rss_mb, print_table, \
-    random_ids, run_like_entry_points, time_train_step, timings, write_json
+from common import machine, matmul_peak_gflops, median, model_config, parser, peak_rss_mb, \
+    print_table, random_ids, run_like_entry_points, time_train_step, timings, write_json
 
 SHAPES = {
     "small": dict(vocab=8000, d_model=256, layers=3, heads=4, d_ff=1024, rows=32, length=64),
@@ -22,13 +21,8 @@ SHAPES = {
 
 
 def jax_step(shape: dict, repeats: int) -> dict:
-  from flax_transformer.network.config import TransformerConfig
-
-  model_config = TransformerConfig(vocab_size=shape["vocab"], d_model=shape["d_model"],
-                                   d_ff=shape["d_ff"], num_heads=shape["heads"],
-                                   num_layers=shape["layers"], max_len=shape["length"])
-  seconds, flops, compile_s, _ = time_train_step(
-      model_config, random_ids(shape["vocab"], shape["rows"], shape["length"]), repeats, warmup=2)
+  batch = random_ids(shape["vocab"], shape["rows"], shape["length"])
+  seconds, flops, compile_s, _ = time_train_step(model_config(shape), batch, repeats, warmup=2)
   tokens = 2 * shape["rows"] * shape["length"]
   return {"ms_per_step": 1000 * seconds, "tokens_per_s": tokens / seconds,
           "nonpad_tokens_per_s": tokens / seconds, "compile_s": compile_s,
@@ -89,14 +83,13 @@ def torch_step(shape: dict, repeats: int, compiled: bool = True) -> float:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__)
-  parser.add_argument("--config", default="all", choices=["small", "base", "all"])
-  parser.add_argument("--json", help="write the results here")
-  parser.add_argument("--repeats", type=int, default=7, help="timed steps (median reported)")
-  parser.add_argument("--no_torch", action="store_true", help="skip the torch comparison")
-  parser.add_argument("--torch_eager", action="store_true",
-                      help="torch without torch.compile (the default compiles its step)")
-  args = parser.parse_args()
+  flags = parser(__doc__)
+  flags.add_argument("--config", default="all", choices=["small", "base", "all"])
+  flags.add_argument("--repeats", type=int, default=7, help="timed steps (median reported)")
+  flags.add_argument("--no_torch", action="store_true", help="skip the torch comparison")
+  flags.add_argument("--torch_eager", action="store_true",
+                     help="torch without torch.compile (the default compiles its step)")
+  args = flags.parse_args()
   run_like_entry_points()
 
   names = list(SHAPES) if args.config == "all" else [args.config]
