@@ -8,23 +8,22 @@ with --subword_sampling_alpha, every pair is segmented afresh (BPE-dropout).
 
 from __future__ import annotations
 
-import argparse
 import tempfile
 import time
 
-from common import MULTI30K, machine, median, print_table, time_train_step, timings, write_json
+from common import MULTI30K, machine, median, parser, print_table, time_train_step, timings, \
+    write_json
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__)
-  parser.add_argument("--json", help="write the results here")
-  parser.add_argument("--batches", type=int, default=50, help="batches per timed run")
-  parser.add_argument("--repeats", type=int, default=5, help="timed runs (median reported)")
-  parser.add_argument("--subword_sampling_alpha", type=float, default=0.0,
-                      help="sample segmentations as config.subword_sampling_alpha does (0 = off)")
-  parser.add_argument("--skip_train_step", action="store_true",
-                      help="do not time a training step for the ratio")
-  args = parser.parse_args()
+  flags = parser(__doc__)
+  flags.add_argument("--batches", type=int, default=50, help="batches per timed run")
+  flags.add_argument("--repeats", type=int, default=5, help="timed runs (median reported)")
+  flags.add_argument("--subword_sampling_alpha", type=float, default=0.0,
+                     help="sample segmentations as config.subword_sampling_alpha does (0 = off)")
+  flags.add_argument("--skip_train_step", action="store_true",
+                     help="do not time a training step for the ratio")
+  args = flags.parse_args()
 
   import numpy as np
 
