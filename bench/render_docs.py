@@ -542,16 +542,13 @@ class Record(dict):
 
 def load_config(root: Path, spec: str) -> Record:
   """A config file's values ('configs/multi30k.py' or 'configs/x.py:ARG')."""
-  import importlib.util
+  import runpy
 
   path, _, arg = spec.partition(":")
-  sys.path.insert(0, str(root))
+  sys.path.insert(0, str(root))  # A config imports others as `configs.NAME`.
   try:
-    module_spec = importlib.util.spec_from_file_location(f"_config_{abs(hash(spec))}",
-                                                         root / path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    config = module.get_config(arg) if arg else module.get_config()
+    get_config = runpy.run_path(str(root / path))["get_config"]
+    config = get_config(arg) if arg else get_config()
   finally:
     sys.path.remove(str(root))
   return json.loads(json.dumps(config.to_dict()), object_hook=Record)

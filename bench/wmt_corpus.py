@@ -27,12 +27,9 @@ SUBSET_SHARES = {"training-parallel-europarl-v7.tgz": 1_920_209,
 
 
 def _numbers(rng: np.random.Generator, n: int) -> list[str]:
-  kind = rng.integers(0, 3, n)
-  value = rng.integers(0, 100_000, n)
-  out = []
-  for k, v in zip(kind, value):
-    out.append(str(1900 + v % 130) if k == 0 else f"{v:,}" if k == 1 else f"{v % 100}.{v % 10}")
-  return out
+  kinds, values = rng.integers(0, 3, n), rng.integers(0, 100_000, n)
+  return [str(1900 + v % 130) if k == 0 else f"{v:,}" if k == 1 else f"{v % 100}.{v % 10}"
+          for k, v in zip(kinds, values)]
 
 
 def pairs(multi30k_dir: str | Path, count: int, seed: int = 0,
