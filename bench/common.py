@@ -47,6 +47,11 @@ def resumed_from(log: str) -> int | None:
   return int(found.group(1)) if found else None
 
 
+def dir_bytes(path: Path) -> int:
+  """Bytes of the files under `path`, at any depth."""
+  return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+
+
 def timings(fn: Callable[[], object], repeats: int, warmup: int = 1) -> list[float]:
   """Seconds per call of `fn` (which must block until its work is done)."""
   for _ in range(warmup):

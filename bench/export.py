@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 START = time.perf_counter()  # A worker's load time counts from here: imports included.
-from common import MULTI30K, ROOT, bench_command, machine, median, parser, print_table, \
-    run_child, write_json  # noqa: E402 (after START; flax_transformer is not imported)
+from common import MULTI30K, ROOT, bench_command, dir_bytes, machine, median, parser, \
+    print_table, run_child, write_json  # noqa: E402 (after START; flax_transformer is not imported)
 # CTranslate2 as the runner runs it (one 1-thread worker per core), and with its
 # threads sharing each batch instead (one worker, a thread per core).
 SHARED = ", 1 worker x all threads"
@@ -135,8 +135,7 @@ def main() -> None:
                     f"--out={scratch / folder}", *flags], check=True, capture_output=True,
                    env=env)
     exports[engine] = {"export_s": time.perf_counter() - start,
-                       "disk_mb": sum(f.stat().st_size for f in (scratch / folder).iterdir())
-                       / 2 ** 20}
+                       "disk_mb": dir_bytes(scratch / folder) / 2 ** 20}
     models[engine] = str(scratch / folder)
 
   for engine in ENGINES[4:]:
