@@ -24,12 +24,12 @@ import random
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import MULTI30K, ROOT, final_params, print_table, same_params, write_json
+from common import MULTI30K, bench_command, final_params, parser, print_table, resumed_from, \
+    same_params, train_command, write_json
 
 from flax_transformer import provenance
 from flax_transformer.checkpoints import Checkpointer
@@ -37,11 +37,10 @@ from flax_transformer.training.metrics import read_metrics
 
 
 def command(workdir: Path, steps: int) -> list[str]:
-  return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/tiny.py"),
-          f"--workdir={workdir}", f"--config.manual_dir={MULTI30K}",
-          f"--config.num_train_steps={steps}", "--config.checkpoint_every_steps=10",
-          "--config.eval_every_steps=20", "--config.bleu_every_steps=40",
-          "--config.num_bleu_sentences=16", "--config.log_every_steps=5"]
+  return train_command("tiny.py", workdir, {
+      "manual_dir": MULTI30K, "num_train_steps": steps, "checkpoint_every_steps": 10,
+      "eval_every_steps": 20, "bleu_every_steps": 40, "num_bleu_sentences": 16,
+      "log_every_steps": 5})
 
 
 def run(cmd, env) -> subprocess.CompletedProcess:
@@ -82,10 +81,8 @@ def relaunch_both(workdir: Path, steps: int) -> tuple[int, object, int | None]:
   """Relaunches both processes to the end: (final step, parameters, step resumed from)."""
   for i, p in enumerate(two_processes(workdir, steps, workdir, tag="_relaunch")):
     assert p.wait(timeout=900) == 0, (workdir / f"process{i}_relaunch.log").read_text()[-3000:]
-  resumed = re.search(r"Resumed from the checkpoint of step (\d+)",
-                      (workdir / "process0_relaunch.log").read_text())
   step, params = final_params(workdir)
-  return step, params, int(resumed.group(1)) if resumed else None
+  return step, params, resumed_from((workdir / "process0_relaunch.log").read_text())
 
 
 def wait_survivor(process: subprocess.Popen, since: float) -> tuple[int | str, float]:
@@ -235,15 +232,14 @@ def two_process_faults(tmp: Path, steps: int) -> list[dict]:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__)
-  parser.add_argument("--kills", type=int, default=5,
-                      help="kill -9 the interrupted run this many times")
-  parser.add_argument("--steps", type=int, default=80, help="training steps of each run")
-  parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
-  parser.add_argument("--json", help="write the results here")
-  parser.add_argument("--two_process", action=argparse.BooleanOptionalAction, default=True,
-                      help="also the two-process scenario (a process lost)")
-  args = parser.parse_args()
+  flags = parser(__doc__)
+  flags.add_argument("--kills", type=int, default=5,
+                     help="kill -9 the interrupted run this many times")
+  flags.add_argument("--steps", type=int, default=80, help="training steps of each run")
+  flags.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
+  flags.add_argument("--two_process", action=argparse.BooleanOptionalAction, default=True,
+                     help="also the two-process scenario (a process lost)")
+  args = flags.parse_args()
   code = provenance.git_commit()  # The code that runs, taken before it runs.
   rng = random.Random(args.seed)
   env = dict(os.environ, XLA_FLAGS="")
@@ -327,7 +323,7 @@ def main():
 
   print_table(rows, ["fault", "times", "outcome", "params_equal", "steps_lost_max"])
   write_json(args.json, {"rows": rows, "steps": args.steps, "seed": args.seed,
-                         "command": " ".join(["python", "bench/faults.py", *sys.argv[1:]]),
+                         "command": bench_command(),
                          **code})
 
 
