@@ -20,7 +20,6 @@ Stages whose output exists in --scratch are not redone (--redo forces them).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -30,13 +29,10 @@ import time
 from pathlib import Path
 
 START = time.time()
-from common import MULTI30K, ROOT, peak_rss_mb, print_table, run_child, write_json  # noqa: E402
+from common import MULTI30K, bench_command, dir_bytes, parser, peak_rss_mb, print_table, \
+    run_child, train_command, write_json  # noqa: E402
 
 STAGES = ("generate", "prepare", "vocab", "tokens", "first_batch", "throughput", "train")
-
-
-def _dir_bytes(path: Path) -> int:
-  return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def _config(args):
@@ -91,8 +87,8 @@ def stage_prepare(args) -> dict:
   count = len(sources.TfdsPairs("wmt14_translate/de-en", "train", "en", "de",
                                 data_dir=str(args.scratch / "data"), download=False))
   return {"prepare_s": time.time() - START, "train_pairs": count,
-          "array_record_bytes": _dir_bytes(prepared),
-          "extracted_bytes": _dir_bytes(args.scratch / "data" / "downloads" / "extracted")}
+          "array_record_bytes": dir_bytes(prepared),
+          "extracted_bytes": dir_bytes(args.scratch / "data" / "downloads" / "extracted")}
 
 
 def stage_vocab(args) -> dict:
@@ -130,7 +126,7 @@ def stage_tokens(args) -> dict:
   ids = data.training_ids(config, pairs, data.TokenizePair(tokenizer))
   if isinstance(ids, list):  # At most PRETOKENIZE_MAX_PAIRS pairs: held in memory instead.
     return {"tokens_s": time.time() - START, "in_memory": True}
-  return {"tokens_s": time.time() - START, "token_cache_bytes": _dir_bytes(ids.folder),
+  return {"tokens_s": time.time() - START, "token_cache_bytes": dir_bytes(ids.folder),
           "tokens": ids.meta["tokens"], "dtype": ids.meta["dtype"]}
 
 
@@ -202,17 +198,15 @@ def stage_throughput(args) -> dict:
 def stage_train(args) -> dict:
   workdir = args.scratch / "train_workdir"
   shutil.rmtree(workdir, ignore_errors=True)
-  command = [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/base.py"),
-             f"--workdir={workdir}", f"--config.data_dir={args.scratch / 'data'}",
-             f"--config.vocab_path={args.scratch / 'vocab.model'}",
-             f"--config.token_cache_dir={args.scratch / 'tokens'}",
-             f"--config.num_train_steps={args.train_steps}", "--config.log_every_steps=1",
-             # On a CPU the model's activations are host memory too: at 25k token slots
-             # XLA asks for 36.5 GB at once. A small batch keeps them small, so that the
-             # peak is the input path's and the process's, as on an accelerator host.
-             f"--config.batch_tokens={args.train_batch_tokens}",
-             "--config.eval_every_steps=100000", "--config.bleu_every_steps=0",
-             "--config.checkpoint_every_steps=100000", "--config.compile_ahead=false"]
+  command = train_command("base.py", workdir, {
+      "data_dir": args.scratch / "data", "vocab_path": args.scratch / "vocab.model",
+      "token_cache_dir": args.scratch / "tokens", "num_train_steps": args.train_steps,
+      "log_every_steps": 1,
+      # On a CPU the model's activations are host memory too: at 25k token slots XLA
+      # asks for 36.5 GB at once. A small batch keeps them small, so that the peak is
+      # the input path's and the process's, as on an accelerator host.
+      "batch_tokens": args.train_batch_tokens, "eval_every_steps": 100000,
+      "bleu_every_steps": 0, "checkpoint_every_steps": 100000, "compile_ahead": "false"})
   log = args.scratch / "train.log"
   with open(log, "w") as f:
     code = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT,
@@ -242,7 +236,7 @@ def _save(args, name: str, record: dict) -> None:
   from flax_transformer import provenance
 
   code = provenance.git_commit()
-  record.update(command="python bench/wmt_scale.py " + " ".join(sys.argv[1:]),
+  record.update(command=bench_command(),
                 commit=code.get("git_commit"), git_dirty=code.get("git_dirty"))
   if args.json:
     path = Path(args.json)
@@ -253,33 +247,30 @@ def _save(args, name: str, record: dict) -> None:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--scratch", type=Path, required=True, help="working folder (GBs)")
-  parser.add_argument("--pairs", type=int, default=4_500_000)
-  parser.add_argument("--resume_at", type=int, default=4_000_000)
-  parser.add_argument("--batches", type=int, default=10, help="batches per timed run")
-  parser.add_argument("--repeats", type=int, default=3)
-  parser.add_argument("--warmup_batches", type=int, default=2)
-  parser.add_argument("--workers", type=int, nargs="+", default=[0, 1],
-                      help="input worker processes to time (0 = in this process)")
-  parser.add_argument("--train_steps", type=int, default=3)
-  parser.add_argument("--train_batch_tokens", type=int, default=2048,
-                      help="token slots a side in the train stage (CPU memory, see there)")
-  parser.add_argument("--vocab_pairs", type=int, default=0,
-                      help="pairs sampled for the vocabulary (0 = config.vocab_max_sentences)")
-  parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
-  parser.add_argument("--redo", action="store_true", help="redo stages whose output exists")
-  parser.add_argument("--json", help="write the results here")
-  parser.add_argument("--stage", help=argparse.SUPPRESS)
-  args = parser.parse_args()
+  flags = parser(__doc__)
+  flags.add_argument("--scratch", type=Path, required=True, help="working folder (GBs)")
+  flags.add_argument("--pairs", type=int, default=4_500_000)
+  flags.add_argument("--resume_at", type=int, default=4_000_000)
+  flags.add_argument("--batches", type=int, default=10, help="batches per timed run")
+  flags.add_argument("--repeats", type=int, default=3)
+  flags.add_argument("--warmup_batches", type=int, default=2)
+  flags.add_argument("--workers", type=int, nargs="+", default=[0, 1],
+                     help="input worker processes to time (0 = in this process)")
+  flags.add_argument("--train_steps", type=int, default=3)
+  flags.add_argument("--train_batch_tokens", type=int, default=2048,
+                     help="token slots a side in the train stage (CPU memory, see there)")
+  flags.add_argument("--vocab_pairs", type=int, default=0,
+                     help="pairs sampled for the vocabulary (0 = config.vocab_max_sentences)")
+  flags.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
+  flags.add_argument("--redo", action="store_true", help="redo stages whose output exists")
+  flags.add_argument("--stage", help="(one stage's own process)")
+  args = flags.parse_args()
   args.scratch = args.scratch.resolve()
 
   if args.stage:
-    from absl import flags
+    from absl import flags as absl_flags
 
-    flags.FLAGS.mark_as_parsed()  # grain's worker processes read absl flags.
-    sys.path.insert(0, str(Path(__file__).parent))
+    absl_flags.FLAGS.mark_as_parsed()  # grain's worker processes read absl flags.
     record = globals()[f"stage_{args.stage}"](args)
     record["peak_rss_mb"] = peak_rss_mb(children=True)
     print("RESULT " + json.dumps(record), flush=True)
