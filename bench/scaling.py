@@ -1,26 +1,23 @@
 """Train-step time and memory vs sequence length and vs batch size; a plot and a fit.
 
 python bench/scaling.py [--json PATH] [--plot PATH] [--repeats 3]
-Small model (vocab 8000, d_model 256, 3+3 layers, 4 heads, d_ff 1024), float32,
-one device. Memory is XLA's compiled temporary-buffer size for the step.
+bench/train_step.py's small model (vocab 8000, d_model 256, 3+3 layers, 4 heads, d_ff
+1024), float32, one device. Memory is XLA's compiled temporary-buffer size for the step.
 """
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 
-from common import machine, print_table, random_ids, run_like_entry_points, time_train_step, \
-    write_json
+from common import machine, model_config, parser, print_table, random_ids, \
+    run_like_entry_points, time_train_step, write_json
+from train_step import SHAPES
 
 
 def measure(rows: int, length: int, repeats: int) -> dict:
-  from flax_transformer.network.config import TransformerConfig
-
-  model_config = TransformerConfig(vocab_size=8000, d_model=256, d_ff=1024, num_heads=4,
-                                   num_layers=3, max_len=max(length, 64))
-  seconds, _, _, compiled = time_train_step(model_config, random_ids(8000, rows, length), repeats)
+  small = SHAPES["small"]
+  seconds, _, _, compiled = time_train_step(model_config(small, max_len=max(length, 64)),
+                                            random_ids(small["vocab"], rows, length), repeats)
   memory = compiled.memory_analysis()
   temp_mb = getattr(memory, "temp_size_in_bytes", 0) / 2**20 if memory is not None else 0.0
   return {"rows": rows, "length": length, "tokens": 2 * rows * length,
@@ -33,11 +30,10 @@ def exponent(xs, ys) -> float:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__)
-  parser.add_argument("--json", help="write the results here")
-  parser.add_argument("--plot", help="write the log-log plot here (PNG)")
-  parser.add_argument("--repeats", type=int, default=3, help="timed steps per point (median)")
-  args = parser.parse_args()
+  flags = parser(__doc__)
+  flags.add_argument("--plot", help="write the log-log plot here (PNG)")
+  flags.add_argument("--repeats", type=int, default=3, help="timed steps per point (median)")
+  args = flags.parse_args()
   run_like_entry_points()
 
   # Same tokens per batch (4096 per side) while the length grows: attention's
