@@ -46,7 +46,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import MULTI30K, ROOT, print_table
+from common import MULTI30K, ROOT, alternating, model_config, print_table, random_ids, \
+    train_command
 
 # jax in this process must leave the device's memory to the train.py / decode.py
 # subprocesses of sections 1-2; its own arrays grow the pool on demand.
@@ -144,13 +145,12 @@ class Bench:
     self.record.setdefault("section_wall_s", {})[name] = time.time() - started
     self.save()
 
-  def subprocess(self, argv, log: Path, env=None, timeout=None) -> float:
+  def subprocess(self, argv, log: Path) -> float:
     """Runs argv from the repository root, output to `log`; returns wall seconds."""
     started = time.time()
     with open(log, "w") as f:
       proc = subprocess.run(argv, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                            env={**os.environ, **(env or {})},
-                            timeout=timeout or max(60.0, self.left_s()))
+                            timeout=max(60.0, self.left_s()))
     wall = time.time() - started
     if proc.returncode:
       tail = log.read_text()[-3000:]
@@ -175,17 +175,13 @@ class Bench:
 
   # --- 1, 2: the README job ------------------------------------------------------
 
-  def train_argv(self, workdir: Path, cache: Path, *overrides: str) -> list[str]:
-    config = "configs/tiny.py" if self.tiny else "configs/multi30k.py"
-    argv = [sys.executable, "train.py", f"--config={config}", f"--workdir={workdir}",
-            f"--config.manual_dir={self.data}", f"--config.compilation_cache_dir={cache}"]
-    if self.tiny:
-      argv += ["--config.num_train_steps=30", "--config.eval_every_steps=10",
-               "--config.bleu_every_steps=20", "--config.checkpoint_every_steps=5",
-               "--config.log_every_steps=5",
-               # Two shapes each: the cap's code path, one compile fewer than the default.
-               "--config.eval_max_shapes=2"]
-    return argv + list(overrides)
+  def train_argv(self, workdir: Path, cache: Path, **overrides) -> list[str]:
+    # --tiny: eval_max_shapes 2, the cap's code path, one compile fewer than the default.
+    tiny = dict(num_train_steps=30, eval_every_steps=10, bleu_every_steps=20,
+                checkpoint_every_steps=5, log_every_steps=5, eval_max_shapes=2)
+    return train_command("tiny.py" if self.tiny else "multi30k.py", workdir, {
+        "manual_dir": self.data, "compilation_cache_dir": cache,
+        **(tiny if self.tiny else {}), **overrides})
 
   def readme_job(self) -> None:
     workdir, cache = self.root / "readme", self.root / "cache"
@@ -210,7 +206,6 @@ class Bench:
     import sacrebleu
 
     hypotheses = hyp.read_text().splitlines()
-    references = ref.read_text().splitlines()
     bleu = sacrebleu.corpus_bleu(hypotheses, [references])
     train_compile = [c for c in compiles if c["what"] == "Train step"]
     self.record.update(
@@ -239,8 +234,7 @@ class Bench:
     shutil.rmtree(workdir, ignore_errors=True)
     log = self.root / "warm_train.log"
     wall = self.subprocess(self.train_argv(
-        workdir, self.cache, "--config.num_train_steps=8", "--config.profile_first_step=4",
-        "--config.profile_steps=2"), log)
+        workdir, self.cache, num_train_steps=8, profile_first_step=4, profile_steps=2), log)
     compiles = parse_compiles(log.read_text())
     train = [c for c in compiles if c["what"] == "Train step"]
     traces = sorted(p for p in (workdir / "profile").rglob("*") if p.is_file())
@@ -383,17 +377,19 @@ class Bench:
 
   # --- 5, 6: against the peer ------------------------------------------------------
 
-  def peer(self):
+  def peer(self, key: str):
+    """The peer's `models` and `decode` modules; (None, None), recorded as the error of
+    `key`, without --peer_path."""
     if not self.args.peer_path:
-      raise RuntimeError("no --peer_path: peer rows not measured")
-    path = Path(self.args.peer_path)
-    modules = {}
+      self.record["errors"][key] = "no --peer_path: peer rows not measured"
+      return None, None
+    modules = []
     for name in ("models", "decode"):
-      spec = importlib.util.spec_from_file_location(f"peer_{name}", path / f"{name}.py")
-      module = importlib.util.module_from_spec(spec)
-      spec.loader.exec_module(module)
-      modules[name] = module
-    return modules["models"], modules["decode"]
+      spec = importlib.util.spec_from_file_location(f"peer_{name}",
+                                                    Path(self.args.peer_path) / f"{name}.py")
+      modules.append(importlib.util.module_from_spec(spec))
+      spec.loader.exec_module(modules[-1])
+    return tuple(modules)
 
   def train_steps(self, name: str, attention: str = "auto", ablations: bool = False,
                   variants: dict | None = None) -> None:
@@ -407,27 +403,20 @@ class Bench:
     """
     import jax
     import jax.numpy as jnp
-    import numpy as np
     import optax
 
     from configs import default
     from flax_transformer.training import sharding
     from flax_transformer.training import steps as training
-    from flax_transformer.network.config import TransformerConfig
 
     shape = (TINY_SHAPES if self.tiny else SHAPES)[name]
     rows, length, vocab = shape["rows"], shape["length"], shape["vocab"]
-    rng = np.random.default_rng(0)
-    host_batch = {k: rng.integers(2, vocab, (rows, length), dtype=np.int32)
-                  for k in ("inputs", "targets")}
+    host_batch = random_ids(vocab, rows, length)
     steps = 3 if self.tiny else 20
     timed = {}
 
     # Ours: the library's Trainer, as train.py builds it.
-    model_config = TransformerConfig(vocab_size=vocab, d_model=shape["d_model"],
-                                     d_ff=shape["d_ff"], num_heads=shape["heads"],
-                                     num_layers=shape["layers"], max_len=length,
-                                     dtype=shape["dtype"], attention_implementation=attention)
+    our_config = model_config(shape, dtype=shape["dtype"], attention_implementation=attention)
     mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
     compile_s = {}
     initial = []
@@ -444,7 +433,7 @@ class Bench:
       for k, v in (overrides or {}).items():
         variant_config[k] = v
       try:  # The patches and options hold while the step is traced and compiled.
-        trainer = training.Trainer(model_config, variant_config, mesh)
+        trainer = training.Trainer(our_config, variant_config, mesh)
         # One initialisation (its compile takes 12-35 s on an H100), a copy per variant.
         if not initial:
           started = time.perf_counter()
@@ -479,21 +468,13 @@ class Bench:
     for key, variant in (variants or {}).items():
       build(key, variant.get("patches", {}), variant.get("config"), variant.get("jax"))
     peer_compile = None
-    try:
-      models, _ = self.peer()
-    except RuntimeError as e:
-      self.record["errors"][f"{name}_peer"] = str(e)
-      models = None
+    models, _ = self.peer(f"{name}_peer")
     if models is not None:
       # The peer's model at the same shapes; its train.py loss (label smoothing 0.1,
       # normalised by non-pad tokens) and Adam, without its pmap.
-      peer_config = models.TransformerConfig(
-          vocab_size=vocab, output_vocab_size=vocab, share_embeddings=True,
-          logits_via_embedding=True, dtype=jnp.dtype(shape["dtype"]), emb_dim=shape["d_model"],
-          num_heads=shape["heads"], num_layers=shape["layers"], qkv_dim=shape["d_model"],
-          mlp_dim=shape["d_ff"], max_len=length, dropout_rate=0.1, attention_dropout_rate=0.0,
-          deterministic=False)
-      peer_model = models.Transformer(peer_config)
+      peer_model = models.Transformer(peer_config(
+          models, shape, max_len=length, dropout_rate=0.1, attention_dropout_rate=0.0,
+          deterministic=False))
       params = jax.jit(peer_model.init)(jax.random.PRNGKey(0), host_batch["inputs"][:1],
                                         host_batch["targets"][:1])["params"]
       tx = optax.adam(1e-4, b1=0.9, b2=0.98, eps=1e-9)
@@ -527,15 +508,11 @@ class Bench:
         jax.block_until_ready(peer_holder[0])
 
       timed["peer"] = peer
-    runs = {k: [] for k in timed}
     for fn in timed.values():
       fn()  # Warm-up.
-    for _ in range(3 if self.tiny else 5):  # Alternating: the same machine state for both.
-      for key, fn in timed.items():
-        started = time.perf_counter()
-        fn()
-        runs[key].append((time.perf_counter() - started) / steps)
-    flops = training.train_step_flops(model_config, rows, length, length)
+    runs = {key: [s / steps for s in seconds]
+            for key, seconds in alternating(timed, 3 if self.tiny else 5).items()}
+    flops = training.train_step_flops(our_config, rows, length, length)
     ours_s = statistics.median(runs["ours"])
     device_kind = jax.devices()[0].device_kind
     peak = next((v for k, v in PEAKS_BF16.items() if k in device_kind), None)
@@ -590,34 +567,23 @@ class Bench:
     import jax.numpy as jnp
     import numpy as np
 
-    from flax_transformer import Transformer, TransformerConfig
+    from flax_transformer import Transformer
     from flax_transformer.data.tokenizer import trim
     from flax_transformer.translation.translator import SearchConfig, make_search_fn
 
     shape = (TINY_SHAPES if self.tiny else SHAPES)[shape_name]
     source_len, beam = 32, 4
     max_len = source_len + extra
-    config = TransformerConfig(vocab_size=shape["vocab"], d_model=shape["d_model"],
-                               d_ff=shape["d_ff"], num_heads=shape["heads"],
-                               num_layers=shape["layers"], max_len=max_len, deterministic=True,
-                               dtype=shape["dtype"])
+    config = model_config(shape, max_len=max_len, deterministic=True, dtype=shape["dtype"])
     sample = np.ones((1, source_len), np.int32)
     params = Transformer(config).init(jax.random.PRNGKey(0), sample, sample)["params"]
     search = jax.jit(make_search_fn(config, SearchConfig(beam_size=beam, alpha=0.6,
                                                          max_extra=extra)))
-    try:
-      models, peer_decode = self.peer()
-    except RuntimeError as e:
-      self.record["errors"][f"{key}_peer"] = str(e)
-      models = None
+    models, peer_decode = self.peer(f"{key}_peer")
     if models is not None:
-      peer_config = models.TransformerConfig(
-          vocab_size=shape["vocab"], output_vocab_size=shape["vocab"], share_embeddings=True,
-          logits_via_embedding=True, emb_dim=shape["d_model"], num_heads=shape["heads"],
-          num_layers=shape["layers"], qkv_dim=shape["d_model"], mlp_dim=shape["d_ff"],
-          max_len=max_len, deterministic=True, dtype=jnp.dtype(shape["dtype"]))
-      decode_config = peer_config.replace(decode=True)
-      peer_params = models.Transformer(peer_config).init(
+      search_config = peer_config(models, shape, max_len=max_len, deterministic=True)
+      decode_config = search_config.replace(decode=True)
+      peer_params = models.Transformer(search_config).init(
           jax.random.PRNGKey(0), sample, sample)["params"]
 
       def peer_search(params, inputs):
@@ -625,7 +591,7 @@ class Bench:
         cache = models.Transformer(decode_config).init(
             jax.random.PRNGKey(0), jnp.ones(inputs.shape, jnp.float32),
             jnp.ones((inputs.shape[0], max_len), jnp.float32))["cache"]
-        encoded = peer_decode.flat_batch_beam_expand(models.Transformer(peer_config).apply(
+        encoded = peer_decode.flat_batch_beam_expand(models.Transformer(search_config).apply(
             {"params": params}, inputs, method=models.Transformer.encode), beam)
         raw_inputs = peer_decode.flat_batch_beam_expand(inputs, beam)
 
@@ -655,12 +621,8 @@ class Bench:
         timed["peer"] = lambda: peer_compiled(peer_params, inputs)
       tokens = {k: sum(len(trim(row)) for row in np.asarray(jax.block_until_ready(fn())))
                 for k, fn in timed.items()}  # Also the warm-up.
-      runs = {k: [] for k in timed}
-      for _ in range(3 if self.tiny else (10 if batch <= 32 else 5)):
-        for k, fn in timed.items():
-          started = time.perf_counter()
-          jax.block_until_ready(fn())
-          runs[k].append(time.perf_counter() - started)
+      runs = alternating({k: lambda fn=fn: jax.block_until_ready(fn()) for k, fn in timed.items()},
+                         3 if self.tiny else (10 if batch <= 32 else 5))
       for k in timed:
         seconds = statistics.median(runs[k])
         out.update({f"{k}_s_per_batch": seconds, f"{k}_sentences_per_s": batch / seconds,
@@ -767,6 +729,18 @@ class Bench:
     print(f"wrote {self.out}")
 
 
+def peer_config(models, shape: dict, **fields):
+  """The peer's TransformerConfig at SHAPES' `shape`, with our tied embeddings and
+  projection; `fields` its others."""
+  import jax.numpy as jnp
+
+  return models.TransformerConfig(
+      vocab_size=shape["vocab"], output_vocab_size=shape["vocab"], share_embeddings=True,
+      logits_via_embedding=True, emb_dim=shape["d_model"], num_heads=shape["heads"],
+      num_layers=shape["layers"], qkv_dim=shape["d_model"], mlp_dim=shape["d_ff"],
+      dtype=jnp.dtype(shape["dtype"]), **fields)
+
+
 def prng_variants() -> dict[str, dict]:
   """Ours with one random-number or loss choice changed (train.py's defaults otherwise)."""
   return {
@@ -820,9 +794,12 @@ def merge(paths: list[str], out: str) -> None:
   `sources` names, for every key, the run it came from (each run keeps its own
   command, date and errors under `runs`).
   """
+  loaded = {path: json.loads(Path(path).read_text()) for path in paths}
+  devices = {run.get("device") for run in loaded.values()}
+  if len(devices) > 1:
+    raise SystemExit(f"runs on different devices: {sorted(map(str, devices))}")
   record, sources, runs = {}, {}, []
-  for path in paths:
-    run = json.loads(Path(path).read_text())
+  for path, run in loaded.items():
     runs.append({"file": path, **{k: run.get(k) for k in ("command", "date", "errors",
                                                            "section_wall_s")}})
     for key, value in run.items():
@@ -832,9 +809,6 @@ def merge(paths: list[str], out: str) -> None:
         record.setdefault(key, None)  # Unmeasured stays visible as null.
         continue
       record[key], sources[key] = value, path
-  devices = {r.get("device") for r in map(lambda p: json.loads(Path(p).read_text()), paths)}
-  if len(devices) > 1:
-    raise SystemExit(f"runs on different devices: {sorted(map(str, devices))}")
   record = {**dict.fromkeys(HEADLINE), **record, "runs": runs, "sources": sources}
   Path(out).write_text(json.dumps(record, indent=1))
   print(f"wrote {out}")
