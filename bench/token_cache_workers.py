@@ -27,7 +27,6 @@ GBs of this shared host). Also the size and time of pickling the dataset once.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import pickle
@@ -35,7 +34,8 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, print_table, run_child, tree_memory, write_json
+from common import TreeSampler, bench_command, dir_bytes, parser, print_table, run_child, \
+    write_json
 
 def measure(args) -> dict:
   """One variant in this process: the pipeline, batches for --seconds, the tree's memory."""
@@ -59,16 +59,13 @@ def measure(args) -> dict:
   iterator = iter(data.prefetched(dataset, lambda b: b, workers=args.workers, device_buffer=0))
   next(iterator)
   first_batch_s = time.perf_counter() - start
-  samples, batches, tokens = [], 0, 0
-  start = last = time.perf_counter()
+  batches, tokens = 0, 0
+  sampler, start = TreeSampler(os.getpid(), every_s=1.0), time.perf_counter()
   while time.perf_counter() - start < args.seconds:
     batch = next(iterator)
     batches += 1
     tokens += int((batch["inputs"] != 0).sum() + (batch["targets"] != 0).sum())
-    if time.perf_counter() - last >= 1.0:
-      last = time.perf_counter()
-      samples.append(tree_memory(os.getpid()))
-  samples.append(tree_memory(os.getpid()))
+  samples = sampler.stop()
   peak = {}  # Per process and figure, the largest sampled value.
   for sample in samples:
     for role, figures in sample.items():
@@ -76,7 +73,7 @@ def measure(args) -> dict:
         peak.setdefault(role, {})[k] = max(peak.get(role, {}).get(k, 0.0), v)
   workers = [v for role, v in peak.items() if role.startswith("worker")]
   return {"variant": args.variant, "workers": args.workers, "pairs": len(ids),
-          "token_cache_bytes": sum(p.stat().st_size for p in ids.folder.iterdir()),
+          "token_cache_bytes": dir_bytes(ids.folder),
           "pickle_bytes": pickle_bytes, "pickle_s": pickle_s, "first_batch_s": first_batch_s,
           "batches": batches, "seconds": args.seconds, "real_tokens_per_s": tokens / args.seconds,
           "batch_shape": [batching.rows, batching.max_target_length],
@@ -103,17 +100,15 @@ class PickledWithItsArrays(TokenizedPairs):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--scratch", type=Path, required=True,
-                      help="bench/wmt_scale.py's folder, its stages up to tokens done")
-  parser.add_argument("--workers", type=int, default=8, help="input workers (new variant)")
-  parser.add_argument("--old_workers", type=int, default=2,
-                      help="input workers of the old variant (0: skip it)")
-  parser.add_argument("--seconds", type=float, default=60, help="batches drawn this long")
-  parser.add_argument("--json", help="write the results here")
-  parser.add_argument("--variant", choices=["new", "old"], help=argparse.SUPPRESS)
-  args = parser.parse_args()
+  flags = parser(__doc__)
+  flags.add_argument("--scratch", type=Path, required=True,
+                     help="bench/wmt_scale.py's folder, its stages up to tokens done")
+  flags.add_argument("--workers", type=int, default=8, help="input workers (new variant)")
+  flags.add_argument("--old_workers", type=int, default=2,
+                     help="input workers of the old variant (0: skip it)")
+  flags.add_argument("--seconds", type=float, default=60, help="batches drawn this long")
+  flags.add_argument("--variant", choices=["new", "old"], help="(one variant's own process)")
+  args = flags.parse_args()
   args.scratch = args.scratch.resolve()
   if args.variant:
     print("RESULT " + json.dumps(measure(args)), flush=True)
@@ -146,7 +141,7 @@ def main():
   aim_mb = 150
   new = next((r for r in records if r["variant"] == "new"), None)
   write_json(args.json, {
-      "command": "python bench/token_cache_workers.py " + " ".join(sys.argv[1:]),
+      "command": bench_command(),
       "commit": code.get("git_commit"), "git_dirty": code.get("git_dirty"),
       "cores": os.cpu_count(), "aim_worker_uss_mb": aim_mb,
       "aim_met": bool(new and new["worker_uss_mb_max"] <= aim_mb),
@@ -156,5 +151,4 @@ def main():
 
 
 if __name__ == "__main__":
-  sys.path.insert(0, str(ROOT / "bench"))
   main()
