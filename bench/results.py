@@ -59,7 +59,7 @@ def main():
   records = all_records[0]
   launches = run.get("launches", [])
   # The command as train.py recorded it at its first launch, unless one is given.
-  recorded = " ".join(shlex.quote(a) for a in ["python", *launches[0]["argv"]]) if (
+  recorded = shlex.join(["python", *launches[0]["argv"]]) if (
       launches and launches[0].get("argv")) else ""
   command = args.command[0] if args.command else recorded
   training = _training_record(launches, command, args.train_commit)
