@@ -201,6 +201,25 @@ def test_beam_search_on_random_tables_is_exhaustive_search(seed, sharpness, alph
     assert nbest(early, row) == nbest(full, row)
 
 
+def test_beam_search_n_best_slots_without_a_hypothesis_are_padding():
+  """Fewer sequences than beams (max lengths 1 and 2: 1 and 3 sequences): the n-best
+  slots left over hold pad tokens only and score NEG_INF, the others their sequence once
+  (built from the search's history, which live beams share)."""
+  table = np.random.default_rng(5).normal(0.0, 2.0, (TABLE_SENTENCES, TABLE_VOCAB ** (
+      TABLE_LENGTH - 1), TABLE_VOCAB)).astype(np.float32)
+  result = table_search(jnp.asarray(table), jnp.asarray([1, 2], jnp.int32), jnp.float32(0.6),
+                        beams=EXACT_BEAM)
+  sequences, scores = np.asarray(result.sequences), np.asarray(result.scores)
+  for row, expected in enumerate(({(EOS,)}, {(EOS,), (2, EOS), (3, EOS)})):
+    count = len(expected)
+    assert (scores[row, :count] > -1e6).all()
+    found = [list(seq) for seq in sequences[row, :count]]
+    assert {tuple(seq[:seq.index(EOS) + 1]) for seq in found} == expected
+    assert all(not any(seq[seq.index(EOS) + 1:]) for seq in found)
+    np.testing.assert_array_equal(sequences[row, count:], 0)
+    np.testing.assert_array_equal(scores[row, count:], decoding.NEG_INF)
+
+
 def test_beam_one_equals_greedy():
   cfg, params = random_model(12, seed=1)
   inputs = jnp.array([[2, 5, 7, 9, EOS], [3, 4, EOS, 0, 0]], jnp.int32)

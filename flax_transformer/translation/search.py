@@ -82,10 +82,15 @@ def _max_lengths(max_lengths, batch_size, length, forced_lengths) -> jax.Array:
 
 
 class BeamState(NamedTuple):
+  """The search's state: each step writes one column of its history in place, and
+  finished hypotheses are pointers into it (sequences are built once, at the end)."""
+
   step: jax.Array  # int32 [], tokens generated so far.
-  alive_seqs: jax.Array  # int32 [B, K, L]
+  choices: jax.Array  # int32 [L, B, K]: [t, b, k] = token * K + p: live beam k of step t
+  # extends live beam p of step t - 1 by `token`.
   alive_log_probs: jax.Array  # float32 [B, K]
-  finished_seqs: jax.Array  # int32 [B, K, L]
+  finished_ends: jax.Array  # int32 [B, K]: t * K + p, EOS at step t after live beam p of
+  # step t - 1 (p = 0 at t = 0); -1: no hypothesis (an all-pad sequence).
   finished_scores: jax.Array  # float32 [B, K], length-penalised; NEG_INF if none.
   cache: Any
 
@@ -100,11 +105,31 @@ def _initial_beam_state(cache, b: int, k: int, length: int) -> BeamState:
   copies; no finished hypotheses."""
   return BeamState(
       step=jnp.array(0, jnp.int32),
-      alive_seqs=jnp.zeros((b, k, length), jnp.int32),
+      choices=jnp.zeros((length, b, k), jnp.int32),
       alive_log_probs=jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (b, 1)),
-      finished_seqs=jnp.zeros((b, k, length), jnp.int32),
+      finished_ends=jnp.full((b, k), -1, jnp.int32),
       finished_scores=jnp.full((b, k), NEG_INF, jnp.float32),
       cache=cache)
+
+
+def _backtrack(choices: jax.Array, ends: jax.Array, eos_id: int) -> jax.Array:
+  """Finished hypotheses' sequences int32 [B, K, L] from the history [L, B, K] and their
+  pointers `ends` [B, K] (`BeamState`'s choices and finished_ends): EOS-terminated,
+  0-padded."""
+  length, _, k = choices.shape
+  end = ends // k  # EOS position (-1: none, as floor division keeps it).
+
+  def back(i, carry):  # Position t = L - 1 - i: the token of `beam`, then its parent.
+    sequences, beam = carry
+    t = length - 1 - i
+    before_end = t < end
+    choice = jnp.take_along_axis(choices[t], beam, axis=1)
+    token = jnp.where(before_end, jax.lax.div(choice, k), jnp.where(t == end, eos_id, 0))
+    return sequences.at[t].set(token), jnp.where(before_end, jax.lax.rem(choice, k), beam)
+
+  sequences, _ = jax.lax.fori_loop(0, length, back,
+                                   (jnp.zeros_like(choices), ends % k))
+  return sequences.transpose(1, 2, 0)
 
 
 def beam_search(tokens_to_logits: TokensToLogits, cache, *, batch_size: int, beam_size: int,
@@ -131,10 +156,11 @@ def beam_search(tokens_to_logits: TokensToLogits, cache, *, batch_size: int, bea
     open_sentence = (best_alive > worst_finished) & (s.alive_log_probs[:, 0] > NEG_INF / 2)
     return (s.step < length) & jnp.any(open_sentence)
 
+  def previous_token(s: BeamState) -> jax.Array:  # int [B, K]; pad (0) at step 0.
+    return jnp.where(s.step > 0, jax.lax.div(s.choices[jnp.maximum(s.step - 1, 0)], k), 0)
+
   def step_fn(s: BeamState) -> BeamState:
-    previous = jnp.where(s.step > 0,
-                         jax.lax.dynamic_index_in_dim(s.alive_seqs, s.step - 1, 2, False), 0)
-    logits, cache = tokens_to_logits(previous.reshape(b * k, 1), s.cache)
+    logits, cache = tokens_to_logits(previous_token(s).reshape(b * k, 1), s.cache)
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(b, k, -1)
     log_probs = _forbid(log_probs, s.step, max_lengths, eos_id)
     log_probs = _force(log_probs, s.step, forced_ids, forced_lengths)
@@ -142,31 +168,32 @@ def beam_search(tokens_to_logits: TokensToLogits, cache, *, batch_size: int, bea
     candidates = (s.alive_log_probs[:, :, None] + log_probs).reshape(b, k * vocab)
     # 2K candidates: even if K of them end in EOS, K remain to stay alive.
     top_log_probs, top_ids = jax.lax.top_k(candidates, min(2 * k, k * vocab))
-    top_beams, top_tokens = top_ids // vocab, top_ids % vocab
-    top_seqs = jnp.take_along_axis(s.alive_seqs, top_beams[:, :, None], axis=1)
-    top_seqs = jax.lax.dynamic_update_index_in_dim(top_seqs, top_tokens, s.step, axis=2)
+    # top_ids >= 0: lax's div and rem are // and % without their sign fix-ups.
+    top_beams, top_tokens = jax.lax.div(top_ids, vocab), jax.lax.rem(top_ids, vocab)
     ended = top_tokens == eos_id
     dead = top_log_probs <= NEG_INF / 2
 
-    # Live beams: the best K candidates that did not just end.
+    # Live beams: the best K candidates that did not just end. One index each (parent
+    # and token) reorders the cache and fills one column of the history in place.
     alive_scores = jnp.where(ended | dead, 2 * NEG_INF, top_log_probs)
     alive_log_probs, alive_pick = jax.lax.top_k(alive_scores, k)
-    alive_seqs = jnp.take_along_axis(top_seqs, alive_pick[:, :, None], axis=1)
-    origin = jnp.take_along_axis(top_beams, alive_pick, axis=1)
-    cache = _gather_beams(cache, origin, b, k)
+    choice = jnp.take_along_axis(top_tokens * k + top_beams, alive_pick, axis=1)
+    choices = jax.lax.dynamic_update_index_in_dim(s.choices, choice, s.step, 0)
+    cache = _gather_beams(cache, jax.lax.rem(choice, k), b, k)
 
     # Finished: the best K of those kept so far and those that just ended.
     new_scores = top_log_probs / length_penalty(s.step + 1, alpha)
     new_scores = jnp.where(ended & ~dead, new_scores, NEG_INF)
     pool_scores = jnp.concatenate([s.finished_scores, new_scores], axis=1)
-    pool_seqs = jnp.concatenate([s.finished_seqs, top_seqs], axis=1)
+    pool_ends = jnp.concatenate([s.finished_ends, s.step * k + top_beams], axis=1)
     finished_scores, finished_pick = jax.lax.top_k(pool_scores, k)
-    finished_seqs = jnp.take_along_axis(pool_seqs, finished_pick[:, :, None], axis=1)
-    return BeamState(s.step + 1, alive_seqs, alive_log_probs, finished_seqs, finished_scores,
+    finished_ends = jnp.take_along_axis(pool_ends, finished_pick, axis=1)
+    return BeamState(s.step + 1, choices, alive_log_probs, finished_ends, finished_scores,
                      cache)
 
   final = jax.lax.while_loop(not_done, step_fn, state)
-  return SearchResult(final.finished_seqs, final.finished_scores)
+  return SearchResult(_backtrack(final.choices, final.finished_ends, eos_id),
+                      final.finished_scores)
 
 
 class SampleState(NamedTuple):
