@@ -21,58 +21,39 @@ the reference's, bit for bit.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
+import shutil
 import signal
 import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
-from common import ROOT, final_params, print_table, same_params, tree_memory, write_json
+from common import TreeSampler, bench_command, final_params, parser, print_table, resumed_from, \
+    same_params, train_command, write_json
 
 import psutil
 
 
 def command(args, workdir: Path, workers: int) -> list[str]:
   scratch = args.scratch
-  return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/tiny.py"),
-          f"--workdir={workdir}", "--config.dataset_name=wmt14_translate/de-en",
-          f"--config.data_dir={scratch / 'data'}", "--config.manual_dir=",
-          f"--config.vocab_path={scratch / 'vocab.model'}",
-          f"--config.token_cache_dir={scratch / 'tokens'}", "--config.eval_dataset_name=",
-          "--config.model.max_len=64", "--config.max_source_length=64",
-          "--config.max_target_length=64", "--config.batch_tokens=2048",
-          f"--config.num_train_steps={args.steps}", "--config.log_every_steps=50",
-          "--config.checkpoint_every_steps=50", "--config.eval_every_steps=100000",
-          "--config.num_eval_steps=1", "--config.bleu_every_steps=0",
-          f"--config.data_workers={workers}"]
+  return train_command("tiny.py", workdir, {
+      "dataset_name": "wmt14_translate/de-en", "data_dir": scratch / "data", "manual_dir": "",
+      "vocab_path": scratch / "vocab.model", "token_cache_dir": scratch / "tokens",
+      "eval_dataset_name": "", "model.max_len": 64, "max_source_length": 64,
+      "max_target_length": 64, "batch_tokens": 2048, "num_train_steps": args.steps,
+      "log_every_steps": 50, "checkpoint_every_steps": 50, "eval_every_steps": 100000,
+      "num_eval_steps": 1, "bleu_every_steps": 0, "data_workers": workers})
 
 
-class TreeSampler:
-  """Peak summed RSS and PSS (MiB) of a process and all its descendants."""
-
-  def __init__(self, pid: int, every_s: float = 0.25):
-    self.peak = {"peak_tree_rss_mb": 0.0, "peak_tree_pss_mb": 0.0, "peak_main_rss_mb": 0.0,
-                 "processes": 0}
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._run, args=(pid, every_s), daemon=True)
-    self._thread.start()
-
-  def _run(self, pid: int, every_s: float):
-    while not self._stop.is_set() and (tree := tree_memory(pid)):
-      now = {"peak_tree_rss_mb": sum(m["rss"] for m in tree.values()),
-             "peak_tree_pss_mb": sum(m["pss"] for m in tree.values()),
-             "peak_main_rss_mb": tree.get("main", {}).get("rss", 0.0), "processes": len(tree)}
-      self.peak = {k: max(v, now[k]) for k, v in self.peak.items()}
-      time.sleep(every_s)
-
-  def stop(self) -> dict:
-    self._stop.set()
-    self._thread.join()
-    return self.peak
+def peaks(samples: list[dict]) -> dict:
+  """The largest summed RSS and PSS (MiB) of the process tree, its main process's RSS,
+  and the most processes it had, over `samples` (TreeSampler's)."""
+  largest = lambda f: max((f(tree) for tree in samples), default=0.0)  # noqa: E731
+  return {"peak_tree_rss_mb": largest(lambda t: sum(m["rss"] for m in t.values())),
+          "peak_tree_pss_mb": largest(lambda t: sum(m["pss"] for m in t.values())),
+          "peak_main_rss_mb": largest(lambda t: t.get("main", {}).get("rss", 0.0)),
+          "processes": largest(len) or 0}
 
 
 FIRST_BATCH = re.compile(r"First training batch .* in ([0-9.]+) s")
@@ -84,7 +65,7 @@ def launch(args, workdir: Path, workers: int, log: Path, kill_at: int | None = N
   with open(log, "w") as out:
     process = subprocess.Popen(command(args, workdir, workers), stdout=out,
                                stderr=subprocess.STDOUT, env=dict(os.environ, XLA_FLAGS=""))
-    sampler = TreeSampler(process.pid)
+    sampler = TreeSampler(process.pid, every_s=0.25)
     if kill_at is not None:
       while not (workdir / "checkpoints" / str(kill_at) / "_CHECKPOINT_METADATA").exists():
         if process.poll() is not None:
@@ -94,7 +75,8 @@ def launch(args, workdir: Path, workers: int, log: Path, kill_at: int | None = N
         child.kill()  # As a machine's loss takes the workers too.
       process.send_signal(signal.SIGKILL)
     code = process.wait()
-  record = {"returncode": code, "wall_s": time.time() - start, **sampler.stop(), "log": str(log)}
+  record = {"returncode": code, "wall_s": time.time() - start, **peaks(sampler.stop()),
+            "log": str(log)}
   found = FIRST_BATCH.search(log.read_text())
   record["first_batch_s"] = float(found.group(1)) if found else None
   if kill_at is None and code != 0:
@@ -104,32 +86,27 @@ def launch(args, workdir: Path, workers: int, log: Path, kill_at: int | None = N
 
 def soak(args, workers: int) -> dict:
   base = args.scratch / f"soak_workers{workers}"
-  if base.exists():
-    import shutil
-    shutil.rmtree(base)
+  shutil.rmtree(base, ignore_errors=True)
   base.mkdir(parents=True)
   runs = {"reference": launch(args, base / "reference", workers, base / "reference.log")}
   runs["killed"] = launch(args, base / "interrupted", workers, base / "killed.log",
                           kill_at=args.kill_at)
   runs["resumed"] = launch(args, base / "interrupted", workers, base / "resumed.log")
-  resumed_log = (base / "resumed.log").read_text()
-  found = re.search(r"Resumed from the checkpoint of step (\d+)", resumed_log)
   (step_a, a), (step_b, b) = final_params(base / "reference"), final_params(base / "interrupted")
-  return {"workers": workers, "runs": runs, "resumed_from_step": int(found.group(1)) if found
-          else None, "bit_exact": step_a == step_b and same_params(a, b)}
+  return {"workers": workers, "runs": runs,
+          "resumed_from_step": resumed_from((base / "resumed.log").read_text()),
+          "bit_exact": step_a == step_b and same_params(a, b)}
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--scratch", type=Path, required=True,
-                      help="bench/wmt_scale.py's folder (data/, vocab.model, tokens/)")
-  parser.add_argument("--steps", type=int, default=300)
-  parser.add_argument("--kill_at", type=int, default=150, help="a multiple of 50")
-  parser.add_argument("--workers", type=int, nargs="+", default=[-1],
-                      help="config.data_workers of each soak (-1: the default, automatic)")
-  parser.add_argument("--json")
-  args = parser.parse_args()
+  flags = parser(__doc__)
+  flags.add_argument("--scratch", type=Path, required=True,
+                     help="bench/wmt_scale.py's folder (data/, vocab.model, tokens/)")
+  flags.add_argument("--steps", type=int, default=300)
+  flags.add_argument("--kill_at", type=int, default=150, help="a multiple of 50")
+  flags.add_argument("--workers", type=int, nargs="+", default=[-1],
+                     help="config.data_workers of each soak (-1: the default, automatic)")
+  args = flags.parse_args()
   for needed in ("data", "vocab.model"):
     if not (args.scratch / needed).exists():
       raise SystemExit(f"{args.scratch / needed} missing: run bench/wmt_scale.py --scratch "
@@ -149,7 +126,7 @@ def main():
                    "bit-exact": result["bit_exact"] if name == "resumed" else ""})
   print_table(rows, list(rows[0]))
   write_json(args.json, {
-      "command": "python bench/soak.py " + " ".join(sys.argv[1:]),
+      "command": bench_command(),
       "train_command": " ".join(command(args, Path("WORKDIR"), -1)[1:]),
       "auto_workers_here": pipeline.auto_workers(-1), "cores": os.cpu_count(),
       "steps": args.steps, "kill_at": args.kill_at, "soaks": results, **provenance.commit()})
