@@ -80,9 +80,24 @@ def translation_info(builder):
       builder=builder, features=tfds.features.Translation(languages=("de", "en")))
 
 
-def cpu_env() -> dict:
-  """The environment of a plain single-host run: one CPU device."""
-  return dict(os.environ, XLA_FLAGS="")
+# On the CPU the suite compiles with LLVM at -O1, not XLA's default -O2: compiling is
+# most of its time, and -O1 runs a cold tiny train.py launch in a third less CPU time (26 ->
+# 17 s median, results/ci/2026-11-28_xla_opt_level.log). The programs the tests compare are all
+# compiled alike, in-process and launched; FLAX_TRANSFORMER_TEST_XLA_OPT=2 runs at -O2.
+def suite_xla_flags() -> str:
+  if os.environ.get("JAX_PLATFORMS", "cpu") != "cpu":
+    return ""  # An accelerator's suite runs as its users' programs.
+  level = os.environ.get("FLAX_TRANSFORMER_TEST_XLA_OPT", "1")
+  return f"--xla_backend_optimization_level={level}"
+
+
+def cpu_env(device_count: int = 1) -> dict:
+  """The environment of a plain single-host run: one CPU device (or `device_count`
+  simulated ones), at the suite's XLA optimisation level."""
+  flags = suite_xla_flags()
+  if device_count > 1:
+    flags += f" --xla_force_host_platform_device_count={device_count}"
+  return dict(os.environ, XLA_FLAGS=flags.strip())
 
 
 def final_params(workdir):
@@ -282,10 +297,13 @@ _SHARED_CACHE = "FLAX_TRANSFORMER_TEST_XLA_CACHE"
 
 def pytest_configure(config):
   # Every sharding feature is tested on 8 simulated CPU devices; set before jax starts.
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
   flags = os.environ.get("XLA_FLAGS", "")
   if "xla_force_host_platform_device_count" not in flags:
-    os.environ["XLA_FLAGS"] = (flags + " --xla_force_host_platform_device_count=8").strip()
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    flags += " --xla_force_host_platform_device_count=8"
+  if "xla_backend_optimization_level" not in flags:
+    flags += " " + suite_xla_flags()
+  os.environ["XLA_FLAGS"] = flags.strip()
   # One compilation cache for the session, new each run: tests that build the same
   # step in another Trainer load it instead of compiling it again (a run that trains
   # in-process moves jax to its workdir's cache, as train.py does).

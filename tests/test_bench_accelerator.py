@@ -2,13 +2,13 @@
 the CPU, and the compilation cache hit by a second process."""
 
 import json
-import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import cpu_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,7 +34,7 @@ def bench_accelerator():
 def test_tiny_run_measures_every_section_and_a_second_launch_loads_from_the_cache(
     tmp_path, multi30k_dir):
   out = tmp_path / "accelerator.json"
-  env = {**os.environ, "XLA_FLAGS": ""}  # One CPU device, as a plain run.
+  env = cpu_env()  # One CPU device, as a plain run.
   result = subprocess.run(
       [sys.executable, str(ROOT / "bench/accelerator.py"), "--tiny", f"--data={multi30k_dir}",
        "--budget_s=3600",  # Every section must run: a loaded CI host must not skip one.

@@ -328,7 +328,7 @@ def workdir(trained_tiny):
 
 
 def decode(workdir, *args, stdin=b""):
-  env = dict(os.environ, XLA_FLAGS="")
+  env = conftest.cpu_env()
   # The session's compilation cache, not the developer's ~/.cache; a test's own flag wins.
   return subprocess.run([sys.executable, str(ROOT / "decode.py"), f"--workdir={workdir}",
                          "--batch_tokens=256", "--max_extra=5",
@@ -510,7 +510,7 @@ def test_average_checkpoints_cli_writes_a_decodable_workdir(workdir, tmp_path):
   from flax_transformer.averaging import load_params
   from flax_transformer.workdir import read_run
 
-  env = dict(os.environ, XLA_FLAGS="")
+  env = conftest.cpu_env()
   output = tmp_path / "avg"
   result = subprocess.run([sys.executable, str(ROOT / "average_checkpoints.py"),
                            f"--workdir={workdir}", "--last=2", f"--output={output}"],

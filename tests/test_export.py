@@ -2,7 +2,6 @@
 
 import gzip
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import sacrebleu
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import cpu_env
 from flax_transformer import Transformer, TransformerConfig
 from flax_transformer.errors import ConfigError
 from flax_transformer.export import ct2, folder_files, runner
@@ -44,10 +44,11 @@ def lines(multi30k_dir, name, count=None):
   return out[:count] if count else out
 
 
-def run(*args, env_flags=""):
-  # XLA_FLAGS cleared: decode.py and the runner take one CPU device per core, as users get.
+def run(*args):
+  # No device count in XLA_FLAGS: decode.py and the runner take one CPU device per core,
+  # as users get.
   return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True,
-                        env=dict(os.environ, XLA_FLAGS=env_flags), cwd=ROOT)
+                        env=cpu_env(), cwd=ROOT)
 
 
 def export_and_translate(workdir, sources, folder, *flags) -> list[str]:
@@ -198,7 +199,7 @@ def test_out_that_is_holds_or_lies_in_the_run_or_a_bucket_is_refused(tmp_path):
   jobs = {out: subprocess.Popen(  # At once: each is mostly imports.
       [sys.executable, str(ROOT / "export.py"), f"--workdir={run_dir}", f"--out={out}",
        "--overwrite"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      cwd=tmp_path, env=dict(os.environ, XLA_FLAGS="")) for out in cases}
+      cwd=tmp_path, env=cpu_env()) for out in cases}
   for out, job in jobs.items():
     _, stderr = job.communicate(timeout=300)
     assert job.returncode == 2, (out, stderr)
@@ -250,7 +251,7 @@ def test_a_failed_export_leaves_the_previous_one_whole(workdir, tmp_path):
   # Files may not grow past 64 kB (EFBIG, as a full disk gives ENOSPC): the first module fails.
   failed = subprocess.run([sys.executable, str(ROOT / "export.py"), f"--workdir={workdir}",
                            f"--out={out}", "--overwrite"], capture_output=True, text=True,
-                          env=dict(os.environ, XLA_FLAGS=""), cwd=ROOT, preexec_fn=limit)
+                          env=cpu_env(), cwd=ROOT, preexec_fn=limit)
   assert failed.returncode == 1, failed.stderr[-3000:]
   assert "Traceback" not in failed.stderr
   assert failed.stderr.strip().splitlines()[-1].startswith(

@@ -5,7 +5,6 @@ with a second checkpoint, prefixes in beam search, n-best and sampling; decode.p
 
 import functools
 import gzip
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -182,7 +181,7 @@ def test_prefixes_in_sampling(trained_tiny, sentences):
 
 
 def decode(workdir, *args):
-  env = dict(os.environ, XLA_FLAGS="")
+  env = conftest.cpu_env()
   return subprocess.run([sys.executable, str(ROOT / "decode.py"), f"--workdir={workdir}",
                          f"--batch_tokens={BATCH_TOKENS}", "--max_extra=5", "--cpu_devices=8",
                          "--average_last=1", f"--compilation_cache_dir={conftest.XLA_CACHE}",

@@ -461,7 +461,7 @@ def two_processes(command: list[str]) -> list[str]:
   """`command` as processes 0 and 1 of one run (4 CPU devices each) on this host; their
   stderr, once both exited 0."""
   command = command + [f"--coordinator_address=localhost:{free_port()}", "--num_processes=2"]
-  env = {**cpu_env(), "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+  env = cpu_env(device_count=4)
   processes = [subprocess.Popen(command + [f"--process_id={i}"], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for i in range(2)]

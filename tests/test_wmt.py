@@ -105,7 +105,7 @@ def test_base_config_trains_and_evaluates_on_prepared_wmt14(wmt14, tmp_path):
        "--config.log_every_steps=1", "--config.checkpoint_every_steps=1",
        "--config.eval_max_shapes=1",  # One eval compile: the suite's time.
        f"--config.compilation_cache_dir={conftest.XLA_CACHE}"],
-      env=dict(os.environ, XLA_FLAGS=""), capture_output=True, text=True, timeout=600)
+      env=conftest.cpu_env(), capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   evals = [r for r in records if "eval_loss" in r]
