@@ -1,5 +1,5 @@
-"""Shared by the benchmarks: their flags, train.py launches, timing, memory sampling, the
-machine's matmul peak, tables and JSON records."""
+"""Shared by the benchmarks: their flags, train.py launches, timing, memory sampling,
+tables and JSON records."""
 
 from __future__ import annotations
 
@@ -178,48 +178,6 @@ def random_ids(vocab: int, rows: int, length: int) -> dict:
 
   rng = np.random.default_rng(0)
   return {k: rng.integers(2, vocab, (rows, length), dtype=np.int32) for k in ("inputs", "targets")}
-
-
-def time_train_step(model_config, batch: dict, repeats: int, warmup: int = 1, config=None):
-  """Our Trainer's step (`config`, default configs/default.py; one device) on a host
-  batch, as train.py compiles it: (median seconds a step, its FLOPs, compile seconds,
-  the compiled executable)."""
-  import jax
-
-  from configs import default
-  from flax_transformer.training import sharding
-  from flax_transformer.training import steps as training
-
-  trainer = training.Trainer(model_config, config or default.get_config(),
-                             sharding.make_mesh({"data": 1}, jax.devices()[:1]))
-  state = trainer.init_state(0)
-  batch = jax.device_put(batch, trainer.batch_sharding)
-  start = time.perf_counter()
-  flops = trainer.compile_train_step(state, batch)
-  compile_s = time.perf_counter() - start
-  compiled = trainer._train_step.executable(state, batch)  # noqa: SLF001 (the cached one)
-  holder = [state]
-
-  def step():
-    holder[0], metrics = trainer.train_step(holder[0], batch)
-    jax.block_until_ready(metrics)
-
-  return median(timings(step, repeats, warmup=warmup)), flops, compile_s, compiled
-
-
-def matmul_peak_gflops(sizes=(1024, 2048), repeats: int = 5) -> float:
-  """Best median GFLOP/s of a jitted float32 n x n x n matmul: the practical limit."""
-  import jax
-  import jax.numpy as jnp
-
-  best = 0.0
-  for n in sizes:
-    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
-    f = jax.jit(jnp.matmul)
-    t = median(timings(lambda: f(a, b).block_until_ready(), repeats))
-    best = max(best, 2 * n ** 3 / t / 1e9)
-  return best
 
 
 def run_like_entry_points() -> None:

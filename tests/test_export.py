@@ -105,7 +105,7 @@ def test_ctranslate2_greedy_equals_ours_on_100_validation_sentences(workdir, mul
                                                                      tmp_path):
   """The tiny model's greedy outputs mostly run to their length limit, so this holds
   CTranslate2 to our search's limits; the weights are held by the scores test below,
-  and the README job's model by bench/export.py."""
+  and the README job's model by bench/export.py (retired since; results/bench/export.json)."""
   sentences = lines(multi30k_dir, "val.en.gz", 100)
   ours = Translator.from_workdir(workdir, search=SearchConfig(beam_size=1),
                                  devices=jax.devices()[:1])  # One compile, not eight.
