@@ -13,6 +13,11 @@ gets a README.md rendered whole from its NAME.json (run_readme). Edit the JSON, 
 template or the row lists here, never the rendered text: tests/test_docs.py fails when
 the committed docs differ from what this renders, and bench/check_docs.py when a number
 is neither rendered nor an allow-listed setting.
+
+Superseded runs are not rendered here: each has a README.md in its folder under results/
+(results/bench/train_step_runs/, results/bench/decode_runs/, results/device_runs/
+2026-11-26_h100_run1/), rendered once by this script at the commit it names, from JSON
+that does not change; --check does not re-render those pages.
 """
 
 from __future__ import annotations
@@ -316,32 +321,6 @@ def projection(root: Path) -> str:
       bench_json(root, "projection")["projections"])
 
 
-def train_step_runs(directory: str):
-  """bench/train_step.py's five runs on one host, each beside a run under the system
-  malloc: per config, every run and the medians (peak RSS: the process's, so base's
-  includes the small run before it)."""
-  def render(root: Path) -> str:
-    runs = [(json.loads((root / directory / f"tuned_malloc_{i}.json").read_text()),
-             json.loads((root / directory / f"system_malloc_{i}.json").read_text()))
-            for i in range(1, 6)]
-    rows = []
-    for config in ("small", "base"):
-      cells = []
-      for tuned, system in runs:
-        r = next(x for x in tuned["results"] if x["config"] == config)
-        s = next(x for x in system["results"] if x["config"] == config)
-        cells.append([r["ms_per_step"], r["tokens_per_s"], r["gflops_per_s"],
-                      r["matmul_peak_gflops_per_s"], r["fraction_of_matmul_peak"],
-                      r["compile_s"], r["torch_ms_per_step"], r["speedup_vs_torch"],
-                      s["ms_per_step"], r["peak_rss_mb"], s["peak_rss_mb"]])
-      formats = [".0f"] * 4 + [".0%", ".1f", ".0f", ".2f"] + [".0f"] * 3
-      rows += [[config, *row] for row in runs_and_median(cells, formats, bold=(0, 4, 7))]
-    return table(["config", "run", "ms/step", "tokens/s", "GFLOP/s", "matmul peak",
-                  "of matmul peak", "compile s", "torch ms/step", "speed-up vs torch",
-                  "system malloc ms/step", "peak RSS MB", "system malloc peak RSS MB"], rows)
-  return render
-
-
 def one_decimal(x: float, published: str | None = None) -> str:
   """x to one decimal; on a tie (37.05) the published rounding, when it is either one."""
   half_up = str(Decimal(str(x)).quantize(Decimal("0.1"), ROUND_HALF_UP))
@@ -377,16 +356,6 @@ def decode_runs(root: Path) -> str:
                 "ours 2 devices vs the faster plain", "trained, 1 device", "trained, 2 devices",
                 "trained, ratio"],
                runs_and_median(cells, [".3f"] * 4 + [".2f", ".1f", ".1f", ".2f"], bold=(4, 7)))
-
-
-def decode_runs_2026_11_23(root: Path) -> str:
-  """bench/decode.py's five one-device runs on the 2026-11-23 host, and their medians."""
-  cells = [[r["plain_s_per_batch"], r["s_per_batch"], r["speedup_vs_plain"]]
-           for r in (json.loads((root / BENCH / f"decode_runs/decode_{run}.json").read_text())
-                     for run in range(1, 6))]
-  return table(["host", "run", "plain cached", "ours", "speed-up in the same run"],
-               [["2026-11-23", *row]
-                for row in runs_and_median(cells, [".3f", ".3f", ".2f"], bold=(2,))])
 
 
 def cpu_ablations(root: Path) -> str:
@@ -519,15 +488,11 @@ TABLES = {"readme-results": ("README.md", readme_results),
           "soak": ("BENCHMARKS.md", soak),
           "projection": ("BENCHMARKS.md", projection),
           "wmt-download": ("docs/wmt14.md", wmt_download),
-          "train-step-2026-11-23": ("BENCHMARKS.md",
-                                    train_step_runs(f"{BENCH}/train_step_runs")),
-          "train-step-2026-11-24": ("BENCHMARKS.md",
-                                    train_step_runs(f"{BENCH}/train_step_runs/2026-11-24")),
           "h100-aims": ("BENCHMARKS.md", h100_aims),
           "h100-variants": ("BENCHMARKS.md", h100_variants),
           "torch-runs": ("BENCHMARKS.md", torch_runs), "decode-runs": ("BENCHMARKS.md", decode_runs),
           "cpu-ablations": ("BENCHMARKS.md", cpu_ablations),
-          "decode-runs-2026-11-23": ("docs/benchmarks_history.md", decode_runs_2026_11_23), "curves": (None, curves), "curve-points": (None, curve_points)}
+          "curves": (None, curves), "curve-points": (None, curve_points)}
 
 
 class Record(dict):

@@ -60,7 +60,7 @@ def test_every_number_is_checked_rendered_or_a_setting():
     # A table on a docs/ page (WMT14's downloads).
     ("docs/wmt14.md", "| 1.70 GB |", "| 1.71 GB |"),
     # A train-step run's row (rendered; check_docs no longer re-checks its cells).
-    ("BENCHMARKS.md", "| small | 1 | 910 | 4499 |", "| small | 1 | 911 | 4499 |"),
+    ("BENCHMARKS.md", "| run1 | small | 368 | 58.6% |", "| run1 | small | 369 | 58.6% |"),
     # A validation curve's cell (RESULTS' by-step tables, rendered from each run's JSON).
     ("RESULTS.md", "| 21.8 | 32.6 | 35.6 |", "| 21.8 | 32.7 | 35.6 |"),
 ])
@@ -71,8 +71,8 @@ def test_a_changed_rendered_figure_fails(copy, doc, old, new):
 
 
 @pytest.mark.parametrize("doc, old, new, named", [
-    # A figure in a hand-written table (an H100 run's row, on the history page).
-    ("docs/benchmarks_history.md", "-->36.18<!--/-->", "-->36.19<!--/-->", "base_bf16.ours_ms"),
+    # A figure in a hand-written table (the input pipeline's row).
+    ("BENCHMARKS.md", "-->220,276<!--/-->", "-->220,277<!--/-->", "tokens_per_s"),
     # A figure in README prose (from the README job's JSON).
     ("README.md", "21.7 minutes of training", "21.8 minutes of training", "train_wall_s / 60"),
     # A setting in README prose (against configs/multi30k.py).
@@ -82,8 +82,8 @@ def test_a_changed_rendered_figure_fails(copy, doc, old, new):
     ("BENCHMARKS.md", "-->307 MFLOP", "-->308 MFLOP", "search_mflop"),
     # A figure comparing two runs' JSON files (their BLEU difference).
     ("RESULTS.md", "-->0.6 BLEU below", "-->0.9 BLEU below", "0.9 BLEU below"),
-    # A sentence's figure derived from a train-step run's JSON (the aim's GFLOP/s).
-    ("BENCHMARKS.md", "-->139 GFLOP/s<!--/-->", "-->138 GFLOP/s<!--/-->", "flops_per_step / 0.7"),
+    # A sentence's figure derived from several runs' JSON (two medians' ratio).
+    ("BENCHMARKS.md", "-->1.17x faster<!--/-->", "-->1.18x faster<!--/-->", "s_per_batch"),
     # A figure on a docs/ page (the H100 run's JSON).
     ("docs/accelerators.md", "-->6.1<!--/--> ms/step", "-->6.2<!--/--> ms/step",
      "readme_job_ms_per_step"),
