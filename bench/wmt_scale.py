@@ -1,4 +1,4 @@
-"""WMT14 EN-DE at its size (4.5M pairs) through the whole input path, stage by stage.
+"""WMT14 EN-DE at its size (4.5M pairs) prepared for training, stage by stage.
 
 python bench/wmt_scale.py --scratch DIR [--pairs 4500000] [--json PATH]
 
@@ -8,14 +8,10 @@ Stages, each in its own process (so that its peak RSS is its own):
   vocab       the shared sentencepiece vocabulary (config.vocab_size, 37k), trained
               as train.py trains it: config.vocab_max_sentences pairs, evenly spread
   tokens      the token cache (data/token_cache.py): every pair tokenized once
-  first_batch a fresh launch: open the data, load the vocabulary, build the training
-              pipeline as loop.setup_run does, take one batch; then the same resuming
-              at pair --resume_at (the iterator state a checkpoint would hold there)
-  throughput  steady packed batches at configs/base.py's batching (25k token slots a
-              side): real tokens/s in this process (one core) and with input workers
-  train       train.py --config=configs/base.py on the prepared data for a few steps:
-              the peak RSS of training on 4.5M pairs
-Stages whose output exists in --scratch are not redone (--redo forces them).
+Stages whose output exists in --scratch are not redone (--redo forces them). The folder is
+what bench/soak.py and bench/token_cache_workers.py run on. The first_batch, throughput
+and train stages of results/bench/wmt_scale.json (issue 46, closed) were made by this
+script at the commit each stage's record names (last at 154afea; retired since).
 """
 
 from __future__ import annotations
@@ -23,16 +19,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 START = time.time()
 from common import MULTI30K, bench_command, dir_bytes, parser, peak_rss_mb, print_table, \
-    run_child, train_command, write_json  # noqa: E402
+    run_child, write_json  # noqa: E402
 
-STAGES = ("generate", "prepare", "vocab", "tokens", "first_batch", "throughput", "train")
+STAGES = ("generate", "prepare", "vocab", "tokens")
 
 
 def _config(args):
@@ -130,96 +125,6 @@ def stage_tokens(args) -> dict:
           "tokens": ids.meta["tokens"], "dtype": ids.meta["dtype"]}
 
 
-def _pipeline(config, tokenizer, pairs, workers: int, on_the_fly: bool = False):
-  """The training pipeline as loop.setup_run builds it (host batches, not placed)."""
-  from flax_transformer.data import pipeline as data
-
-  batching = data.train_batching(config, data_parallel_size=1)
-  tokenize = data.TokenizePair(tokenizer, config.subword_sampling_alpha)
-  ids = None if on_the_fly else data.training_ids(config, pairs, tokenize)
-  dataset = data.train_dataset(pairs if ids is None else ids, batching, seed=config.seed,
-                               tokenize=tokenize if ids is None else None)
-  return batching, iter(data.prefetched(dataset, lambda b: b, workers=workers,
-                                        device_buffer=0)), ids is None
-
-
-def stage_first_batch(args) -> dict:
-  config, pairs, tokenizer = _open(args)
-  _, iterator, on_the_fly = _pipeline(config, tokenizer, pairs, workers=0)
-  next(iterator)
-  fresh = time.time() - START
-  # A resume: a second pipeline restored to the state a checkpoint holds at pair N
-  # of the shuffled stream (grain's iterator state; only the pair index differs).
-  start = time.time()
-  config2, pairs2, tokenizer2 = _open(args)  # A second launch opens everything anew.
-  _, resumed, _ = _pipeline(config2, tokenizer2, pairs2, workers=0)
-  state = iterator.get_state()
-  state["parent"]["next_index"] = args.resume_at
-  state["counter"] = 0
-  resumed.set_state(state)
-  batch = next(resumed)
-  after = resumed.get_state()["parent"]["next_index"]
-  return {"first_batch_fresh_s": fresh, "first_batch_resume_s": time.time() - start,
-          "resume_at_pair": args.resume_at, "resumed_next_index": int(after),
-          "resumed_batch_real_tokens": int((batch["inputs"] != 0).sum()
-                                           + (batch["targets"] != 0).sum()),
-          "tokenized_on_the_fly": on_the_fly, "train_pairs": len(pairs)}
-
-
-def stage_throughput(args) -> dict:
-  import numpy as np
-
-  from flax_transformer.data import pipeline as data
-
-  config, pairs, tokenizer = _open(args)
-  out = {}
-  variants = [(str(w), w, False) for w in args.workers] + [("0_on_the_fly", 0, True)]
-  for name, workers, on_the_fly in variants:
-    batching, iterator, _ = _pipeline(config, tokenizer, pairs, workers, on_the_fly)
-    for _ in range(args.warmup_batches):
-      next(iterator)
-    runs = []
-    fractions = []
-    for _ in range(args.repeats):
-      start, tokens = time.time(), 0
-      for _ in range(args.batches):
-        batch = next(iterator)
-        tokens += int((batch["inputs"] != 0).sum() + (batch["targets"] != 0).sum())
-        fractions.append(data.nonpad_fraction(batch))
-      runs.append(tokens / (time.time() - start))
-    out[name] = {"tokens_per_s_runs": runs, "tokens_per_s": float(np.median(runs)),
-                 "nonpad_fraction": float(np.mean(fractions))}
-  return {"batch_shape": [batching.rows, batching.max_target_length],
-          "batch_token_slots_a_side": batching.rows * batching.max_target_length,
-          "by_workers": out, "batches": args.batches, "repeats": args.repeats,
-          "cores": os.cpu_count()}
-
-
-def stage_train(args) -> dict:
-  workdir = args.scratch / "train_workdir"
-  shutil.rmtree(workdir, ignore_errors=True)
-  command = train_command("base.py", workdir, {
-      "data_dir": args.scratch / "data", "vocab_path": args.scratch / "vocab.model",
-      "token_cache_dir": args.scratch / "tokens", "num_train_steps": args.train_steps,
-      "log_every_steps": 1,
-      # On a CPU the model's activations are host memory too: at 25k token slots XLA
-      # asks for 36.5 GB at once. A small batch keeps them small, so that the peak is
-      # the input path's and the process's, as on an accelerator host.
-      "batch_tokens": args.train_batch_tokens, "eval_every_steps": 100000,
-      "bleu_every_steps": 0, "checkpoint_every_steps": 100000, "compile_ahead": "false"})
-  log = args.scratch / "train.log"
-  with open(log, "w") as f:
-    code = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT,
-                          env=dict(os.environ, XLA_FLAGS="")).returncode
-  from flax_transformer.training.metrics import read_metrics
-
-  records = read_metrics(workdir)
-  return {"train_returncode": code, "train_wall_s": time.time() - START,
-          "train_steps": args.train_steps, "train_log": str(log),
-          "train_step_time_s": [r.get("step_time_s") for r in records if "step_time_s" in r],
-          "train_command": " ".join(command[1:])}
-
-
 def run_stage(args, name: str) -> dict:
   # This script's own flags (the last --scratch wins: the resolved one).
   command = [sys.executable, __file__, *sys.argv[1:], "--stage", name, "--scratch",
@@ -250,15 +155,6 @@ def main():
   flags = parser(__doc__)
   flags.add_argument("--scratch", type=Path, required=True, help="working folder (GBs)")
   flags.add_argument("--pairs", type=int, default=4_500_000)
-  flags.add_argument("--resume_at", type=int, default=4_000_000)
-  flags.add_argument("--batches", type=int, default=10, help="batches per timed run")
-  flags.add_argument("--repeats", type=int, default=3)
-  flags.add_argument("--warmup_batches", type=int, default=2)
-  flags.add_argument("--workers", type=int, nargs="+", default=[0, 1],
-                     help="input worker processes to time (0 = in this process)")
-  flags.add_argument("--train_steps", type=int, default=3)
-  flags.add_argument("--train_batch_tokens", type=int, default=2048,
-                     help="token slots a side in the train stage (CPU memory, see there)")
   flags.add_argument("--vocab_pairs", type=int, default=0,
                      help="pairs sampled for the vocabulary (0 = config.vocab_max_sentences)")
   flags.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
