@@ -28,7 +28,7 @@ MIN_COMPILE_SECONDS = 0.2
 # XLA flags train.py and decode.py set unless XLA_FLAGS already names them: flag ->
 # value. cuBLAS-only matmuls on GPUs: on an H100 our train step compiled and ran
 # faster without Triton GEMM autotuning, at a small shape and the paper's base one
-# (docs/benchmarks_history.md, "One NVIDIA H100", runs 3 and 4). No effect on CPUs and TPUs.
+# (results/device_runs/2026-11-26_h100_run1/README.md, runs 3 and 4). No effect on CPUs and TPUs.
 DEFAULT_XLA_FLAGS = {"--xla_gpu_enable_triton_gemm": "false"}
 
 
