@@ -2,7 +2,6 @@
 
 import functools
 import itertools
-import os
 import subprocess
 import sys
 from pathlib import Path
