@@ -2,30 +2,27 @@
 
 python bench/accelerator.py --peer_path=FLAX/examples/wmt [--data=DIR] [--out=PATH]
 python bench/accelerator.py --tiny     # CPU: every code path on tiny shapes (the suite runs it)
-python bench/accelerator.py --merge RUN1.json RUN2.json --out=PATH   # later runs win
 
 Sections, in this order (the JSON is rewritten after each, so a run cut short keeps
-what it measured):
+what it measured); each measures an aim of issue 58:
 1. readme_job: `train.py --config=configs/multi30k.py` from a cold compilation cache,
    then `decode.py --average_last=5` over test 2016 (BLEU by sacrebleu). Wall time
-   of both, the train step's cold compile time, every eval/search compile, ms/step.
-2. warm_compile: the same job relaunched on the filled cache (one step): its logged
-   train-step compile time.
-3. readme_step: the README job's train step in this process, fed by the input
-   pipeline (workers, device prefetch) and fed one device batch repeatedly.
-4. decode_trained: the trained model over test 2016 (1000 sentences; --tiny: a short
-   subset, the same in every decode of the run: `Bench.test_2016`) here, against
-   the same decode run on the host CPU (same output?).
-5. prng_bits: the threefry GPU kernel's bits against XLA's lowering, and each
-   PRNG's bits on this device against the CPU's.
-6. small_f32 / base_bf16: our train step, as train.py runs it, against the peer's
-   (Flax examples/wmt `models.py`, loaded from --peer_path) at the same shapes,
-   timed alternately with variants of ours (threefry's GPU kernel lowering, rbg,
-   unsafe_rbg, autodiff's cross-entropy backward); MFU from the analytic count
-   (`training.train_step_flops`).
-7. decode_vs_peer: beam search (8 x 32, beam 4, alpha 0.6, random small model),
-   ours against the peer's `decode.beam_search`; decode_base: the same at the
-   paper's base shape (bf16) and length bound, batches 8, 32 and 128, with tokens/s.
+   of both, the cold compiles of parameter initialisation and of the train step,
+   every eval/search compile, ms/step.
+2. warm_compile: the same job relaunched on the filled cache (a few steps, two of them
+   profiled): its cache hits and the profiler's trace.
+3. decode_trained: the trained model over test 2016 (1000 sentences; --tiny: a short
+   subset, the same in every decode of the run: `Bench.test_2016`) by the
+   `Translator` API, its first call (compiles) and warm.
+4. base_bf16: our train step, as train.py runs it, against the peer's (Flax
+   examples/wmt `models.py`, loaded from --peer_path) at the paper's base shape, timed
+   alternately; MFU from the analytic count (`training.train_step_flops`).
+5. decode_base: beam search (beam 4, alpha 0.6, random base model, the paper's length
+   bound), ours against the peer's `decode.beam_search`, batches 8, 32 and 128.
+The sections that answered closed questions (PRNG bits and variants, the small f32
+step and its ablations, the XLA attention path, the README step fed against repeated,
+the device's decode against the CPU's, merging runs) retired after commit 20bde6b; their
+records stay in results/device_runs/.
 Writes results/device_runs/accelerator_<device>.json (or --out).
 """
 
@@ -59,44 +56,23 @@ COMPILE_LINE = re.compile(r"(Parameter initialisation|Train step|Eval step|Beam 
                           r"(compiled|loaded from the compilation cache) in ([\d.]+) s")
 
 # The JSON's headline keys: present in every record, null where unmeasured.
-HEADLINE = ["device", "jax_version", "date", "readme_job_wall_s", "readme_job_test_bleu",
-            "readme_job_ms_per_step", "readme_step_ms_fed",
-            "readme_job_ms_per_step_repeated_batch", "init_compile_s_cold",
+HEADLINE = ["device", "jax_version", "date", "readme_job_wall_s", "readme_job_decode_wall_s",
+            "readme_job_test_bleu", "readme_job_ms_per_step", "init_compile_s_cold",
             "train_step_compile_s_cold", "train_step_compile_s_warm", "profile_trace_files",
-            "base_bf16_mfu", "base_bf16_speedup_vs_peer", "small_f32_speedup_vs_peer",
-            "decode_compile_s", "decode_speedup_vs_peer", "decode_base_speedup_vs_peer_batch8",
-            "decode_base_speedup_vs_peer_batch128", "decode_base_tokens_per_s_batch32",
-            "threefry_kernel_same_bits", "decode_test2016_sentences_per_s",
-            "decode_test2016_same_output_as_cpu"]
+            "base_bf16_mfu", "base_bf16_speedup_vs_peer", "decode_base_speedup_vs_peer_batch8",
+            "decode_base_speedup_vs_peer_batch32", "decode_base_speedup_vs_peer_batch128",
+            "decode_base_tokens_per_s_batch32", "decode_test2016_first_call_s",
+            "decode_test2016_sentences_per_s"]
 
-SHAPES = {  # name -> model and batch (rows x length a side).
-    "small_f32": dict(vocab=8000, d_model=256, layers=3, heads=4, d_ff=1024, rows=32, length=64,
-                      dtype="float32"),
-    # ~25k tokens a side (paper: ~25k source + ~25k target tokens per batch).
-    "base_bf16": dict(vocab=32000, d_model=512, layers=6, heads=8, d_ff=2048, rows=192,
-                      length=128, dtype="bfloat16"),
-}
+
+# The paper's base model; ~25k tokens a side (paper: ~25k source + ~25k target tokens per batch).
+BASE = dict(vocab=32000, d_model=512, layers=6, heads=8, d_ff=2048, rows=192, length=128,
+            dtype="bfloat16")
+TINY_BASE = dict(BASE, vocab=500, d_model=32, layers=1, heads=2, d_ff=64, rows=4, length=16)
 # --tiny decodes the first TINY_TEST_SENTENCES test 2016 sentences of at most
 # TINY_TEST_TOKENS tokens: one batch shape, so one search compile a decode (each of
 # the four shapes all 1000 take compiles in 3-15 s on a CPU).
 TINY_TEST_SENTENCES, TINY_TEST_TOKENS = 100, 16
-TINY_SHAPES = {
-    "small_f32": dict(vocab=500, d_model=32, layers=1, heads=2, d_ff=64, rows=4, length=16,
-                      dtype="float32"),
-    "base_bf16": dict(vocab=500, d_model=32, layers=1, heads=2, d_ff=64, rows=4, length=16,
-                      dtype="bfloat16"),
-}
-
-
-def compare_outputs(device: list[str], cpu: list[str]) -> dict:
-  """The device's translations against the CPU's, line by line (a missing line differs)."""
-  differ = [i for i in range(max(len(device), len(cpu)))
-            if i >= len(device) or i >= len(cpu) or device[i] != cpu[i]]
-  at = lambda lines, i: lines[i] if i < len(lines) else None  # noqa: E731
-  return {"decode_test2016_same_output_as_cpu": not differ,
-          "decode_test2016_lines_differing_from_cpu": len(differ),
-          "decode_test2016_first_differences": [
-              {"line": i + 1, "device": at(device, i), "cpu": at(cpu, i)} for i in differ[:5]]}
 
 
 class Bench:
@@ -106,6 +82,7 @@ class Bench:
     self.root = Path(args.scratch or tempfile.mkdtemp(prefix="accelerator_"))
     self.root.mkdir(parents=True, exist_ok=True)
     self.data = Path(args.data)
+    self.shape = TINY_BASE if self.tiny else BASE
     self.record = {**dict.fromkeys(HEADLINE), "date": datetime.date.today().isoformat(),
                    "tiny": self.tiny,
                    "command": " ".join([sys.executable, *sys.argv]), "errors": {}}
@@ -244,108 +221,7 @@ class Bench:
                        profile_trace_files={str(p.relative_to(workdir)): p.stat().st_size
                                             for p in traces})
 
-  def start_cpu_decode(self) -> None:
-    """The same decode on the host's CPU, in the background (its cores apart from ours)."""
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    mine, theirs = cores[:len(cores) // 2], cores[len(cores) // 2:]
-    self.cpu_hyp = self.root / "readme_test_cpu.hyp"
-    argv = [sys.executable, "decode.py", f"--workdir={self.readme_workdir}",
-            f"--input={self.root / 'test.src'}", f"--output={self.cpu_hyp}", "--average_last=5",
-            f"--cpu_devices={max(1, len(theirs))}", "--compilation_cache_dir="]
-    if theirs and shutil.which("taskset"):
-      argv = ["taskset", "-c", ",".join(map(str, theirs)), *argv]
-      os.sched_setaffinity(0, mine)
-    self.cpu_started = time.time()
-    self.cpu_log = open(self.root / "cpu_decode.log", "w")
-    self.cpu_proc = subprocess.Popen(argv, cwd=ROOT, stdout=self.cpu_log,
-                                     stderr=subprocess.STDOUT,
-                                     env={**os.environ, "JAX_PLATFORMS": "cpu"})
-
-  def finish_cpu_decode(self) -> None:
-    code = self.cpu_proc.wait(timeout=max(30.0, self.left_s()))
-    self.cpu_log.close()
-    if code:
-      raise RuntimeError(f"CPU decode exited {code}: "
-                         f"{(self.root / 'cpu_decode.log').read_text()[-2000:]}")
-    self.record.update(compare_outputs(self.hyp.read_text().splitlines(),
-                                       self.cpu_hyp.read_text().splitlines()),
-                       decode_test2016_cpu_wall_s=time.time() - self.cpu_started)
-
-  # --- 3: the README step, fed and repeated -----------------------------------------
-
-  def readme_step(self) -> None:
-    import jax
-
-    from configs import multi30k, tiny
-    from flax_transformer import compilation
-    from flax_transformer.training import sharding
-    from flax_transformer.training import steps as training
-    from flax_transformer.data import pipeline as data_lib
-    from flax_transformer.data.sources import load_pairs
-    from flax_transformer.data.tokenizer import Tokenizer
-
-    from absl import flags
-
-    flags.FLAGS.mark_as_parsed()  # grain's worker processes read absl flags.
-    config = (tiny if self.tiny else multi30k).get_config()
-    config.manual_dir = str(self.data)
-    compilation.enable_cache(str(self.cache))
-    tokenizer = Tokenizer(self.readme_workdir / "vocab.model")
-    model_config = training.TransformerConfig.from_dict(
-        {**config.model.to_dict(), "vocab_size": tokenizer.vocab_size})
-    mesh = sharding.make_mesh(config.mesh)
-    trainer = training.Trainer(model_config, config, mesh)
-    batching = data_lib.train_batching(config, sharding.data_parallel_size(mesh))
-    pairs = load_pairs(config, config.train_split)
-    steps = 20 if self.tiny else 200
-    result = {}
-    ids = data_lib.pretokenized(pairs, data_lib.TokenizePair(tokenizer))  # As the loop does.
-    for workers in sorted({0, data_lib.auto_workers(-1)}):
-      stream = iter(data_lib.prefetched(
-          data_lib.train_dataset(ids, batching, seed=0),
-          lambda b: data_lib.shard_host_rows(b, trainer.batch_sharding), workers=workers,
-          device_buffer=config.prefetch_batches))
-      state = trainer.init_state(0)
-      batch = next(stream)
-      trainer.compile_train_step(state, batch)
-      runs_fed, runs_repeated = [], []
-      for _ in range(3):  # Alternating, medians of 3.
-        for _ in range(5):
-          state, _ = trainer.train_step(state, next(stream))
-        jax.block_until_ready(state)
-        started = time.perf_counter()
-        for _ in range(steps):
-          state, metrics = trainer.train_step(state, next(stream))
-        jax.block_until_ready((state, metrics))
-        runs_fed.append((time.perf_counter() - started) / steps)
-        started = time.perf_counter()
-        for _ in range(steps):
-          state, metrics = trainer.train_step(state, batch)
-        jax.block_until_ready((state, metrics))
-        runs_repeated.append((time.perf_counter() - started) / steps)
-      result[workers] = (statistics.median(runs_fed), statistics.median(runs_repeated),
-                         runs_fed, runs_repeated)
-    workers = data_lib.auto_workers(config.data_workers)
-    fed, repeated, runs_fed, runs_repeated = result[workers]
-    host = {}
-    it = iter(data_lib.train_dataset(ids, batching, seed=0))
-    next(it)
-    started = time.perf_counter()
-    for _ in range(50):
-      next(it)
-    host["host_ms_per_batch_one_process"] = 1000 * (time.perf_counter() - started) / 50
-    self.record.update(
-        readme_step_ms_fed=1000 * fed, readme_job_ms_per_step_repeated_batch=1000 * repeated,
-        readme_step_fed_over_repeated=fed / repeated, readme_step_data_workers=workers,
-        readme_step_runs_ms={str(w): {"fed": [1000 * x for x in r[2]],
-                                      "repeated": [1000 * x for x in r[3]]}
-                             for w, r in result.items()},
-        readme_step_tokens_per_batch_a_side=batching.rows * config.max_target_length,
-        readme_step_analytic_flops=training.train_step_flops(
-            model_config, batching.rows, config.max_source_length, config.max_target_length),
-        **host)
-
-  # --- 4: the trained model over test 2016 -------------------------------------------
+  # --- 3: the trained model over test 2016 -------------------------------------------
 
   def decode_trained(self) -> None:
     import jax
@@ -375,7 +251,7 @@ class Bench:
         decode_test2016_compile_s=translator._search_fn.compile_seconds,
         decode_test2016_same_output_as_decode_py=first == again == decode_py)
 
-  # --- 5, 6: against the peer ------------------------------------------------------
+  # --- 4, 5: against the peer ------------------------------------------------------
 
   def peer(self, key: str):
     """The peer's `models` and `decode` modules; (None, None), recorded as the error of
@@ -391,15 +267,10 @@ class Bench:
       spec.loader.exec_module(modules[-1])
     return tuple(modules)
 
-  def train_steps(self, name: str, attention: str = "auto", ablations: bool = False,
-                  variants: dict | None = None) -> None:
-    """Our Trainer's step against the peer's at SHAPES[name], timed alternately.
+  def base_bf16(self) -> None:
+    """Our Trainer's step against the peer's at the base shape, timed alternately.
 
     Ours runs as train.py runs it (the entry points' jax defaults, config defaults).
-    `variants` (name -> {"config": overrides, "jax": options, "patches": ...}) are
-    ours with one choice changed, timed in the same rounds (`prng_variants`). With
-    `ablations`, also ours with each of its hand-written pieces replaced by the
-    plain JAX a reader would write (`ablation_patches`).
     """
     import jax
     import jax.numpy as jnp
@@ -409,66 +280,31 @@ class Bench:
     from flax_transformer.training import sharding
     from flax_transformer.training import steps as training
 
-    shape = (TINY_SHAPES if self.tiny else SHAPES)[name]
+    shape = self.shape
     rows, length, vocab = shape["rows"], shape["length"], shape["vocab"]
     host_batch = random_ids(vocab, rows, length)
     steps = 3 if self.tiny else 20
-    timed = {}
 
     # Ours: the library's Trainer, as train.py builds it.
-    our_config = model_config(shape, dtype=shape["dtype"], attention_implementation=attention)
-    mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
-    compile_s = {}
-    initial = []
+    our_config = model_config(shape, dtype=shape["dtype"])
+    trainer = training.Trainer(our_config, default.get_config(),
+                               sharding.make_mesh({"data": 1}, jax.devices()[:1]))
+    started = time.perf_counter()
+    holder = [trainer.init_state(0)]
+    init_compile = time.perf_counter() - started
+    batch = jax.device_put(host_batch, trainer.batch_sharding)
+    started = time.perf_counter()
+    trainer.compile_train_step(holder[0], batch)
+    ours_compile = time.perf_counter() - started
 
-    def build(key: str, patches: dict, overrides: dict | None = None,
-              options: dict | None = None) -> None:
-      originals = {(module, attr): getattr(module, attr) for module, attr in patches}
-      for (module, attr), replacement in patches.items():
-        setattr(module, attr, replacement)
-      saved_options = {option: getattr(jax.config, option) for option in options or {}}
-      for option, value in (options or {}).items():
-        jax.config.update(option, value)
-      variant_config = default.get_config()
-      for k, v in (overrides or {}).items():
-        variant_config[k] = v
-      try:  # The patches and options hold while the step is traced and compiled.
-        trainer = training.Trainer(our_config, variant_config, mesh)
-        # One initialisation (its compile takes 12-35 s on an H100), a copy per variant.
-        if not initial:
-          started = time.perf_counter()
-          initial.append(trainer.init_state(0))
-          compile_s["init"] = time.perf_counter() - started
-        state = jax.tree_util.tree_map(jnp.copy, initial[0])
-        batch = jax.device_put(host_batch, trainer.batch_sharding)
-        started = time.perf_counter()
-        trainer.compile_train_step(state, batch)
-        compile_s[key] = time.perf_counter() - started
-      finally:
-        for (module, attr), original in originals.items():
-          setattr(module, attr, original)
-        for option, value in saved_options.items():
-          jax.config.update(option, value)
-      holder = [state]
+    def ours():
+      for _ in range(steps):
+        holder[0], metrics = trainer.train_step(holder[0], batch)
+      jax.block_until_ready((holder[0], metrics))
 
-      def run():
-        for _ in range(steps):
-          holder[0], metrics = trainer.train_step(holder[0], batch)
-        jax.block_until_ready((holder[0], metrics))
-
-      timed[key] = run
-
-    build("ours", {})
-    ours_compile = compile_s["ours"]
-    if ablations:
-      for key, patches in ablation_patches().items():
-        build(key, patches)
-    if self.tiny and variants:  # base: the jax-option variant; small: a config one.
-      variants = dict([list(variants.items())[0 if name == "base_bf16" else 1]])
-    for key, variant in (variants or {}).items():
-      build(key, variant.get("patches", {}), variant.get("config"), variant.get("jax"))
+    timed = {"ours": ours}
     peer_compile = None
-    models, _ = self.peer(f"{name}_peer")
+    models, _ = self.peer("base_bf16_peer")
     if models is not None:
       # The peer's model at the same shapes; its train.py loss (label smoothing 0.1,
       # normalised by non-pad tokens) and Adam, without its pmap.
@@ -518,7 +354,7 @@ class Bench:
     peak = next((v for k, v in PEAKS_BF16.items() if k in device_kind), None)
     out = {"shape": shape, "ours_ms": 1000 * ours_s,
            "ours_runs_ms": [1000 * x for x in runs["ours"]],
-           "ours_compile_s": ours_compile, "init_compile_s": compile_s.get("init"),
+           "ours_compile_s": ours_compile, "init_compile_s": init_compile,
            "analytic_flops_per_step": flops,
            "ours_tflops_per_s": flops / ours_s / 1e12,
            "tokens_per_s_a_side": rows * length / ours_s, "peak_bf16_flops": peak}
@@ -528,40 +364,16 @@ class Bench:
       peer_s = statistics.median(runs["peer"])
       out.update(peer_ms=1000 * peer_s, peer_runs_ms=[1000 * x for x in runs["peer"]],
                  peer_compile_s=peer_compile, speedup_vs_peer=peer_s / ours_s)
-    changed = {key: {"ms": 1000 * statistics.median(runs[key]),
-                     "runs_ms": [1000 * x for x in runs[key]], "compile_s": compile_s[key],
-                     "over_ours": statistics.median(runs[key]) / ours_s,
-                     **({"mfu_of_bf16_peak": flops / statistics.median(runs[key]) / peak}
-                        if peak else {}),
-                     **({"speedup_vs_peer": statistics.median(runs["peer"])
-                         / statistics.median(runs[key])} if "peer" in runs else {})}
-               for key in compile_s if key not in ("ours", "init")}
-    if variants:
-      out["variants"] = {key: {**changed[key], "changes": {
-          k: v for k, v in variants[key].items() if k != "patches"}} for key in variants}
-    if ablations:
-      self.record[f"{name}_ablations"] = {k: v for k, v in changed.items()
-                                          if k not in (variants or {})}
-      out["ablations"] = f"{name}_ablations"
-      self.record[f"{name}_with_ablations"] = out
-      return
-    if attention != "auto":  # A variant: recorded beside the headline, not as it.
-      self.record[f"{name}_{attention}_attention"] = out
-      return
-    self.record[name] = out
-    if name == "base_bf16":
-      self.record["base_bf16_mfu"] = out.get("ours_mfu_of_bf16_peak")
-      self.record["base_bf16_speedup_vs_peer"] = out.get("speedup_vs_peer")
-    else:
-      self.record["small_f32_speedup_vs_peer"] = out.get("speedup_vs_peer")
+    self.record.update(base_bf16=out, base_bf16_mfu=out.get("ours_mfu_of_bf16_peak"),
+                       base_bf16_speedup_vs_peer=out.get("speedup_vs_peer"))
 
-  def decode_vs_peer(self, shape_name: str = "small_f32", batches=(8,), extra: int = 31,
-                     key: str = "decode_vs_peer") -> None:
+  def decode_base(self) -> None:
     """Beam search (beam 4, alpha 0.6, source length 32), ours against the peer's
-    `decode.beam_search`, on a random model at SHAPES[shape_name], per batch size.
+    `decode.beam_search`, on a random model at the base shape, per batch size (--tiny:
+    8 and 32, the headline's among them: a third is one more compile, no new code path).
 
-    A random model rarely emits EOS, so both search to the length bound (source
-    length + `extra`): tokens/s counts the best hypotheses' tokens up to EOS.
+    A random model rarely emits EOS, so both search to the paper's length bound (source
+    length + 50): tokens/s counts the best hypotheses' tokens up to EOS.
     """
     import jax
     import jax.numpy as jnp
@@ -571,15 +383,14 @@ class Bench:
     from flax_transformer.data.tokenizer import trim
     from flax_transformer.translation.translator import SearchConfig, make_search_fn
 
-    shape = (TINY_SHAPES if self.tiny else SHAPES)[shape_name]
-    source_len, beam = 32, 4
+    shape, source_len, beam, extra = self.shape, 32, 4, 50
     max_len = source_len + extra
     config = model_config(shape, max_len=max_len, deterministic=True, dtype=shape["dtype"])
     sample = np.ones((1, source_len), np.int32)
     params = Transformer(config).init(jax.random.PRNGKey(0), sample, sample)["params"]
     search = jax.jit(make_search_fn(config, SearchConfig(beam_size=beam, alpha=0.6,
                                                          max_extra=extra)))
-    models, peer_decode = self.peer(f"{key}_peer")
+    models, peer_decode = self.peer("decode_base_peer")
     if models is not None:
       search_config = peer_config(models, shape, max_len=max_len, deterministic=True)
       decode_config = search_config.replace(decode=True)
@@ -607,7 +418,7 @@ class Bench:
 
     rng = jax.random.PRNGKey(0)
     results = {}
-    for batch in batches:
+    for batch in (8, 32) if self.tiny else (8, 32, 128):
       inputs = np.random.default_rng(batch).integers(2, shape["vocab"], (batch, source_len)
                                                      ).astype(np.int32)
       started = time.perf_counter()
@@ -631,43 +442,11 @@ class Bench:
       if "peer" in timed:
         out["speedup_vs_peer"] = statistics.median(runs["peer"]) / statistics.median(runs["ours"])
       results[str(batch)] = out
-    self.record[key] = {"shape": shape, "source_len": source_len, "beam_size": beam,
-                        "alpha": 0.6, "max_decode_len": max_len, "batches": results}
-    if key == "decode_vs_peer":
-      first = results[str(batches[0])]
-      self.record["decode_compile_s"] = first["ours_compile_s"]
-      self.record["decode_speedup_vs_peer"] = first.get("speedup_vs_peer")
-    else:
-      for batch, out in results.items():
-        self.record[f"decode_base_speedup_vs_peer_batch{batch}"] = out.get("speedup_vs_peer")
-        self.record[f"decode_base_tokens_per_s_batch{batch}"] = out["ours_tokens_per_s"]
-
-  def prng_bits(self) -> None:
-    """Are the threefry kernel's bits XLA's? Do this device's bits equal the CPU's, per PRNG?"""
-    import jax
-    import numpy as np
-
-    shape = (64, 1024)
-    out = {}
-    for impl in ("threefry2x32", "rbg", "unsafe_rbg"):
-      bits = {}
-      for name, device in (("device", jax.devices()[0]), ("cpu", jax.devices("cpu")[0])):
-        for lowering in (True, False):
-          with jax.default_device(device):
-            jax.config.update("jax_threefry_gpu_kernel_lowering", lowering)
-            try:
-              key = jax.random.fold_in(jax.random.key(0, impl=impl), 7)
-              bits[(name, lowering)] = np.asarray(jax.jit(
-                  lambda k: jax.random.bits(k, shape, np.uint32))(key))
-            finally:
-              jax.config.update("jax_threefry_gpu_kernel_lowering", True)
-      out[impl] = {
-          "kernel_equals_xla_lowering": bool(np.array_equal(bits[("device", True)],
-                                                            bits[("device", False)])),
-          "device_equals_cpu": bool(np.array_equal(bits[("device", True)],
-                                                   bits[("cpu", True)]))}
-    self.record["prng_bits"] = out
-    self.record["threefry_kernel_same_bits"] = out["threefry2x32"]["kernel_equals_xla_lowering"]
+    self.record["decode_base"] = {"shape": shape, "source_len": source_len, "beam_size": beam,
+                                  "alpha": 0.6, "max_decode_len": max_len, "batches": results}
+    for batch, out in results.items():
+      self.record[f"decode_base_speedup_vs_peer_batch{batch}"] = out.get("speedup_vs_peer")
+      self.record[f"decode_base_tokens_per_s_batch{batch}"] = out["ours_tokens_per_s"]
 
   # --- the whole run --------------------------------------------------------------
 
@@ -691,35 +470,11 @@ class Bench:
     self.run_section("readme_job", self.readme_job)
     if hasattr(self, "readme_workdir"):
       self.run_section("warm_compile", self.warm_compile)
-      # Before the background CPU decode: the host's cores are the step's input path.
-      self.run_section("readme_step", self.readme_step, min_left_s=30)
-      self.run_section("start_cpu_decode", self.start_cpu_decode)
       self.run_section("decode_trained", self.decode_trained, min_left_s=20)
     else:
       self.record["errors"]["readme_sections"] = "not run: the README job did not run"
-    self.run_section("prng_bits", self.prng_bits)
-    self.run_section("base_bf16", lambda: self.train_steps("base_bf16",
-                                                           variants=prng_variants()),
-                     min_left_s=40)
-    # The XLA attention path at the same shape, beside the headline's (the log says which).
-    if not self.tiny:  # On a CPU 'auto' is XLA already: the tiny run would repeat itself.
-      self.run_section("base_bf16_xla_attention",
-                       lambda: self.train_steps("base_bf16", attention="xla"), min_left_s=60)
-    self.run_section("small_f32", lambda: self.train_steps("small_f32",
-                                                           variants=prng_variants()),
-                     min_left_s=40)
-    # Not in a default run: which hand-written piece of our step costs time here.
-    if self.args.sections and "small_f32_ablations" in self.args.sections:
-      self.run_section("small_f32_ablations",
-                       lambda: self.train_steps("small_f32", ablations=True), min_left_s=60)
-    self.run_section("decode_vs_peer", self.decode_vs_peer, min_left_s=30)
-    # The paper's base shape and length bound (source + 50), at three batch sizes (--tiny:
-    # two, the headline's 32 among them: a third is one more compile, no new code path).
-    self.run_section("decode_base", lambda: self.decode_vs_peer(
-        "base_bf16", batches=(8, 32) if self.tiny else (8, 32, 128), extra=50,
-        key="decode_base"), min_left_s=40)
-    if hasattr(self, "cpu_proc"):
-      self.run_section("cpu_decode", self.finish_cpu_decode)
+    self.run_section("base_bf16", self.base_bf16, min_left_s=40)
+    self.run_section("decode_base", self.decode_base, min_left_s=40)
     from flax_transformer.network import attention
 
     self.record["attention_in_process"] = sorted(attention._reported)
@@ -730,7 +485,7 @@ class Bench:
 
 
 def peer_config(models, shape: dict, **fields):
-  """The peer's TransformerConfig at SHAPES' `shape`, with our tied embeddings and
+  """The peer's TransformerConfig at `shape` (BASE's keys), with our tied embeddings and
   projection; `fields` its others."""
   import jax.numpy as jnp
 
@@ -739,38 +494,6 @@ def peer_config(models, shape: dict, **fields):
       logits_via_embedding=True, emb_dim=shape["d_model"], num_heads=shape["heads"],
       num_layers=shape["layers"], qkv_dim=shape["d_model"], mlp_dim=shape["d_ff"],
       dtype=jnp.dtype(shape["dtype"]), **fields)
-
-
-def prng_variants() -> dict[str, dict]:
-  """Ours with one random-number or loss choice changed (train.py's defaults otherwise)."""
-  return {
-      "threefry_gpu_kernel": {"jax": {"jax_threefry_gpu_kernel_lowering": True}},
-      "rbg": {"config": {"prng_impl": "rbg"}},
-      "unsafe_rbg": {"config": {"prng_impl": "unsafe_rbg"}},
-      "autodiff_cross_entropy": {"config": {"cross_entropy_backward": "autodiff"}},
-  }
-
-
-def ablation_patches() -> dict[str, dict]:
-  """name -> {(module, attribute): replacement}: each of our hand-written step
-  pieces (tuned on CPUs) swapped for plain JAX, one at a time and all together."""
-  import jax
-  import jax.numpy as jnp
-
-  from flax_transformer.network import layers
-
-  def plain_projection(x, embedding):
-    return jnp.einsum("...d,vd->...v", x, embedding)
-
-  def bernoulli_keep(rng, shape, rate):
-    return jax.random.bernoulli(rng, 1.0 - rate, shape)
-
-  one_at_a_time = {
-      "plain_tied_projection": {(layers, "tied_projection"): plain_projection},
-      "bernoulli_dropout": {(layers, "dropout_keep_mask"): bernoulli_keep},
-  }
-  everything = {k: v for patches in one_at_a_time.values() for k, v in patches.items()}
-  return {**one_at_a_time, "all_plain": everything}
 
 
 def parse_compiles(log: str) -> list[dict]:
@@ -788,32 +511,6 @@ def summary(record: dict) -> None:
     print(f"! {name}: {error.splitlines()[0] if error else ''}")
 
 
-def merge(paths: list[str], out: str) -> None:
-  """Runs of this script on one device -> one record; a later run's keys win.
-
-  `sources` names, for every key, the run it came from (each run keeps its own
-  command, date and errors under `runs`).
-  """
-  loaded = {path: json.loads(Path(path).read_text()) for path in paths}
-  devices = {run.get("device") for run in loaded.values()}
-  if len(devices) > 1:
-    raise SystemExit(f"runs on different devices: {sorted(map(str, devices))}")
-  record, sources, runs = {}, {}, []
-  for path, run in loaded.items():
-    runs.append({"file": path, **{k: run.get(k) for k in ("command", "date", "errors",
-                                                           "section_wall_s")}})
-    for key, value in run.items():
-      if key in ("command", "errors", "section_wall_s", "bench_wall_s"):
-        continue
-      if value is None:
-        record.setdefault(key, None)  # Unmeasured stays visible as null.
-        continue
-      record[key], sources[key] = value, path
-  record = {**dict.fromkeys(HEADLINE), **record, "runs": runs, "sources": sources}
-  Path(out).write_text(json.dumps(record, indent=1))
-  print(f"wrote {out}")
-
-
 def main():
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -826,15 +523,10 @@ def main():
                       help="tiny shapes and few steps: every code path, on a CPU, in minutes")
   parser.add_argument("--sections", type=lambda v: v.split(","), default=None,
                       help="comma-separated sections to run (default: all); readme_job is "
-                      "needed by warm_compile, readme_step, decode_trained and cpu_decode")
+                      "needed by warm_compile and decode_trained")
   parser.add_argument("--budget_s", type=float, default=480.0,
                       help="later sections are skipped when less than they need is left")
-  parser.add_argument("--merge", nargs="+", metavar="RUN_JSON",
-                      help="merge earlier runs' JSON files (later wins) into --out, and exit")
   args = parser.parse_args()
-  if args.merge:
-    merge(args.merge, args.out)
-    return
   # In-process sections run with the XLA flags train.py and decode.py set (the peer,
   # in the same process, too); the record names them.
   from flax_transformer import compilation

@@ -27,12 +27,11 @@ PY=${PYTHON:-python3}
   > "$OUT/device.txt" 2>&1
 SCRATCH=/tmp/device_run
 rm -rf "$SCRATCH"
-SECTIONS=readme_job,warm_compile,prng_bits,base_bf16,small_f32,decode_vs_peer,decode_base
 BENCH_LIMIT=${BENCH_LIMIT:-400}
 TEST_LIMIT=${TEST_LIMIT:-130}
 timeout "$BENCH_LIMIT" $PY bench/accelerator.py ${TINY:+--tiny} --peer_path=.device/peer \
   --data="$ROOT/.device/multi30k" --scratch="$SCRATCH" --out="$OUT/accelerator.json" \
-  --sections=$SECTIONS --budget_s=$((BENCH_LIMIT - 20)) 2>&1 | tee "$OUT/bench.log" | tail -40
+  --budget_s=$((BENCH_LIMIT - 20)) 2>&1 | tee "$OUT/bench.log" | tail -40
 # The device-independent tests on this device (cpu beside cuda: jax.debug.callback needs
 # it; tests/conftest.py: full-precision float32
 # matmuls, tests that need 8 devices skipped, saying so).

@@ -12,12 +12,11 @@ from conftest import cpu_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
-REQUIRED = ["device", "jax_version", "date", "readme_job_wall_s", "readme_job_test_bleu",
-            "readme_job_ms_per_step", "readme_job_ms_per_step_repeated_batch",
-            "train_step_compile_s_cold", "train_step_compile_s_warm", "base_bf16_mfu",
-            "base_bf16_speedup_vs_peer", "small_f32_speedup_vs_peer", "decode_compile_s",
-            "decode_speedup_vs_peer", "decode_test2016_sentences_per_s", "init_compile_s_cold",
-            "profile_trace_files", "threefry_kernel_same_bits", "decode_base_tokens_per_s_batch32",
+REQUIRED = ["device", "jax_version", "date", "readme_job_wall_s", "readme_job_decode_wall_s",
+            "readme_job_test_bleu", "readme_job_ms_per_step", "train_step_compile_s_cold",
+            "train_step_compile_s_warm", "base_bf16_mfu", "base_bf16_speedup_vs_peer",
+            "decode_test2016_sentences_per_s", "decode_test2016_first_call_s",
+            "init_compile_s_cold", "profile_trace_files", "decode_base_tokens_per_s_batch32",
             "decode_base_speedup_vs_peer_batch8", "decode_base_speedup_vs_peer_batch128"]
 
 
@@ -46,8 +45,7 @@ def test_tiny_run_measures_every_section_and_a_second_launch_loads_from_the_cach
   # Without --peer_path only the peer comparisons are missing, each saying why.
   peer_free = [k for k in REQUIRED if "peer" not in k and k != "base_bf16_mfu"]
   assert all(record[k] is not None for k in peer_free), {k: record[k] for k in peer_free}
-  assert set(record["errors"]) == {"small_f32_peer", "base_bf16_peer", "decode_vs_peer_peer",
-                                   "decode_base_peer"}, record["errors"]
+  assert set(record["errors"]) == {"base_bf16_peer", "decode_base_peer"}, record["errors"]
   assert all("--peer_path" in e for e in record["errors"].values())
   # Beam search at the base shape: tokens/s is the counted tokens over the median time,
   # and no best hypothesis is longer than the length bound.
@@ -74,7 +72,7 @@ def test_tiny_run_measures_every_section_and_a_second_launch_loads_from_the_cach
   assert 1 <= len(record["readme_job_bleu_shapes"]) <= 2
 
   # The figures against what they are computed from: sacreBLEU on the decoded file, the
-  # median of the steps the run logged, and the analytic count of the small shape.
+  # median of the steps the run logged, and the analytic count of the base step.
   import sacrebleu
 
   scratch = tmp_path / "scratch"
@@ -90,63 +88,6 @@ def test_tiny_run_measures_every_section_and_a_second_launch_loads_from_the_cach
   assert record["readme_job_steps"] == logged[-1]["step"] == 30
   assert record["readme_job_ms_per_step"] == pytest.approx(
       1000 * statistics.median(r["step_time_s"] for r in logged if "step_time_s" in r))
-  # Here both decodes run on the CPU (one device, and the rest of the cores), so they
-  # agree; the comparison itself is checked below on outputs that do not.
-  assert record["decode_test2016_same_output_as_cpu"] is True
-  assert record["decode_test2016_lines_differing_from_cpu"] == 0
-  assert record["readme_step_fed_over_repeated"] > 0
-  assert record["small_f32"]["analytic_flops_per_step"] > 0
+  assert record["decode_test2016_same_output_as_decode_py"] is True
+  assert record["base_bf16"]["analytic_flops_per_step"] > 0
 
-
-def test_device_and_cpu_outputs_are_compared_line_by_line():
-  accelerator = bench_accelerator()
-  same = accelerator.compare_outputs(["ein Hund", "zwei Männer"], ["ein Hund", "zwei Männer"])
-  assert same["decode_test2016_same_output_as_cpu"] is True
-  one = accelerator.compare_outputs(["ein Hund", "zwei Männer"], ["ein Hund", "zwei Frauen"])
-  assert one["decode_test2016_same_output_as_cpu"] is False
-  assert one["decode_test2016_lines_differing_from_cpu"] == 1
-  assert one["decode_test2016_first_differences"] == [
-      {"line": 2, "device": "zwei Männer", "cpu": "zwei Frauen"}]
-  short = accelerator.compare_outputs(["ein Hund"], ["ein Hund", "zwei Frauen"])
-  assert short["decode_test2016_same_output_as_cpu"] is False
-  assert short["decode_test2016_lines_differing_from_cpu"] == 1
-
-
-def test_ablations_replace_existing_pieces_with_the_same_math():
-  """Each ablation swaps a real attribute (a rename fails here, not silently on the
-  device) for plain JAX giving our values: its timing compares like with like."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-
-  accelerator = bench_accelerator()
-  patches = accelerator.ablation_patches()
-  assert set(patches["all_plain"]) == {k for name, p in patches.items() if name != "all_plain"
-                                       for k in p}
-  for (module, attr), replacement in patches["all_plain"].items():
-    assert callable(getattr(module, attr)), f"{module.__name__}.{attr}"
-
-  rng = np.random.default_rng(0)
-  x = jnp.asarray(rng.normal(size=(2, 3, 8)), jnp.float32)
-  embedding = jnp.asarray(rng.normal(size=(11, 8)), jnp.float32)
-  targets = jnp.asarray(rng.integers(0, 11, (2, 3)))
-  for (module, attr), plain in patches["all_plain"].items():
-    ours = getattr(module, attr)
-    if attr == "tied_projection":
-      args, wrt = (x, embedding), (0, 1)
-    elif attr == "smoothed_cross_entropy":
-      args, wrt = (x @ embedding.T, targets, 0.1), (0,)
-    else:  # Dropout masks: the same keep rate, not the same bits.
-      key, shape = jax.random.PRNGKey(0), (64, 512)
-      assert abs(float(ours(key, shape, 0.1).mean()) - 0.9) < 0.01
-      assert abs(float(plain(key, shape, 0.1).mean()) - 0.9) < 0.01
-      continue
-
-    def total(fn, *a):
-      out = fn(*a)
-      return sum(jnp.sum(o * (i + 1)) for i, o in enumerate(jax.tree_util.tree_leaves(out)))
-
-    np.testing.assert_allclose(total(plain, *args), total(ours, *args), rtol=1e-5)
-    for g_plain, g_ours in zip(jax.grad(lambda *a: total(plain, *a), wrt)(*args),
-                               jax.grad(lambda *a: total(ours, *a), wrt)(*args)):
-      np.testing.assert_allclose(g_plain, g_ours, rtol=1e-4, atol=1e-5)
