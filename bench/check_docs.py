@@ -71,6 +71,8 @@ PHRASES = [
     ("docs/faults.md", "heartbeat timeout (30 s here,", "a setting (training.distributed.HEARTBEAT_TIMEOUT_S)"),
     ("docs/multi_host.md", "gives its peers only 30 s (gloo's", "gloo's connection timeout, a library setting"),
     ("docs/accelerators.md", "`profile_first_step`+1 onwards (default 10,", SETTING),
+    ("BENCHMARKS.md", "within 0.5 of the CPU run", "an aim: the issue's target"),
+    ("BENCHMARKS.md", "CTranslate2's published 10,991 (fp16, A10G)", "CTranslate2's own figure (its README)"),
     ("docs/training.md", "`lrate = learning_rate * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)`",
      "eq. 3"),
 ]

@@ -5,12 +5,13 @@ python bench/render_docs.py            # rewrite every rendered table and figure
 python bench/render_docs.py --check    # exit 1 naming each one that differs
 
 A table sits between `<!-- render: NAME [ARGS] -->` and `<!-- end: NAME -->`; TABLES
-maps NAME to the function that writes it (called with ARGS, a Python expression). A
+maps NAME to the function that writes it (called with ARGS, a Python expression; `rows`
+takes a JSON file's records and a template per column, so most tables need no code). A
 figure in prose or in a hand-written table is `<!--{TEMPLATE}-->TEXT<!--/-->`: TEMPLATE
 an f-string's fields (`{run("multi30k_en-de").bleu:.1f}`) over NAMESPACE, TEXT what it
 renders (markdown hides the comment). Each training run's folder, results/runs/NAME/,
 gets a README.md rendered whole from its NAME.json (run_readme). Edit the JSON, the
-template or the row lists here, never the rendered text: tests/test_docs.py fails when
+template or the row labels (results/runs/tables.json), never the rendered text: tests/test_docs.py fails when
 the committed docs differ from what this renders, and bench/check_docs.py when a number
 is neither rendered nor an allow-listed setting.
 
@@ -76,11 +77,15 @@ def table(header: list[str], rows: list[list[str]]) -> str:
   return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
 
 
-def rows_table(columns: dict[str, str], records: list[dict], **names) -> str:
-  """A table of one row per record: each column's cell is its template rendered as a
-  figure's (render_figure) over the record's keys and `names`."""
-  return table(list(columns), [[render_figure(template, {**names, **record})
-                                for template in columns.values()] for record in records])
+def rows(root: Path, path: str, keys: str | list[str], columns: dict[str, str]) -> str:
+  """A table of one row per record in the lists `keys` (one key or several, in turn) of
+  the JSON file at `path` under results/: each column's cell is its template rendered as a figure's (render_figure)
+  over the record's fields and the file's; its header likewise over the file's."""
+  record = json.loads((root / "results" / path).read_text())
+  records = [r for key in ([keys] if isinstance(keys, str) else keys) for r in record[key]]
+  return table([render_figure(header, record) for header in columns],
+               [[render_figure(template, {**record, **r}) for template in columns.values()]
+                for r in records])
 
 
 def runs_and_median(cells: list[list[float]], formats: list[str], bold=()) -> list[list[str]]:
@@ -102,129 +107,36 @@ def averaged(record: dict) -> int:
   return len(steps[0]) if steps and isinstance(steps[0], list) else len(steps)
 
 
-# README: one row per config name (pair, config cell, results JSON).
-README_ROWS = [
-    ("EN->DE", "`configs/multi30k.py` (the command above)", "multi30k_en-de_paper_exact"),
-    ("EN->DE", "`configs/multi30k_best.py:en-de`", "multi30k_en-de_best_config"),
-    ("EN->DE", "three runs voting (`decode.py --ensemble`)", "multi30k_en-de_ensemble3"),
-    ("EN->FR", "`configs/multi30k_en_fr.py`", "multi30k_en-fr_paper_exact"),
-    ("EN->FR", "`configs/multi30k_best.py:en-fr`", "multi30k_en-fr_best_config"),
-]
+def rows_of(root: Path, doc: str) -> list[dict]:
+  """The runs a doc's table shows, in order, with their labels (results/runs/tables.json)."""
+  return json.loads((root / RUNS / "tables.json").read_text())[doc]
 
 
 def readme_results(root: Path) -> str:
   rows = []
-  for pair, config, name in README_ROWS:
+  for row in rows_of(root, "readme"):
+    name = row["run"]
     record = run_record(root, name)
     last = averaged(record)
-    label = config + (f", last {last} averaged" if last != 5 else "")
-    rows.append([pair, label, f"{record['steps']:d}", f"{record['train_wall_s'] / 60:.0f} min",
-                 *scores(record), f"`{name}.json`"])
+    label = row["config"] + (f", last {last} averaged" if last != 5 else "")
+    rows.append([row["pair"], label, f"{record['steps']:d}",
+                 f"{record['train_wall_s'] / 60:.0f} min", *scores(record), f"`{name}.json`"])
   return table(["pair", "config", "steps", "train wall time", "BLEU", "lowercased", "chrF",
                 "JSON"], rows)
 
 
-# RESULTS: every run decoded on test, in the order they were made (label, results JSON).
-RESULTS_ROWS = [
-    ("EN->DE", "multi30k_en-de"),
-    ("EN->FR", "multi30k_en-fr"),
-    ("EN->DE, the README command, paper-exact projections (no biases on W^Q, W^K, W^V, W^O; "
-     "the default from 2026-11-26; 2026-11-26 host)", "multi30k_en-de_paper_exact"),
-    ("EN->FR, `configs/multi30k_en_fr.py` as is, paper-exact projections (2026-11-26 host, "
-     "commit 06c5788)", "multi30k_en-fr_paper_exact"),
-    ("EN->DE, the README command, projections with biases (the code before; 2026-11-26 host)",
-     "multi30k_en-de_biased_2026-11-26"),
-    ("EN->DE, the same README command re-run from a fresh checkout (2026-11-25 host, current "
-     "code)", "multi30k_en-de_reproduced"),
-    ("EN->DE, tuned on validation: dropout 0.2, 3000 steps", "multi30k_en-de_dropout0.2"),
-    ("EN->DE, control: dropout 0.1, 3000 steps (2026-11-23 host)", "multi30k_en-de_3000steps"),
-    ("EN->DE, tuned further on validation: dropout 0.2, 4000 steps (2026-11-23 host)",
-     "multi30k_en-de_4000steps"),
-    ("the same 4000-step run re-trained (2026-11-25 host), beam 4 and alpha 1.4 chosen on "
-     "validation", "multi30k_en-de_4000steps_b4_a1.4"),
-    ("EN->DE, dropout 0.2 and label smoothing 0.2, 4000 steps (led on validation; 2026-11-25 "
-     "host)", "multi30k_en-de_ls0.2_4000steps"),
-    ("EN->DE, ensemble of three of the runs above (`decode.py --ensemble`, chosen on "
-     "validation; 2026-11-25 host)", "multi30k_en-de_ensemble3"),
-    ("EN->DE, dropout 0.2, 6000 steps (chosen on validation; 2026-11-23 host)",
-     "multi30k_en-de_6000steps"),
-    ("EN->DE, dropout 0.3, 6000 steps (led on validation BLEU; 2026-11-24 host)",
-     "multi30k_en-de_d03_6000steps"),
-    ("EN->DE, dropout 0.2 and BPE-dropout 0.05, 10000 steps (led on validation; 2026-11-25 "
-     "host)", "multi30k_en-de_bpd0.05_10000steps"),
-    ("EN->DE, dropout 0.2 and BPE-dropout 0.02, 7000 steps (led on validation; 2026-11-26 "
-     "host)", "multi30k_en-de_bpd0.02_7000steps"),
-    ("EN->DE, the same run continued to 9000 steps (led on validation; 2026-11-26 host)",
-     "multi30k_en-de_bpd0.02_9000steps"),
-    ("EN->DE, `configs/multi30k_best.py:en-de` as is: that recipe in one command (2026-11-26 "
-     "host)", "multi30k_en-de_best_config"),
-    ("EN->FR, tuned on validation: dropout 0.2, 3000 steps", "multi30k_en-fr_dropout0.2"),
-    ("EN->FR, tuned further on validation: dropout 0.2, 4000 steps (2026-11-23 host)",
-     "multi30k_en-fr_4000steps"),
-    ("EN->FR, dropout 0.2 and BPE-dropout 0.02, 4000 steps (led on validation; 2026-11-25 "
-     "host)", "multi30k_en-fr_bpd0.02_4000steps"),
-    ("EN->FR, the same run continued to 6000 steps (led on validation; 2026-11-26 host)",
-     "multi30k_en-fr_bpd0.02_6000steps"),
-    ("EN->FR, the same run continued to 7000 steps (led on validation; 2026-11-26 host)",
-     "multi30k_en-fr_bpd0.02_7000steps"),
-    ("EN->FR, `configs/multi30k_best.py:en-fr` as is: that recipe in one command (2026-11-26 "
-     "host)", "multi30k_en-fr_best_config"),
-]
-
-
 def results_runs(root: Path) -> str:
+  """Every run decoded on test, in the order they were made."""
   rows = []
-  for label, name in RESULTS_ROWS:
-    record = run_record(root, name)
+  for row in rows_of(root, "results"):
+    record = run_record(root, row["run"])
     members = record.get("members")
     steps = f"{len(members)} runs, {record['steps']:d}" if members else f"{record['steps']:d}"
     wall = f"{record['train_wall_s'] / 60:.1f} min" + (" (sum)" if members else "")
-    rows.append([label, steps, wall, f"{averaged(record)}", *scores(record), f"`{name}.json`"])
+    rows.append([row["label"], steps, wall, f"{averaged(record)}", *scores(record),
+                 f"`{row['run']}.json`"])
   return table(["run", "steps", "train wall time", "checkpoints averaged",
                 "test BLEU (sacreBLEU, cased, detok.)", "lowercased BLEU", "chrF", "JSON"], rows)
-
-
-def scaling(root: Path) -> str:
-  """bench/scaling.py's step time and XLA temporary memory, by length then by batch."""
-  record = bench_json(root, "scaling")
-  return rows_table({"rows": "{rows}", "length": "{length}", "tokens (both sides)": "{tokens}",
-                     "ms/step": "{ms_per_step:.0f}", "XLA temp MB": "{temp_mb:.0f}"},
-                    record["by_length"] + record["by_batch"])
-
-
-def faults(root: Path) -> str:
-  """bench/faults.py's scenarios: how often, what happened, whether the parameters equal
-  an uninterrupted run's bit for bit, and the most steps any restart lost."""
-  return rows_table({"fault": "{fault}", "times": "{times}", "outcome": "{outcome}",
-                     "params equal": "{'yes' if params_equal else '**no**'}",
-                     "steps lost (max)": "{steps_lost_max}"}, bench_json(root, "faults")["rows"])
-
-
-def export(root: Path) -> str:
-  """bench/export.py: decode.py, the StableHLO runner and CTranslate2 on test 2016."""
-  record = bench_json(root, "export")
-  return rows_table({
-      "engine": "{'`decode.py`' if engine == 'decode.py' else engine}",
-      "sentences/s": "{sentences_per_s:.1f}", "vs decode.py": "{speedup_vs_decode_py:.2f}x",
-      "BLEU": "{bleu:.2f}", "BLEU change": "{bleu_minus_decode_py:+.2f}",
-      f"lines equal to decode.py (of {record['sentences']})": "{lines_equal_to_decode_py}",
-      "peak RSS MB": "{peak_rss_mb:.0f}", "load s": "{load_s:.1f}",
-      "first pass s": "{first_pass_s:.1f}"}, record["rows"])
-
-
-def serve_load(root: Path) -> str:
-  """bench/serve.py: serve.py's throughput, latency and RSS by concurrent clients, one
-  test 2016 sentence per request, against decode.py's whole-file Translator passes timed
-  just before and after each run."""
-  return rows_table({
-      "clients": "{clients}", "requests": "{sentences}", "sentences/s": "{sentences_per_s:.1f}",
-      "whole file (decode.py), sentences/s": "{whole_file_sentences_per_s:.1f}",
-      "vs whole file": "{vs_whole_file:.2f}", "p50 ms": "{p50_ms:.0f}", "p99 ms": "{p99_ms:.0f}",
-      "sentences per search": "{sentences_per_search:.1f}",
-      "answers equal to Translator.translate": "{answers_equal_to_translator} of {sentences}",
-      "server RSS MB (start / max / end)":
-          "{rss_mb_start:.0f} / {rss_mb_max:.0f} / {rss_mb_end:.0f}"},
-      bench_json(root, "serve")["rows"])
 
 
 def _gb(n_bytes: float) -> str:
@@ -262,19 +174,6 @@ def wmt_scale(root: Path) -> str:
                               "non-pad fraction"], rows)
 
 
-def token_cache_workers(root: Path) -> str:
-  """bench/token_cache_workers.py: input workers over the 4.5M-pair token cache, the cache
-  pickled as its folder (now) and as its arrays (before)."""
-  return rows_table({
-      "token cache pickled": "{labels[variant]}", "workers": "{workers}",
-      "pickled dataset": "{pickle_bytes:,} B",
-      "USS per worker (max)": "{worker_uss_mb_max:,.0f} MB",
-      "main process USS": "{peak_mb['main']['uss']:,.0f} MB", "tree PSS": "{tree_pss_mb:,.0f} MB",
-      "tree RSS": "{tree_rss_mb:,.0f} MB", "first batch": "{first_batch_s:.1f} s"},
-      bench_json(root, "token_cache_workers")["variants"],
-      labels={"new": "as its folder (now)", "old": "as its arrays (before)"})
-
-
 def soak(root: Path) -> str:
   """bench/soak.py: train.py on the 4.5M-pair corpus, killed once, resumed, finished."""
   record = bench_json(root, "soak")
@@ -308,17 +207,6 @@ def wmt_download(root: Path) -> str:
   return table(["tfds config", "archives", "download (tfds's registered sizes)",
                 "then: prepare, vocabulary, token cache on 2 cores (time, disk; measured on "
                 "the 4.5M-pair stand-in, BENCHMARKS.md)"], rows)
-
-
-def projection(root: Path) -> str:
-  """bench/projection.py: the paper's runs at our measured step rates (a projection)."""
-  return rows_table({
-      "model": "{model}", "GPU": "{device}", "steps": "{steps:,}",
-      "ms/step, 1 GPU": "{step_ms_1:.1f}", "1 GPU": "{hours_1:.1f} h",
-      "ms/step, 8 GPUs": "{step_ms_8:.1f}", "8 GPUs": "{hours_8:.2f} h",
-      "paper, 8 P100": "{paper_hours_8_p100:.0f} h", "vs paper": "{speedup_8_vs_paper:.0f}x",
-      "input cores for 8 GPUs": "{input_cores_8:.1f}"},
-      bench_json(root, "projection")["projections"])
 
 
 def one_decimal(x: float, published: str | None = None) -> str:
@@ -394,7 +282,8 @@ def curve_points(root: Path, name: str, bleu: str = "validation BLEU") -> str:
                [[f"{s}", f"{w / 60:.1f} min", f"{b:.2f}"] for s, w, b in curve])
 
 
-# The GPU issue's second round: one H100 session, two runs of bench/accelerator.py.
+# The GPU issue's second round: one H100 session, two runs of bench/accelerator.py (its
+# aims table in BENCHMARKS.md renders figure by figure).
 H100_RUNS = "results/device_runs/2026-11-27_h100_5ecb8c5"
 H100_FILES = {"A": "accelerator.json", "B": "accelerator_run2.json"}
 PRNG_LABELS = {"ours": "train.py's defaults at 5ecb8c5: threefry GPU kernel, autodiff backward",
@@ -407,56 +296,6 @@ PRNG_LABELS = {"ours": "train.py's defaults at 5ecb8c5: threefry GPU kernel, aut
 def _h100(root: Path) -> dict[str, dict]:
   return {run: json.loads((root / H100_RUNS / name).read_text())
           for run, name in H100_FILES.items()}
-
-
-def met(ok: bool) -> str:
-  return "met" if ok else "not met"
-
-
-def h100_aims(root: Path) -> str:
-  """The GPU issue's aims against run A (README job, base bf16) and B (small f32, search)."""
-  a, b = (_h100(root)[run] for run in "AB")
-  cpu = run_record(root, "multi30k_en-de_paper_exact")
-  base, small = a["base_bf16"], b["small_f32"]
-  search = b["decode_base"]["batches"]
-  fastest = lambda section: min(section["variants"].items(), key=lambda kv: kv[1]["ms"])  # noqa: E731
-  fast_base, fast_small = fastest(base), fastest(small)
-  rows = [
-      ["README job end to end, cold cache, <= 60 s",
-       f"{a['readme_job_wall_s']:.1f} s ({a['readme_job_train_wall_s']:.1f} s train.py + "
-       f"{a['readme_job_decode_wall_s']:.1f} s decode.py)", "A", met(a["readme_job_wall_s"] <= 60)],
-      ["test BLEU of that job within 0.5 of the CPU run "
-       f"({cpu['bleu']:.2f}, `multi30k_en-de_paper_exact.json`)",
-       f"{a['readme_job_test_bleu']:.2f} ({a['readme_job_test_bleu_lowercased']:.2f} lowercased)",
-       "A", met(abs(a["readme_job_test_bleu"] - cpu["bleu"]) <= 0.5)],
-      ["its compiles (cold): parameter initialisation, train step; train step at the "
-       "second launch", f"{a['init_compile_s_cold']:.1f} s, {a['train_step_compile_s_cold']:.1f} s;"
-       f" {a['train_step_compile_s_warm']:.1f} s", "A", ""],
-      ["base bf16 (192 x 128) >= 40% MFU and >= 1.6x the peer",
-       f"{base['ours_ms']:.1f} ms/step, {100 * base['ours_mfu_of_bf16_peak']:.1f}% MFU, "
-       f"{base['speedup_vs_peer']:.2f}x (fastest variant, {fast_base[0]}: "
-       f"{100 * fast_base[1]['mfu_of_bf16_peak']:.1f}%, {fast_base[1]['speedup_vs_peer']:.2f}x)",
-       "A", met(base["ours_mfu_of_bf16_peak"] >= 0.4 and base["speedup_vs_peer"] >= 1.6)],
-      ["small f32 (32 x 64): >= 1.3x the peer",
-       f"{small['ours_ms']:.2f} ms vs {small['peer_ms']:.2f} ms: {small['speedup_vs_peer']:.2f}x "
-       f"(fastest variant, {fast_small[0]}: {fast_small[1]['speedup_vs_peer']:.2f}x)", "B",
-       met(small["speedup_vs_peer"] >= 1.3)],
-      ["beam search, base shape, batch 8: >= 1.5x the peer",
-       f"{search['8']['speedup_vs_peer']:.2f}x ({search['8']['ours_sentences_per_s']:.0f} vs "
-       f"{search['8']['peer_sentences_per_s']:.0f} sentences/s)", "B",
-       met(search["8"]["speedup_vs_peer"] >= 1.5)],
-      ["beam search, base shape, batch 128: >= 2x the peer",
-       f"{search['128']['speedup_vs_peer']:.2f}x ({search['128']['ours_sentences_per_s']:.0f} vs "
-       f"{search['128']['peer_sentences_per_s']:.0f} sentences/s)", "B",
-       met(search["128"]["speedup_vs_peer"] >= 2.0)],
-      ["tokens/s at batch 32, beside CTranslate2's published 10,991 (fp16, A10G)",
-       f"{search['32']['ours_tokens_per_s']:,.0f} (bf16, H100, random model, every output "
-       "at the length bound)", "B", "not comparable"],
-      ["a profiler trace (`config.profile_steps`)",
-       ", ".join(f"{Path(k).name} {v / 1e6:.1f} MB" for k, v in a["profile_trace_files"].items()),
-       "A", met(bool(a["profile_trace_files"]))],
-  ]
-  return table(["aim (issue)", "measured", "run", ""], rows)
 
 
 def h100_variants(root: Path) -> str:
@@ -478,17 +317,11 @@ def h100_variants(root: Path) -> str:
                 "compile", "run"], rows)
 
 
-TABLES = {"readme-results": ("README.md", readme_results),
+TABLES = {"readme-results": ("README.md", readme_results), "rows": (None, rows),
           "results-runs": ("RESULTS.md", results_runs),
-          "scaling": ("BENCHMARKS.md", scaling),
-          "faults": ("BENCHMARKS.md", faults),
-          "export": ("BENCHMARKS.md", export), "serve": ("BENCHMARKS.md", serve_load),
           "wmt-scale": ("BENCHMARKS.md", wmt_scale),
-          "token-cache-workers": ("BENCHMARKS.md", token_cache_workers),
           "soak": ("BENCHMARKS.md", soak),
-          "projection": ("BENCHMARKS.md", projection),
           "wmt-download": ("docs/wmt14.md", wmt_download),
-          "h100-aims": ("BENCHMARKS.md", h100_aims),
           "h100-variants": ("BENCHMARKS.md", h100_variants),
           "torch-runs": ("BENCHMARKS.md", torch_runs), "decode-runs": ("BENCHMARKS.md", decode_runs),
           "cpu-ablations": ("BENCHMARKS.md", cpu_ablations),
@@ -647,7 +480,7 @@ def run_readme(root: Path, name: str) -> str:
   """results/runs/NAME/README.md: the run's record (NAME.json) as a page, and its files."""
   folder = root / RUNS / name
   r = json.loads((folder / f"{name}.json").read_text())
-  label = dict((n, text) for text, n in RESULTS_ROWS).get(name)
+  label = {row["run"]: row["label"] for row in rows_of(root, "results")}.get(name)
   steps = r.get("averaged_checkpoints") or []
   rows = [["pair", r["pair"].upper().replace("-", "->")], ["command", f"`{r['command']}`"]]
   if r.get("members"):
@@ -713,8 +546,9 @@ def main() -> int:
     print(f"{', '.join(stale)}: rendered tables or pages differ from their data; run "
           "python bench/render_docs.py (and edit the JSON or the row lists, not the tables)")
     return 1
-  figures = sum(len(FIGURE.findall((root / name).read_text())) for name in doc_names(root))
-  print(f"{len(found)} tables, {figures} figures and the run folders' pages {'checked' if args.check else 'rendered'}"
+  texts = [(root / name).read_text() for name in doc_names(root)]
+  tables, figures = (sum(len(pattern.findall(text)) for text in texts) for pattern in (BLOCK, FIGURE))
+  print(f"{tables} tables, {figures} figures and the run folders' pages {'checked' if args.check else 'rendered'}"
         + (f"; rewrote {', '.join(stale)}" if stale and not args.check else ""))
   return 0
 

@@ -61,6 +61,8 @@ def test_every_number_is_checked_rendered_or_a_setting():
     ("docs/wmt14.md", "| 1.70 GB |", "| 1.71 GB |"),
     # A train-step run's row (rendered; check_docs no longer re-checks its cells).
     ("BENCHMARKS.md", "| run1 | small | 368 | 58.6% |", "| run1 | small | 369 | 58.6% |"),
+    # A cell of a table of JSON records (`rows`: serve.py's load, its column template).
+    ("BENCHMARKS.md", "| 1 | 1000 | 33.1 | 115.0 |", "| 1 | 1000 | 33.2 | 115.0 |"),
     # A validation curve's cell (RESULTS' by-step tables, rendered from each run's JSON).
     ("RESULTS.md", "| 21.8 | 32.6 | 35.6 |", "| 21.8 | 32.7 | 35.6 |"),
 ])
@@ -84,6 +86,8 @@ def test_a_changed_rendered_figure_fails(copy, doc, old, new):
     ("RESULTS.md", "-->0.6 BLEU below", "-->0.9 BLEU below", "0.9 BLEU below"),
     # A sentence's figure derived from several runs' JSON (two medians' ratio).
     ("BENCHMARKS.md", "-->1.17x faster<!--/-->", "-->1.18x faster<!--/-->", "s_per_batch"),
+    # A figure in an aims table (the H100 run's README job).
+    ("BENCHMARKS.md", "-->77.4<!--/--> s (", "-->77.5<!--/--> s (", "readme_job_wall_s"),
     # A figure on a docs/ page (the H100 run's JSON).
     ("docs/accelerators.md", "-->6.1<!--/--> ms/step", "-->6.2<!--/--> ms/step",
      "readme_job_ms_per_step"),
