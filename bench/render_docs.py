@@ -246,22 +246,6 @@ def decode_runs(root: Path) -> str:
                runs_and_median(cells, [".3f"] * 4 + [".2f", ".1f", ".1f", ".2f"], bold=(4, 7)))
 
 
-def cpu_ablations(root: Path) -> str:
-  """bench/accelerator.py's small f32 ablations on the CPU (2026-11-26): each hand-written
-  piece of our step replaced by plain JAX, the time over ours."""
-  r = json.loads((root / "results/device_runs/2026-11-26_cpu_ablations/accelerator.json")
-                 .read_text())
-  labels = {"plain_tied_projection": "plain_tied_projection (einsum, autodiff backward)",
-            "autodiff_cross_entropy": "autodiff_cross_entropy",
-            "bernoulli_dropout": "bernoulli_dropout (32-bit `jax.random.bernoulli`)",
-            "all_plain": "all_plain (all three)"}
-  ours = r["small_f32_with_ablations"]["ours_ms"]
-  return table(["variant", "ms/step", "/ ours"],
-               [["ours (hand-written pieces)", f"{ours:.1f}", f"{1:.2f}"]]
-               + [[label, f"{r['small_f32_ablations'][k]['ms']:.1f}",
-                   f"{r['small_f32_ablations'][k]['over_ours']:.2f}"] for k, label in labels.items()])
-
-
 def curves(root: Path, steps, *rows) -> str:
   """Validation curves by step, one row per (label, run name, 'bleu' or 'wall'[, {step:
   published tie rounding}]): BLEU to one decimal or wall time in minutes; blank where a
@@ -324,7 +308,6 @@ TABLES = {"readme-results": ("README.md", readme_results), "rows": (None, rows),
           "wmt-download": ("docs/wmt14.md", wmt_download),
           "h100-variants": ("BENCHMARKS.md", h100_variants),
           "torch-runs": ("BENCHMARKS.md", torch_runs), "decode-runs": ("BENCHMARKS.md", decode_runs),
-          "cpu-ablations": ("BENCHMARKS.md", cpu_ablations),
           "curves": (None, curves), "curve-points": (None, curve_points)}
 
 
