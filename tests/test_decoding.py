@@ -2,6 +2,7 @@
 
 import functools
 import itertools
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,9 +37,11 @@ def random_model(vocab_size, seed=0):
   return cfg, params
 
 
-def cached_tokens_to_logits(cfg, params, inputs, beams):
+def cached_tokens_to_logits(cfg, params, inputs, beams, length):
+  """(tokens_to_logits, its cache) of the incremental decoder, `beams` rows per sentence."""
   model = Transformer(cfg)
   encoded = model.apply({"params": params}, inputs, method=Transformer.encode)
+  cache = init_cache(cfg, params, encoded, length, beams)
   if not cfg.share_beam_cache:
     encoded, inputs = decoding.repeat_beams(encoded, beams), decoding.repeat_beams(inputs, beams)
   decoder = Transformer(cfg.replace(decode=True))
@@ -47,7 +50,7 @@ def cached_tokens_to_logits(cfg, params, inputs, beams):
     logits, updated = decoder.apply({"params": params, "cache": cache}, encoded, inputs, ids,
                                     method=Transformer.decode, mutable=["cache"])
     return logits[:, 0], updated["cache"]
-  return tokens_to_logits
+  return tokens_to_logits, cache
 
 
 def uncached_tokens_to_logits(cfg, params, inputs, beams, length):
@@ -107,7 +110,7 @@ def test_beam_equals_exhaustive_search():
   inputs = jnp.array([[2, 3, 4, 3, EOS]], jnp.int32)
   beams = (vocab - 1) ** length  # Every non-pad sequence fits in the beam.
   result = jax.jit(lambda: decoding.beam_search(
-      cached_tokens_to_logits(cfg, params, inputs, beams), init_cache(cfg, 1, length, inputs.shape[1], beams),
+      *cached_tokens_to_logits(cfg, params, inputs, beams, length),
       batch_size=1, beam_size=beams, max_decode_len=length, alpha=alpha, eos_id=EOS))()
   scored = exhaustive_search(lambda tokens: sequence_log_prob(cfg, params, inputs, tokens),
                              vocab, length, alpha)
@@ -223,16 +226,16 @@ def test_beam_one_equals_greedy():
   cfg, params = random_model(12, seed=1)
   inputs = jnp.array([[2, 5, 7, 9, EOS], [3, 4, EOS, 0, 0]], jnp.int32)
   length = 10
-  beam = decoding.beam_search(cached_tokens_to_logits(cfg, params, inputs, 1),
-                              init_cache(cfg, 2, length, inputs.shape[1]), batch_size=2, beam_size=1,
+  beam = decoding.beam_search(*cached_tokens_to_logits(cfg, params, inputs, 1, length),
+                              batch_size=2, beam_size=1,
                               max_decode_len=length, alpha=0.0, eos_id=EOS)
-  greedy = decoding.sample_search(cached_tokens_to_logits(cfg, params, inputs, 1),
-                                  init_cache(cfg, 2, length, inputs.shape[1]), batch_size=2,
+  greedy = decoding.sample_search(*cached_tokens_to_logits(cfg, params, inputs, 1, length),
+                                  batch_size=2,
                                   max_decode_len=length, eos_id=EOS)
   np.testing.assert_array_equal(beam.sequences[:, 0], greedy.sequences[:, 0])
   np.testing.assert_allclose(beam.scores[:, 0], greedy.scores[:, 0], atol=1e-5)
-  top1 = decoding.sample_search(cached_tokens_to_logits(cfg, params, inputs, 1),
-                                init_cache(cfg, 2, length, inputs.shape[1]), batch_size=2, max_decode_len=length,
+  top1 = decoding.sample_search(*cached_tokens_to_logits(cfg, params, inputs, 1, length),
+                                batch_size=2, max_decode_len=length,
                                 eos_id=EOS, temperature=0.7, top_k=1, rng=jax.random.PRNGKey(3))
   np.testing.assert_array_equal(top1.sequences, greedy.sequences)
 
@@ -243,14 +246,49 @@ def test_cached_equals_uncached_decoding(share_beam_cache):
   cfg = cfg.replace(share_beam_cache=share_beam_cache)
   inputs = jnp.array([[2, 5, 7, 9, EOS], [3, 4, EOS, 0, 0]], jnp.int32)
   length, beams = 8, 3
-  cached = decoding.beam_search(cached_tokens_to_logits(cfg, params, inputs, beams),
-                                init_cache(cfg, 2, length, inputs.shape[1], beams), batch_size=2,
+  cached = decoding.beam_search(*cached_tokens_to_logits(cfg, params, inputs, beams, length),
+                                batch_size=2,
                                 beam_size=beams, max_decode_len=length, eos_id=EOS)
   fn, cache = uncached_tokens_to_logits(cfg, params, inputs, beams, length)
   uncached = decoding.beam_search(fn, cache, batch_size=2, beam_size=beams,
                                   max_decode_len=length, eos_id=EOS)
   np.testing.assert_array_equal(cached.sequences, uncached.sequences)
   np.testing.assert_allclose(cached.scores, uncached.scores, atol=1e-4)
+
+
+def search_loop_body(hlo: str) -> list[str]:
+  """The instructions of the largest while loop's body (the search loop's) in HLO text."""
+  computations, name = {}, None
+  for line in hlo.splitlines():
+    header = re.match(r"^(?:ENTRY )?%(\S+) .*\{$", line)
+    if header:
+      name = header[1]
+      computations[name] = []
+    elif line.startswith("}"):
+      name = None
+    elif name and line.strip().startswith(("%", "ROOT")):
+      computations[name].append(line.strip())
+  bodies = [re.search(r"body=%([^\s,]+)", line)[1]
+            for lines in computations.values() for line in lines if " while(" in line]
+  return computations[max(bodies, key=lambda body: len(computations[body]))]
+
+
+def test_search_loop_reads_invariants_in_place():
+  """The compiled search loop neither branches to fill the encoder-decoder keys/values
+  (`init_cache` fills them before it) nor transposes an output kernel [N, d_v, D] at
+  every step (it reads the cache's view): nothing in its body takes such a kernel."""
+  cfg = TransformerConfig(vocab_size=20, d_model=24, d_ff=32, num_heads=2, num_layers=2,
+                          max_len=16, deterministic=True)
+  inputs = jnp.array([[2, 5, 7, 9, EOS], [3, 4, EOS, 0, 0]], jnp.int32)
+  params = Transformer(cfg).init(jax.random.PRNGKey(0), inputs, inputs)["params"]
+  search_fn = jax.jit(make_search_fn(cfg, SearchConfig(beam_size=3, max_extra=6)))
+  body = search_loop_body(search_fn.lower(params, inputs, jax.random.PRNGKey(0)).compile().as_text())
+  assert any("Transformer.decode" in line for line in body)  # The decoder's step is in there.
+  assert not [line for line in body if " conditional(" in line]
+  kernels = {line.split(" ")[0] for line in body if re.search(r"= f32\[2,12,24\]\{", line)}
+  readers = [line for line in body
+             if any(re.search(re.escape(k) + r"[,)]", line.split("=", 1)[1]) for k in kernels)]
+  assert not readers, readers
 
 
 def test_batched_equals_alone():

@@ -101,7 +101,7 @@ def test_cached_decoding_reproduces_teacher_forcing(tiny, share_beam_cache):
   teacher = np.asarray(apply(params, src, tgt))
   encoded = model.apply({"params": params}, src, method=Transformer.encode)
   decoder = Transformer(cfg.replace(decode=True))
-  cache = init_cache(cfg, batch_size=2, max_decode_len=tgt.shape[1], source_len=src.shape[1])
+  cache = init_cache(cfg, params, encoded, max_decode_len=tgt.shape[1])
 
   @jax.jit
   def step(cache, previous):
@@ -117,6 +117,32 @@ def test_cached_decoding_reproduces_teacher_forcing(tiny, share_beam_cache):
     previous = tgt[:, t : t + 1]
 
 
+def test_init_cache_holds_what_the_forward_pass_computes(tiny):
+  """The cache `init_cache` fills before any step: each decoder layer's encoder-decoder
+  keys/values are those the teacher-forced pass attends to (head-major), each output
+  kernel's view is that kernel (rows head-minor); self-attention starts empty."""
+  cfg, model, params, _, src, tgt = tiny
+  encoded = model.apply({"params": params}, src, method=Transformer.encode)
+  cache = init_cache(cfg, params, encoded, max_decode_len=7, beam_size=3)["decoder"]
+  _, state = model.apply({"params": params}, src, tgt, capture_intermediates=True)
+  for i in range(cfg.decoder_layers):
+    seen = state["intermediates"]["decoder"][f"layer_{i}"]["cross_attention"]
+    layer_params = nn.unbox(params)["decoder"][f"layer_{i}"]
+    layer = cache[f"layer_{i}"]
+    cross = layer["cross_attention"]
+    for name in ("key", "value"):
+      np.testing.assert_allclose(cross[f"cached_{name}"],
+                                 np.asarray(seen[name]["__call__"][0]).transpose(0, 2, 1, 3),
+                                 atol=1e-6, rtol=1e-6)
+    for block in ("self_attention", "cross_attention"):
+      kernel = np.asarray(layer_params[block]["out"]["kernel"])
+      view = layer[block]["out"]["kernel_view"]
+      np.testing.assert_array_equal(view[0], kernel.transpose(1, 0, 2).reshape(-1, cfg.d_model))
+    self_attention = layer["self_attention"]
+    assert self_attention["cached_key"].shape == (2, cfg.num_heads, 7 * 3, cfg.head_dim_k)
+    assert not np.any(self_attention["cached_key"]) and not np.any(self_attention["cached_value"])
+
+
 def test_shared_beam_cache_follows_reordered_histories(tiny):
   """Beams reordered arbitrarily (parents repeated or dropped) still see their own history."""
   from flax_transformer.translation.search import _gather_beams
@@ -124,7 +150,7 @@ def test_shared_beam_cache_follows_reordered_histories(tiny):
   sentences, beams, length = 2, 3, 5
   decoder = Transformer(cfg.replace(decode=True, share_beam_cache=True))
   encoded = model.apply({"params": params}, src, method=Transformer.encode)
-  cache = init_cache(cfg, sentences, length, src.shape[1], beam_size=beams)
+  cache = init_cache(cfg, params, encoded, length, beam_size=beams)
   step = jax.jit(lambda cache, ids: decoder.apply(
       {"params": params, "cache": cache}, encoded, src, ids, method=Transformer.decode,
       mutable=["cache"]))

@@ -164,21 +164,38 @@ class HeadsProjection(nn.Module):
 
 
 class OutputProjection(nn.Module):
-  """Concat(head_1..head_h) W^O: [..., num_heads, d_v] -> [..., features]."""
+  """Concat(head_1..head_h) W^O: [..., num_heads, d_v] -> [..., features].
+
+  cached: decoding. The kernel [N, d_v, D] is read as its [1, d_v * N, D] view,
+  made once when the cache is created (`init_cache`) and kept in the 'cache'
+  collection; the parameter tree is unchanged. Read from the parameters, XLA
+  transposed the kernel to that layout inside the search loop at every step
+  (its loop-invariant code motion leaves transposes be). The view's rows run
+  head-minor, the order in which `jnp.einsum` contracts (n, h) here, so the
+  sums are the uncached path's, bit for bit; its leading 1 keeps a search from
+  taking it for a per-row state (only a one-row search could, and reordering
+  one row is the identity).
+  """
 
   features: int
   use_bias: bool = False  # The paper's W^O has none.
   dtype: jnp.dtype = jnp.float32
   param_dtype: jnp.dtype = jnp.float32
+  cached: bool = False
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
+    heads, head_dim = x.shape[-2:]
     kernel = self.param(
         "kernel", nn.with_logical_partitioning(
             nn.initializers.xavier_uniform(in_axis=(0, 1), out_axis=2), OUT_KERNEL_AXES),
-        (x.shape[-2], x.shape[-1], self.features), self.param_dtype)
-    return _with_bias(self, "...nh,nhd->...d", x, kernel, (self.features,),
-                      ("embed",))
+        (heads, head_dim, self.features), self.param_dtype)
+    if not self.cached:
+      return _with_bias(self, "...nh,nhd->...d", x, kernel, (self.features,), ("embed",))
+    view = self.variable("cache", "kernel_view", lambda: jnp.asarray(kernel, self.dtype).transpose(
+        1, 0, 2).reshape(1, head_dim * heads, self.features)).value
+    x = x.swapaxes(-1, -2).reshape(*x.shape[:-2], head_dim * heads)  # [..., (h, n)]
+    return _with_bias(self, "...k,kd->...d", x, view[0], (self.features,), ("embed",))
 
 
 def _with_bias(module: nn.Module, spec: str, x: jax.Array, kernel: jax.Array,
@@ -202,8 +219,8 @@ class MultiHeadAttention(nn.Module):
     decode: cache keys/values and attend one new query per call (decoder
       self-attention during incremental decoding).
     static_kv: `inputs_kv` is the same at every decoding step (encoder-decoder
-      attention during incremental decoding): its keys/values are projected at
-      the first step and read from the cache afterwards.
+      attention during incremental decoding): its keys/values are projected
+      when the cache is created (`init_cache`) and read from it afterwards.
 
   `inputs_kv` may hold one row per sentence while `inputs_q` holds k adjacent
   rows per sentence (the beams of a beam search): each sentence's k queries
@@ -261,34 +278,27 @@ class MultiHeadAttention(nn.Module):
                                        dropout_rng=dropout_rng,
                                        implementation=cfg.attention_implementation)
     out = OutputProjection(cfg.d_model, use_bias=cfg.attention_bias, dtype=cfg.dtype,
-                           param_dtype=cfg.param_dtype, name="out")(x)
+                           param_dtype=cfg.param_dtype, cached=self.decode or self.static_kv,
+                           name="out")(x)
     return nn.with_logical_constraint(out, ("batch", "length", "embed"))
 
   def _static_key_value(self, inputs_kv, project):
-    """Keys/values of `inputs_kv`, projected once per decode and then read from the cache.
+    """Keys/values of `inputs_kv`, head-major: projected when the cache is created
+    (`init_cache`, from the encoder output), read from it at every step after.
 
-    Projected per step they would cost as much as the rest of the step
-    (S source positions per query); here they are computed only while the cache
-    is unfilled, rather than relying on XLA hoisting them out of the search loop.
+    Projected per step they would cost as much as the rest of the step (S source
+    positions per query). Filled before the search loop, the loop body reads them
+    in place: no conditional (which on a GPU reads its predicate on the host) and
+    no copies of the cache through its branches.
     """
     cfg = self.config
-
-    def compute(module, x):
-      key = to_head_major(project(x, cfg.head_dim_k, "key"))
-      value = to_head_major(project(x, cfg.head_dim_v, "value"))
-      module.put_variable("cache", "cached_key", key)
-      module.put_variable("cache", "cached_value", value)
-      module.put_variable("cache", "filled", jnp.array(True))
-      return key, value
-
-    def reuse(module, x):
-      del x
-      return module.get_variable("cache", "cached_key"), module.get_variable(
-          "cache", "cached_value")
-
     if not self.has_variable("cache", "cached_key"):  # Creating the cache.
-      return compute(self, inputs_kv)
-    return nn.cond(self.get_variable("cache", "filled"), reuse, compute, self, inputs_kv)
+      key = to_head_major(project(inputs_kv, cfg.head_dim_k, "key"))
+      value = to_head_major(project(inputs_kv, cfg.head_dim_v, "value"))
+      self.put_variable("cache", "cached_key", key)
+      self.put_variable("cache", "cached_value", value)
+      return key, value
+    return self.get_variable("cache", "cached_key"), self.get_variable("cache", "cached_value")
 
   def _update_cache(self, key, value, mask, beams):
     """Writes this step's key/value at the cache index; masks unwritten positions.

@@ -7,6 +7,8 @@ sequence a token belongs to, 0 = padding) and `*_positions` (index within it).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -179,23 +181,35 @@ class Transformer(nn.Module):
                        inputs_segmentation, targets_segmentation)
 
 
-def init_cache(config: TransformerConfig, batch_size: int, max_decode_len: int,
-               source_len: int, beam_size: int = 1) -> dict:
-  """Zeroed decoding cache for `batch_size` sentences x `beam_size` rows each.
+def init_cache(config: TransformerConfig, params, encoded: jax.Array, max_decode_len: int,
+               beam_size: int = 1) -> dict:
+  """The decoding cache of `encoded` [B, S, D] (the encoder output, one row per
+  sentence) for B x `beam_size` rows, before the first step.
 
-  Self-attention keys/values hold up to `max_decode_len` target positions per
-  row; with `config.share_beam_cache` a sentence's beams share its cache rows
-  (its encoder-decoder keys/values, `source_len` positions filled at the first
-  step, and self-attention slots that a search never reorders), and
-  `Transformer.decode` then takes `encoded`/`inputs` with one row per sentence.
+  Self-attention keys/values (zeroed) hold up to `max_decode_len` target positions
+  per row. What every step reads unchanged is made here, once, outside any search
+  loop: each attention's output kernel in the layout a step consumes, and with
+  `config.share_beam_cache` the encoder-decoder keys/values of `encoded`; a
+  sentence's beams then share its cache rows (those keys/values, and
+  self-attention slots that a search never reorders), and `Transformer.decode`
+  takes `encoded`/`inputs` with one row per sentence.
   """
-  model = Transformer(config.replace(decode=True, deterministic=True))
-  source_rows = batch_size if config.share_beam_cache else batch_size * beam_size
-  shapes = jax.eval_shape(
-      lambda: model.init(jax.random.PRNGKey(0),
-                         jnp.ones((source_rows, source_len), jnp.int32),
-                         jnp.ones((batch_size * beam_size, max_decode_len), jnp.int32)))["cache"]
-  return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+  return _init_cache(config.replace(decode=True, deterministic=True), params, encoded,
+                     max_decode_len, beam_size)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3, 4))
+def _init_cache(config, params, encoded, max_decode_len, beam_size):
+  # The initialising call of `decode` on a full-length target creates the cache
+  # (positions it runs the decoder over are dead code: only the cache is kept).
+  batch, source_len = encoded.shape[:2]
+  if not config.share_beam_cache:
+    encoded = jnp.repeat(encoded, beam_size, axis=0)
+  _, variables = Transformer(config).apply(
+      {"params": params}, encoded, jnp.ones(encoded.shape[:2], jnp.int32),
+      jnp.ones((batch * beam_size, max_decode_len), jnp.int32), method=Transformer.decode,
+      mutable=["cache"])
+  return variables["cache"]
 
 
 def count_params(params) -> int:

@@ -218,8 +218,8 @@ def shard_search_fn(search_fn: Callable[..., search_lib.SearchResult],
                          in_specs=(PartitionSpec(), PartitionSpec(axes), PartitionSpec())
                          + (PartitionSpec(axes),) * len(prefix),
                          out_specs=PartitionSpec(axes),
-                         # The decoding cache starts as constants and is filled with
-                         # per-device values in `nn.cond`: types differ in varying axes only.
+                         # The self-attention cache starts as constants and is written
+                         # with per-device values: types differ in varying axes only.
                          check_vma=False)(params, inputs, rng, *prefix)
 
   return sharded
@@ -235,13 +235,12 @@ def shard_score_fn(score_fn, mesh: Mesh):
 
 def _member_step(model_config, encoder, decoder, params, inputs, rows, max_decode_len):
   """One model's (tokens_to_logits, initial cache) for `rows` hypotheses per sentence."""
-  batch, source_len = inputs.shape
   encoded = encoder.apply({"params": params}, inputs, method=Transformer.encode)
   # The encoder runs once per sentence; beams share its output (and, with
   # share_beam_cache, the whole decoding cache) instead of copies.
+  cache = init_cache(model_config, params, encoded, max_decode_len, beam_size=rows)
   if not model_config.share_beam_cache:
     encoded, inputs = search_lib.repeat_beams(encoded, rows), search_lib.repeat_beams(inputs, rows)
-  cache = init_cache(model_config, batch, max_decode_len, source_len, beam_size=rows)
 
   def tokens_to_logits(ids, cache):
     logits, updated = decoder.apply({"params": params, "cache": cache}, encoded, inputs, ids,
