@@ -15,7 +15,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from flax_transformer import Transformer, TransformerConfig, init_cache
+from flax_transformer import Transformer, TransformerConfig, averaging, compilation, init_cache
 from flax_transformer.data.tokenizer import trim
 from flax_transformer.translation import search as decoding
 from flax_transformer.translation.translator import SearchConfig, Translator, make_search_fn
@@ -382,6 +382,35 @@ def test_translator_api(workdir):
   assert len(out) == 3 and out[1] == "" and out[0]
   nbest = translator.translate_nbest(["A dog runs."])[0]
   assert len(nbest) == 2 and nbest[0][1] >= nbest[1][1]
+
+
+def test_translator_compiles_its_searches_while_the_checkpoints_load(workdir):
+  """from_workdir(compile_for=...) asks for every search shape's compile, with abstract
+  parameters, before it loads a checkpoint; the translations then run on those
+  programs (no other compile) and equal a translator's that compiled at first use."""
+  sentences = ["A dog runs.", "", "Two men talk about the long day they had at work."]
+  events, compile_ahead, load_params = [], compilation.PerShape.compile_ahead, averaging.load_params
+
+  def spy_compile(self, *args):
+    events.append(("compile", args))
+    return compile_ahead(self, *args)
+
+  def spy_load(*args, **kwargs):
+    events.append(("load", None))
+    return load_params(*args, **kwargs)
+
+  search = SearchConfig(beam_size=2, max_extra=5, nbest=2)
+  with mock.patch.object(compilation.PerShape, "compile_ahead", spy_compile), \
+      mock.patch.object(averaging, "load_params", spy_load):
+    ahead = Translator.from_workdir(workdir, search=search, average_last=2,
+                                    compile_for=sentences)
+  kinds = [kind for kind, _ in events]
+  assert kinds == ["compile"] * (len(kinds) - 1) + ["load"] and len(kinds) >= 2, kinds
+  for _, args in events[:-1]:
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(args))
+  assert ahead.translate_nbest(sentences) == Translator.from_workdir(
+      workdir, search=search, average_last=2).translate_nbest(sentences)
+  assert ahead._search_fn.num_shapes == len(kinds) - 1  # noqa: SLF001
 
 
 def val_sentences(multi30k_dir, count):

@@ -334,11 +334,23 @@ class Translator:
                search: SearchConfig = SearchConfig(), *, batch_tokens: int = 4096,
                seed: int = 0, devices: Sequence[jax.Device] | None = None,
                checkpoint_steps: Sequence[Sequence[int]] | None = None):
+    self._setup(model_config, tokenizer, search, batch_tokens=batch_tokens, seed=seed,
+                devices=devices)
+    self._set_params(params, checkpoint_steps)
+
+  def _set_params(self, params, checkpoint_steps: Sequence[Sequence[int]] | None) -> None:
+    """The members' parameters, as given with the model config(s), placed on every device."""
+    self.params = self._as_members(params)
+    self.checkpoint_steps = tuple(checkpoint_steps) if checkpoint_steps is not None else None
+    self._placed_params = jax.device_put(self.params, self._replicated)
+
+  def _setup(self, model_config: Members, tokenizer: Tokenizer, search: SearchConfig, *,
+             batch_tokens: int, seed: int, devices: Sequence[jax.Device] | None) -> None:
+    """Everything but the parameters: what compiling the searches needs."""
     # Normalised once: inside, a model is an ensemble of one.
     self.model_configs = tuple(c.replace(deterministic=True, decode=False)
                                for c in _members(model_config))
-    self.params = _as_members_of(model_config)(params)
-    self.checkpoint_steps = tuple(checkpoint_steps) if checkpoint_steps is not None else None
+    self._as_members = _as_members_of(model_config)
     self.model_config = self.model_configs[0]
     self.max_len = min(c.max_len for c in self.model_configs)
     self.tokenizer = tokenizer
@@ -348,7 +360,7 @@ class Translator:
     self.devices = list(devices) if devices is not None else jax.local_devices()
     mesh = Mesh(np.asarray(self.devices), ("rows",))
     self._rows = NamedSharding(mesh, PartitionSpec("rows"))
-    self._placed_params = jax.device_put(self.params, NamedSharding(mesh, PartitionSpec()))
+    self._replicated = NamedSharding(mesh, PartitionSpec())
     self._search_fn = search_per_shape(
         jax.jit(shard_search_fn(make_search_fn(self.model_configs, search), mesh)), search)
     self._score_fn = compilation.PerShape(
@@ -368,32 +380,74 @@ class Translator:
   def from_workdir(cls, workdir: str | Path, *, search: SearchConfig = SearchConfig(),
                    ensemble: Sequence[str | Path] = (), average_last: int = 1,
                    checkpoint_step: int | None = None, batch_tokens: int = 4096,
-                   seed: int = 0, devices: Sequence[jax.Device] | None = None
-                   ) -> "Translator":
+                   seed: int = 0, devices: Sequence[jax.Device] | None = None,
+                   compile_for: Sequence[str] | None = None,
+                   compile_prefixes: Sequence[str] | None = None) -> "Translator":
     """The model of a training workdir, its checkpoints averaged (paper: last 5 or 20).
 
     ensemble: more workdirs whose models vote with this one's (same vocabulary);
     average_last and checkpoint_step apply to each. `checkpoint_steps` of the
-    result: per member, the steps averaged.
+    result: per member, the steps averaged. compile_for (with compile_prefixes):
+    the sentences the translator will first translate (`translate_nbest`'s
+    arguments); their searches compile (`compile_ahead`) while the checkpoints
+    load and average.
     """
-    configs, all_params, all_steps = [], [], []
-    tokenizer = None
-    for path in (workdir, *ensemble):
+    configs, tokenizer = [], None
+    paths = (workdir, *ensemble)
+    for path in paths:
       model_config, member_tokenizer = workdir_lib.read_run(path)
       if tokenizer is None:
         tokenizer = member_tokenizer
       elif not tokenizer.same_vocabulary(member_tokenizer):
         raise DataError(f"ensemble: {member_tokenizer.path} is not the vocabulary of "
                         f"{tokenizer.path}; members must share one vocabulary")
+      configs.append(model_config)
+    translator = cls.__new__(cls)
+    translator._setup(configs, tokenizer, search, batch_tokens=batch_tokens, seed=seed,
+                      devices=devices)
+    if compile_for is not None:
+      translator.compile_ahead(compile_for, compile_prefixes)
+    all_params, all_steps = [], []
+    for path, model_config in zip(paths, configs):
       params, steps = averaging.load_params(path, model_config,
                                               checkpoint_step=checkpoint_step,
                                               average_last=average_last)
       logging.info("Loaded %s from checkpoint step(s) %s", path, steps)
-      configs.append(model_config)
       all_params.append(params)
       all_steps.append(steps)
-    return cls(configs, all_params, tokenizer, search, batch_tokens=batch_tokens, seed=seed,
-               devices=devices, checkpoint_steps=all_steps)
+    translator._set_params(all_params, all_steps)
+    return translator
+
+  def compile_ahead(self, sentences: Sequence[str], prefixes: Sequence[str] | None = None
+                    ) -> None:
+    """Starts compiling, on a background thread, the searches that
+    `translate_nbest(sentences, prefixes=prefixes)` will run: from the parameters'
+    shapes and shardings alone (`averaging.abstract_params`), so they may still be
+    loading. That call then waits for each program instead of compiling it. Prefixes
+    that `translate_nbest` would refuse compile nothing here (it raises there)."""
+    try:
+      _, sources, prefix_ids = self._searched(sentences, prefixes)
+    except DataError:
+      return
+    if not sources:
+      return
+    batches = search_batches(sources, batch_tokens=self.batch_tokens, max_length=self.max_len,
+                             row_multiple=len(self.devices), prefixes=prefix_ids)
+    params = jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self._replicated),
+        tuple(averaging.abstract_params(c) for c in self.model_configs))
+    key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
+
+    def placed(x: np.ndarray) -> jax.ShapeDtypeStruct:  # What `_place` would make of x.
+      return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=self._rows)
+
+    def arguments(batch):  # As `translate_ids` calls the search.
+      forced = (placed(batch["targets"]),) if prefix_ids is not None else ()
+      return (params, placed(batch["inputs"]), key, *forced)
+
+    compile_shapes_ahead(self._search_fn, [(batch["inputs"].shape,
+                                            functools.partial(arguments, batch))
+                                           for batch in batches])
 
   def _place(self, batch: np.ndarray) -> jax.Array:
     return jax.device_put(batch, self._rows)
@@ -429,6 +483,17 @@ class Translator:
     log-probability. Empty (or all-whitespace) sentences without a prefix
     translate to ''.
     """
+    todo, sources, prefix_ids = self._searched(sentences, prefixes)
+    results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in sentences]
+    if todo:
+      found = self.translate_nbest_ids(sources, prefix_ids, progress)
+      for i, hyps in zip(todo, found):
+        results[i] = [(self.tokenizer.detokenize(h), score) for h, score in hyps]
+    return results
+
+  def _searched(self, sentences: Sequence[str], prefixes: Sequence[str] | None):
+    """(indices of the sentences searched, their ids, their prefixes' ids or None):
+    empty sentences without a prefix are not searched."""
     ids = [self.tokenizer.tokenize(s) for s in sentences]
     prefix_ids = None
     if prefixes is not None:  # Tokenized as targets are, without their EOS.
@@ -436,14 +501,8 @@ class Translator:
       self._check_prefixes(prefix_ids, len(sentences))
     todo = [i for i, s in enumerate(sentences)
             if s.strip() or (prefix_ids is not None and len(prefix_ids[i]))]
-    results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in sentences]
-    if todo:
-      found = self.translate_nbest_ids(
-          [ids[i] for i in todo], None if prefix_ids is None else [prefix_ids[i] for i in todo],
-          progress)
-      for i, hyps in zip(todo, found):
-        results[i] = [(self.tokenizer.detokenize(h), score) for h, score in hyps]
-    return results
+    return (todo, [ids[i] for i in todo],
+            None if prefix_ids is None else [prefix_ids[i] for i in todo])
 
   def translate(self, sentences: Sequence[str], progress=None,
                 prefixes: Sequence[str] | None = None) -> list[str]:
