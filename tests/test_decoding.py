@@ -291,6 +291,30 @@ def test_search_loop_reads_invariants_in_place():
   assert not readers, readers
 
 
+@pytest.mark.devices(8)
+def test_tensor_parallel_search_gathers_no_output_kernel():
+  """Under tensor parallelism (training's BLEU decodes on the training mesh) the
+  cached output-kernel views keep the heads' mesh axis: the search loop gathers no
+  kernel per attention (a view merged to [d_v * N, D] was replicated, and every step
+  gathered each attention's output to multiply it whole)."""
+  from configs import tiny
+
+  from flax_transformer.training import sharding as sharding_lib
+  from flax_transformer.training.steps import Trainer
+
+  cfg = TransformerConfig(vocab_size=64, d_model=32, d_ff=64, num_heads=4, num_layers=2,
+                          max_len=32, deterministic=True)
+  mesh = sharding_lib.make_mesh({"data": 4, "tensor": 2})
+  params = Trainer(cfg, tiny.get_config(), mesh).abstract_state.params  # Sharded, abstract.
+  search_fn = jax.jit(make_search_fn(cfg, SearchConfig(beam_size=2, max_extra=4)),
+                      out_shardings=sharding_lib.replicated(mesh))
+  with jax.set_mesh(mesh):
+    hlo = search_fn.lower(params, jax.ShapeDtypeStruct((8, 8), jnp.int32),
+                          jax.random.PRNGKey(0)).compile().as_text()
+  gathers = [line for line in search_loop_body(hlo) if re.search(r" all-gather(-start)?\(", line)]
+  assert len(gathers) < 2 * cfg.decoder_layers, gathers  # Fewer than one per attention.
+
+
 def test_batched_equals_alone():
   cfg, params = random_model(20, seed=3)
   search_fn = jax.jit(make_search_fn(cfg, SearchConfig(beam_size=3, max_extra=6)))

@@ -120,7 +120,7 @@ def test_cached_decoding_reproduces_teacher_forcing(tiny, share_beam_cache):
 def test_init_cache_holds_what_the_forward_pass_computes(tiny):
   """The cache `init_cache` fills before any step: each decoder layer's encoder-decoder
   keys/values are those the teacher-forced pass attends to (head-major), each output
-  kernel's view is that kernel (rows head-minor); self-attention starts empty."""
+  kernel's view is that kernel, [d_v, N, D]; self-attention starts empty."""
   cfg, model, params, _, src, tgt = tiny
   encoded = model.apply({"params": params}, src, method=Transformer.encode)
   cache = init_cache(cfg, params, encoded, max_decode_len=7, beam_size=3)["decoder"]
@@ -137,7 +137,7 @@ def test_init_cache_holds_what_the_forward_pass_computes(tiny):
     for block in ("self_attention", "cross_attention"):
       kernel = np.asarray(layer_params[block]["out"]["kernel"])
       view = layer[block]["out"]["kernel_view"]
-      np.testing.assert_array_equal(view[0], kernel.transpose(1, 0, 2).reshape(-1, cfg.d_model))
+      np.testing.assert_array_equal(view[0], kernel.transpose(1, 0, 2))
     self_attention = layer["self_attention"]
     assert self_attention["cached_key"].shape == (2, cfg.num_heads, 7 * 3, cfg.head_dim_k)
     assert not np.any(self_attention["cached_key"]) and not np.any(self_attention["cached_value"])

@@ -166,15 +166,16 @@ class HeadsProjection(nn.Module):
 class OutputProjection(nn.Module):
   """Concat(head_1..head_h) W^O: [..., num_heads, d_v] -> [..., features].
 
-  cached: decoding. The kernel [N, d_v, D] is read as its [1, d_v * N, D] view,
+  cached: decoding. The kernel [N, d_v, D] is read as its [1, d_v, N, D] view,
   made once when the cache is created (`init_cache`) and kept in the 'cache'
   collection; the parameter tree is unchanged. Read from the parameters, XLA
   transposed the kernel to that layout inside the search loop at every step
-  (its loop-invariant code motion leaves transposes be). The view's rows run
-  head-minor, the order in which `jnp.einsum` contracts (n, h) here, so the
-  sums are the uncached path's, bit for bit; its leading 1 keeps a search from
-  taking it for a per-row state (only a one-row search could, and reordering
-  one row is the identity).
+  (its loop-invariant code motion leaves transposes be). Contracted over
+  (d_v, N), head-minor, the order in which `jnp.einsum` contracts (n, h) here,
+  the sums are the uncached path's, bit for bit. Kept 3-D, N keeps its mesh
+  axis: tensor parallelism neither gathers nor replicates the view. Its leading
+  1 keeps a search from taking it for a per-row state (only a one-row search
+  could, and reordering one row is the identity).
   """
 
   features: int
@@ -193,9 +194,9 @@ class OutputProjection(nn.Module):
     if not self.cached:
       return _with_bias(self, "...nh,nhd->...d", x, kernel, (self.features,), ("embed",))
     view = self.variable("cache", "kernel_view", lambda: jnp.asarray(kernel, self.dtype).transpose(
-        1, 0, 2).reshape(1, head_dim * heads, self.features)).value
-    x = x.swapaxes(-1, -2).reshape(*x.shape[:-2], head_dim * heads)  # [..., (h, n)]
-    return _with_bias(self, "...k,kd->...d", x, view[0], (self.features,), ("embed",))
+        1, 0, 2)[None]).value  # [1, d_v, N, D]: N keeps its mesh axis (tensor parallelism).
+    return _with_bias(self, "...hn,hnd->...d", x.swapaxes(-1, -2), view[0], (self.features,),
+                      ("embed",))
 
 
 def _with_bias(module: nn.Module, spec: str, x: jax.Array, kernel: jax.Array,
