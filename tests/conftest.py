@@ -83,11 +83,13 @@ def translation_info(builder):
 # On the CPU the suite compiles with LLVM at -O1, not XLA's default -O2: compiling is
 # most of its time, and -O1 runs a cold tiny train.py launch in a third less CPU time (26 ->
 # 17 s median, results/ci/2026-11-28_xla_opt_level.log). The programs the tests compare are all
-# compiled alike, in-process and launched; FLAX_TRANSFORMER_TEST_XLA_OPT=2 runs at -O2.
+# compiled alike, in-process and launched (a level already in XLA_FLAGS is kept for
+# both); FLAX_TRANSFORMER_TEST_XLA_OPT=2 runs the suite at XLA's default, -O2.
 def suite_xla_flags() -> str:
   if os.environ.get("JAX_PLATFORMS", "cpu") != "cpu":
     return ""  # An accelerator's suite runs as its users' programs.
-  level = os.environ.get("FLAX_TRANSFORMER_TEST_XLA_OPT", "1")
+  given = re.search(r"--xla_backend_optimization_level=(\d+)", os.environ.get("XLA_FLAGS", ""))
+  level = given[1] if given else os.environ.get("FLAX_TRANSFORMER_TEST_XLA_OPT", "1")
   return f"--xla_backend_optimization_level={level}"
 
 

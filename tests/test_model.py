@@ -143,6 +143,12 @@ def test_init_cache_holds_what_the_forward_pass_computes(tiny):
     assert not np.any(self_attention["cached_key"]) and not np.any(self_attention["cached_value"])
 
 
+def test_init_cache_called_the_old_way_names_the_new_signature(tiny):
+  cfg, _, params, _, _, _ = tiny
+  with pytest.raises(TypeError, match=r"encoder output \[B, S, D\] as `encoded`, got int"):
+    init_cache(cfg, 2, 16, 5, beam_size=2)  # (config, batch_size, max_decode_len, source_len)
+
+
 def test_shared_beam_cache_follows_reordered_histories(tiny):
   """Beams reordered arbitrarily (parents repeated or dropped) still see their own history."""
   from flax_transformer.translation.search import _gather_beams

@@ -194,6 +194,10 @@ def init_cache(config: TransformerConfig, params, encoded: jax.Array, max_decode
   self-attention slots that a search never reorders), and `Transformer.decode`
   takes `encoded`/`inputs` with one row per sentence.
   """
+  if not hasattr(encoded, "shape") or len(encoded.shape) != 3:
+    # Until 2026-11-28 (2025e0f): init_cache(config, batch_size, max_decode_len, source_len).
+    raise TypeError("init_cache(config, params, encoded, max_decode_len, beam_size=1) takes the "
+                    f"encoder output [B, S, D] as `encoded`, got {type(encoded).__name__}")
   return _init_cache(config.replace(decode=True, deterministic=True), params, encoded,
                      max_decode_len, beam_size)
 
