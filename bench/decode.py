@@ -17,10 +17,12 @@ python bench/decode.py [--workdir DIR] [--json PATH] [--repeats 5]
    decode.py end to end (a process; wall seconds) and `Translator.translate`'s first
    call (a process: from_workdir, then the call; 1 CPU device, as a script gets by
    default; also with its compiles ahead on 2 threads instead of the library's half of
-   the cores), for this checkout (and COMMIT's tree, git archive), in turn, round after
-   round. From the compile log lines: the shapes, each compile's seconds, their span
-   (first start to last end) and the most that ran at once; outputs compared with the
-   first row's of the same path.
+   the cores; and, where from_workdir takes them, with the sentences passed as
+   `compile_for`, so their searches compile while the checkpoints load), for this
+   checkout (and COMMIT's tree, git archive), in turn, round after round; to_first_s:
+   from_workdir and the first call together. From the compile log lines: the shapes,
+   each compile's seconds, their span (first start to last end) and the most that ran
+   at once; outputs compared with the first row's of the same path.
 """
 
 from __future__ import annotations
@@ -140,10 +142,11 @@ def compiles(events: list[tuple[float, str]]) -> dict:
                              if spans else 0.0), "most_at_once": most}
 
 
-def api_first_call(root: str, workdir: str, count: int, threads: int) -> dict:
+def api_first_call(root: str, workdir: str, count: int, threads: int, ahead: bool) -> dict:
   """(In a process of its own, `root` first on the path.) from_workdir, then the first
   and a second `translate` of the first `count` test 2016 sentences; threads > 0: the
-  compiles started ahead run on that many threads."""
+  compiles started ahead run on that many threads; ahead: from_workdir gets the
+  sentences (`compile_for`)."""
   import concurrent.futures
   import logging
 
@@ -157,23 +160,25 @@ def api_first_call(root: str, workdir: str, count: int, threads: int) -> dict:
 
   assert translator_lib.__file__.startswith(root), translator_lib.__file__
   events = []
-  started = call_started = time.perf_counter()
+  started = time.perf_counter()
 
-  class Events(logging.Handler):
+  class Events(logging.Handler):  # Seconds since the first call: compiles started ahead, < 0.
     def emit(self, record):
-      events.append((time.perf_counter() - call_started, record.getMessage()))
+      events.append((time.perf_counter(), record.getMessage()))
 
   logging.getLogger().addHandler(Events())
   logging.getLogger().setLevel(logging.INFO)
   sentences = read_lines(MULTI30K / "test_2016_flickr.en.gz")[:count]
   translator = translator_lib.Translator.from_workdir(
-      workdir, search=translator_lib.SearchConfig(beam_size=4, alpha=0.6), average_last=5)
+      workdir, search=translator_lib.SearchConfig(beam_size=4, alpha=0.6), average_last=5,
+      **({"compile_for": sentences} if ahead else {}))
   load_s = time.perf_counter() - started
   call_started = time.perf_counter()
   texts = translator.translate(sentences)
   first_s = time.perf_counter() - call_started
   warm_s = timings(lambda: translator.translate(sentences), 1, warmup=0)[0]
-  return {"load_s": load_s, "wall_s": first_s, "warm_s": warm_s, **compiles(events),
+  return {"load_s": load_s, "wall_s": first_s, "to_first_s": load_s + first_s,
+          "warm_s": warm_s, **compiles([(at - call_started, text) for at, text in events]),
           "outputs_sha1": hashlib.sha1("\n".join(texts).encode()).hexdigest()}
 
 
@@ -215,21 +220,29 @@ def first_call_rows(args) -> list[dict]:
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                           text=True).stdout.strip()
     roots[f"{head} + working tree"] = str(ROOT)
-    api = {"Translator API": 0, "Translator API, compiles on 2 threads": 2}
-    runs = {(name, path): [] for name in roots for path in ("decode.py", *api)}
+    api = {"Translator API": (0, False), "Translator API, compiles on 2 threads": (2, False),
+           "Translator API, compile_for": (0, True)}
+
+    def paths(root):
+      takes = "compile_for" in Path(root, "flax_transformer/translation/translator.py").read_text()
+      return ["decode.py", *(path for path, (_, ahead) in api.items() if takes or not ahead)]
+
+    runs = {(name, path): [] for name, root in roots.items() for path in paths(root)}
     for _ in range(args.rounds):
       for name, root in roots.items():
         runs[name, "decode.py"].append(decode_py(root, args.workdir, args.sentences))
-        for path, threads in api.items():
+        for path in paths(root)[1:]:
+          threads, ahead = api[path]
           runs[name, path].append(run_child(
               [sys.executable, __file__, "--api_child", root, "--workdir", args.workdir,
-               "--sentences", str(args.sentences), "--threads", str(threads)],
-              f"{name}: {path}"))
+               "--sentences", str(args.sentences), "--threads", str(threads)]
+              + ["--ahead"] * ahead, f"{name}: {path}"))
   rows = []
   for (name, path), results in runs.items():
     first = next(r for (n, p), r in runs.items() if (p == "decode.py") == (path == "decode.py"))
     rows.append({"checkout": name, "path": path, "sentences": args.sentences,
                  "wall_s": median([r["wall_s"] for r in results]),
+                 "to_first_s": median([r.get("to_first_s", r["wall_s"]) for r in results]),
                  "shapes": results[0]["shapes"],
                  "compile_span_s": median([r["compile_span_s"] for r in results]),
                  "most_at_once": max(r["most_at_once"] for r in results),
@@ -253,14 +266,16 @@ def main():
   parser.add_argument("--rounds", type=int, default=3, help="--first_call: runs of each")
   parser.add_argument("--api_child", help=argparse.SUPPRESS)
   parser.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
+  parser.add_argument("--ahead", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.api_child:
     print("RESULT " + json.dumps(api_first_call(args.api_child, args.workdir, args.sentences,
-                                                args.threads)))
+                                                args.threads, args.ahead)))
     return
   if args.first_call:
     rows = first_call_rows(args)
-    print_table(rows, ["checkout", "path", "sentences", "wall_s", "shapes", "compile_span_s",
+    print_table(rows, ["checkout", "path", "sentences", "wall_s", "to_first_s", "shapes",
+                       "compile_span_s",
                        "most_at_once", "same_outputs_as_first"])
     write_json(args.json, {"command": "python bench/decode.py " + " ".join(sys.argv[1:]),
                            "workdir": args.workdir, "rows": rows, "machine": machine()})
