@@ -484,6 +484,9 @@ class Bench:
     print(f"wrote {self.out}")
 
 
+SECTIONS = ("readme_job", "warm_compile", "decode_trained", "base_bf16", "decode_base")  # In order.
+
+
 def peer_config(models, shape: dict, **fields):
   """The peer's TransformerConfig at `shape` (BASE's keys), with our tied embeddings and
   projection; `fields` its others."""
@@ -527,6 +530,9 @@ def main():
   parser.add_argument("--budget_s", type=float, default=480.0,
                       help="later sections are skipped when less than they need is left")
   args = parser.parse_args()
+  unknown = sorted(set(args.sections or ()) - set(SECTIONS))
+  if unknown:
+    parser.error(f"--sections: no section {', '.join(unknown)} (sections: {', '.join(SECTIONS)})")
   # In-process sections run with the XLA flags train.py and decode.py set (the peer,
   # in the same process, too); the record names them.
   from flax_transformer import compilation

@@ -7,6 +7,7 @@ import argparse
 import json
 import platform
 import re
+import shlex
 import resource
 import subprocess
 import sys
@@ -31,8 +32,35 @@ def parser(doc: str) -> argparse.ArgumentParser:
 
 
 def bench_command() -> str:
-  """This bench's command line, for its record ('python bench/soak.py --steps 300')."""
-  return " ".join(["python", f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]])
+  """This bench's command line, for its record ('python bench/soak.py --steps 300'),
+  quoted as a shell reads it."""
+  return shlex.join(["python", f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]])
+
+
+def checkout(commit: str, folder) -> str:
+  """`commit`'s tree (git archive) extracted into `folder`, which it returns."""
+  archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True,
+                           check=True).stdout
+  subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+  return str(folder)
+
+
+def while_loop_body(hlo: str) -> list[str]:
+  """The instructions of the largest while loop's body in compiled HLO text: a search's
+  step loop (the others: its backtracking, XLA's own loops; their order varies)."""
+  computations, name = {}, None
+  for line in hlo.splitlines():
+    header = re.match(r"^(?:ENTRY )?%(\S+) .*\{$", line)
+    if header:
+      name = header[1]
+      computations[name] = []
+    elif line.startswith("}"):
+      name = None
+    elif name and line.strip().startswith(("%", "ROOT")):
+      computations[name].append(line.strip())
+  bodies = [re.search(r"body=%([^\s,]+)", line)[1]
+            for lines in computations.values() for line in lines if " while(" in line]
+  return computations[max(bodies, key=lambda body: len(computations[body]))]
 
 
 def train_command(config: str, workdir, overrides: dict) -> list[str]:

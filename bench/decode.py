@@ -40,8 +40,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from common import MULTI30K, ROOT, machine, median, print_table, run_child, \
-    run_like_entry_points, timings, write_json
+from common import MULTI30K, ROOT, bench_command, checkout, machine, median, print_table, \
+    run_child, run_like_entry_points, timings, write_json
 
 COMPILE = re.compile(r"Beam search for inputs (\[[\d, ]+\]) compiled in ([\d.]+) s")
 # absl's prefix, anywhere in a line (tqdm's bar may precede it): I1127 22:15:20.476074 ...
@@ -213,10 +213,7 @@ def first_call_rows(args) -> list[dict]:
   with tempfile.TemporaryDirectory() as scratch:
     roots = {}
     if args.before:
-      archive = subprocess.run(["git", "archive", args.before], cwd=ROOT, capture_output=True,
-                               check=True).stdout
-      subprocess.run(["tar", "-x", "-C", scratch], input=archive, check=True)
-      roots[args.before] = scratch
+      roots[args.before] = checkout(args.before, scratch)
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                           text=True).stdout.strip()
     roots[f"{head} + working tree"] = str(ROOT)
@@ -277,7 +274,7 @@ def main():
     print_table(rows, ["checkout", "path", "sentences", "wall_s", "to_first_s", "shapes",
                        "compile_span_s",
                        "most_at_once", "same_outputs_as_first"])
-    write_json(args.json, {"command": "python bench/decode.py " + " ".join(sys.argv[1:]),
+    write_json(args.json, {"command": bench_command(),
                            "workdir": args.workdir, "rows": rows, "machine": machine()})
     return
   from flax_transformer.cli import common as cli

@@ -25,7 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, machine, median, print_table, run_child, write_json
+from common import (ROOT, bench_command, checkout, machine, median, print_table, run_child,
+                    while_loop_body, write_json)
 
 BATCHES = (8, 32)
 SOURCE_LEN, EXTRA, BEAM = 32, 31, 4
@@ -34,23 +35,8 @@ FREE = {"parameter", "get-tuple-element", "tuple", "constant", "bitcast"}
 
 def while_body_kernels(hlo: str) -> dict:
   """Counts of the launching instructions in the body of `hlo`'s largest while loop."""
-  computations, name = {}, None
-  for line in hlo.splitlines():
-    header = re.match(r"^(?:ENTRY )?%(\S+) .*\{$", line)
-    if header:
-      name = header[1]
-      computations[name] = []
-    elif line.startswith("}"):
-      name = None
-    elif name and line.strip().startswith(("%", "ROOT")):
-      computations[name].append(line.strip())
-  # The search loop is the largest (the others: the sequences' backtracking, and XLA's
-  # own loops); which comes first in the text varies with the program.
-  bodies = [re.search(r"body=%([^\s,]+)", line)[1]
-            for lines in computations.values() for line in lines if " while(" in line]
-  body = max(bodies, key=lambda name: len(computations[name]))
   opcodes, parts = collections.Counter(), collections.Counter()
-  for line in computations[body]:
+  for line in while_loop_body(hlo):
     opcode = re.search(r"\s([a-z][a-z\-]*)\(", line.split("=", 1)[1])[1]
     if opcode in FREE:
       continue
@@ -130,10 +116,7 @@ def main():
   with tempfile.TemporaryDirectory() as scratch:
     variants = {}
     if args.before:
-      archive = subprocess.run(["git", "archive", args.before], cwd=ROOT, capture_output=True,
-                               check=True).stdout
-      subprocess.run(["tar", "-x", "-C", scratch], input=archive, check=True)
-      variants[f"{args.before} (before)"] = (scratch, False)
+      variants[f"{args.before} (before)"] = (checkout(args.before, scratch), False)
     here = f"{commit_of(ROOT)}{' + working tree' if dirty else ''}"
     variants[f"{here} (after)"] = (str(ROOT), False)
     if not args.skip_fixed_length:
@@ -160,7 +143,7 @@ def main():
   print_table(rows, ["variant", "batch", "kernels_total", "kernels_decoder", "kernels_search",
                      "s_per_search", "time_vs_first", "compile_s", "same_outputs_as_first"])
   write_json(args.json, {
-      "command": "python bench/search_kernels.py " + " ".join(sys.argv[1:]),
+      "command": bench_command(),
       "shape": {"vocab": 32000, "d_model": 512, "layers": 6, "heads": 8, "d_ff": 2048,
                 "dtype": "float32", "beam_size": BEAM, "alpha": 0.6, "source_len": SOURCE_LEN,
                 "max_decode_len": SOURCE_LEN + EXTRA},
