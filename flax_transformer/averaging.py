@@ -43,6 +43,12 @@ def average_params(checkpointer: Checkpointer, steps: Sequence[int], abstract: A
   return jax.tree_util.tree_map(lambda x, a: (x * scale).astype(a.dtype), total, abstract)
 
 
+def check_average_last(average_last: int, flag: str = "--average_last") -> None:
+  if average_last < 1:
+    raise ConfigError(f"{flag} must be at least 1 (how many of the newest checkpoints to "
+                      f"average; 1 = the newest alone), got {average_last}")
+
+
 def load_params(workdir: str | Path, model_config: TransformerConfig, *,
                 checkpoint_step: int | None = None, average_last: int = 1,
                 flag: str = "--average_last"):
@@ -51,9 +57,7 @@ def load_params(workdir: str | Path, model_config: TransformerConfig, *,
   flag: what the caller's user calls `average_last`, named when it is below 1 (the
   one check decode.py, export.py, average_checkpoints.py and Translator share).
   """
-  if average_last < 1:
-    raise ConfigError(f"{flag} must be at least 1 (how many of the newest checkpoints to "
-                      f"average; 1 = the newest alone), got {average_last}")
+  check_average_last(average_last, flag)
   checkpointer = Checkpointer(workdir, read_only=True)
   try:
     return _load_params(checkpointer, model_config, checkpoint_step, average_last)

@@ -23,6 +23,9 @@ from flax_transformer.translation.translator import SearchConfig, Translator, ma
 import conftest
 from conftest import TRAINED_TINY_CHECKPOINTS
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from common import while_loop_body  # noqa: E402  (bench/common.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 EOS = 1
 
@@ -256,23 +259,6 @@ def test_cached_equals_uncached_decoding(share_beam_cache):
   np.testing.assert_allclose(cached.scores, uncached.scores, atol=1e-4)
 
 
-def search_loop_body(hlo: str) -> list[str]:
-  """The instructions of the largest while loop's body (the search loop's) in HLO text."""
-  computations, name = {}, None
-  for line in hlo.splitlines():
-    header = re.match(r"^(?:ENTRY )?%(\S+) .*\{$", line)
-    if header:
-      name = header[1]
-      computations[name] = []
-    elif line.startswith("}"):
-      name = None
-    elif name and line.strip().startswith(("%", "ROOT")):
-      computations[name].append(line.strip())
-  bodies = [re.search(r"body=%([^\s,]+)", line)[1]
-            for lines in computations.values() for line in lines if " while(" in line]
-  return computations[max(bodies, key=lambda body: len(computations[body]))]
-
-
 def test_search_loop_reads_invariants_in_place():
   """The compiled search loop neither branches to fill the encoder-decoder keys/values
   (`init_cache` fills them before it) nor transposes an output kernel [N, d_v, D] at
@@ -282,7 +268,7 @@ def test_search_loop_reads_invariants_in_place():
   inputs = jnp.array([[2, 5, 7, 9, EOS], [3, 4, EOS, 0, 0]], jnp.int32)
   params = Transformer(cfg).init(jax.random.PRNGKey(0), inputs, inputs)["params"]
   search_fn = jax.jit(make_search_fn(cfg, SearchConfig(beam_size=3, max_extra=6)))
-  body = search_loop_body(search_fn.lower(params, inputs, jax.random.PRNGKey(0)).compile().as_text())
+  body = while_loop_body(search_fn.lower(params, inputs, jax.random.PRNGKey(0)).compile().as_text())
   assert any("Transformer.decode" in line for line in body)  # The decoder's step is in there.
   assert not [line for line in body if " conditional(" in line]
   kernels = {line.split(" ")[0] for line in body if re.search(r"= f32\[2,12,24\]\{", line)}
@@ -311,7 +297,7 @@ def test_tensor_parallel_search_gathers_no_output_kernel():
   with jax.set_mesh(mesh):
     hlo = search_fn.lower(params, jax.ShapeDtypeStruct((8, 8), jnp.int32),
                           jax.random.PRNGKey(0)).compile().as_text()
-  gathers = [line for line in search_loop_body(hlo) if re.search(r" all-gather(-start)?\(", line)]
+  gathers = [line for line in while_loop_body(hlo) if re.search(r" all-gather(-start)?\(", line)]
   assert len(gathers) < 2 * cfg.decoder_layers, gathers  # Fewer than one per attention.
 
 
@@ -435,6 +421,32 @@ def test_translator_compiles_its_searches_while_the_checkpoints_load(workdir):
   assert ahead.translate_nbest(sentences) == Translator.from_workdir(
       workdir, search=search, average_last=2).translate_nbest(sentences)
   assert ahead._search_fn.num_shapes == len(kinds) - 1  # noqa: SLF001
+
+
+def test_compile_ahead_follows_the_parameters_set(workdir):
+  """Parameters set by hand (here cast to bfloat16) compile ahead as they are: the
+  programs compiled ahead are the ones the translation runs (not ones for the dtypes
+  a checkpoint loads as, which the call then refused)."""
+  search = SearchConfig(beam_size=2, max_extra=5)
+  loaded = Translator.from_workdir(workdir, search=search, devices=jax.devices()[:1])
+  config, params = loaded.member(0)
+  half = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), params)
+  sentences = ["A dog runs.", "Two men talk about the long day they had at work."]
+  ahead, at_first_use = (Translator(config, half, loaded.tokenizer, search=search,
+                                    devices=jax.devices()[:1]) for _ in range(2))
+  ahead.compile_ahead(sentences)
+  assert ahead.translate(sentences) == at_first_use.translate(sentences)
+
+
+def test_a_failed_load_drops_the_compiles_queued_for_it(workdir):
+  """decode.py with a checkpoint that does not exist exits at the error, not after
+  compiling every search it queued while loading."""
+  from flax_transformer.checkpoints import CheckpointError
+
+  with mock.patch.object(compilation, "cancel_queued", wraps=compilation.cancel_queued) as cancel, \
+      pytest.raises(CheckpointError):
+    Translator.from_workdir(workdir, checkpoint_step=99_999, compile_for=["A dog runs."])
+  cancel.assert_called_once()
 
 
 def val_sentences(multi30k_dir, count):

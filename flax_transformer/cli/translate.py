@@ -117,10 +117,9 @@ def run_decode(*, workdir: str, input_path: str, output_path: str, reference: st
   if references is not None and len(references) != len(sentences):
     raise DataError(f"--reference {reference} has {len(references)} lines but the input has "
                     f"{len(sentences)}")
-  compilation.enable_cache(compilation_cache_dir)  # Before the first search compiles.
   # The searches compile while the checkpoints load and average.
-  translator = Translator.from_workdir(workdir, compile_for=sentences,
-                                       compile_prefixes=prefixes, **from_workdir)
+  translator = Translator.from_workdir(workdir, compile_for=sentences, compile_prefixes=prefixes,
+                                       compilation_cache_dir=compilation_cache_dir, **from_workdir)
   nbest = translator.search.nbest
   logging.info("Decoding on %d %s device(s), one search each", len(translator.devices),
                translator.devices[0].platform)

@@ -132,6 +132,11 @@ def _backtrack(choices: jax.Array, ends: jax.Array, eos_id: int) -> jax.Array:
   return sequences.transpose(1, 2, 0)
 
 
+def _previous_token(s: BeamState, k: int) -> jax.Array:
+  """int [B, K]: each live beam's last token (its history's column; pad, 0, at step 0)."""
+  return jnp.where(s.step > 0, jax.lax.div(s.choices[jnp.maximum(s.step - 1, 0)], k), 0)
+
+
 def beam_search(tokens_to_logits: TokensToLogits, cache, *, batch_size: int, beam_size: int,
                 max_decode_len: int, alpha: float = 0.6, eos_id: int = 1,
                 max_lengths: jax.Array | None = None, forced_ids: jax.Array | None = None,
@@ -156,11 +161,8 @@ def beam_search(tokens_to_logits: TokensToLogits, cache, *, batch_size: int, bea
     open_sentence = (best_alive > worst_finished) & (s.alive_log_probs[:, 0] > NEG_INF / 2)
     return (s.step < length) & jnp.any(open_sentence)
 
-  def previous_token(s: BeamState) -> jax.Array:  # int [B, K]; pad (0) at step 0.
-    return jnp.where(s.step > 0, jax.lax.div(s.choices[jnp.maximum(s.step - 1, 0)], k), 0)
-
   def step_fn(s: BeamState) -> BeamState:
-    logits, cache = tokens_to_logits(previous_token(s).reshape(b * k, 1), s.cache)
+    logits, cache = tokens_to_logits(_previous_token(s, k).reshape(b * k, 1), s.cache)
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(b, k, -1)
     log_probs = _forbid(log_probs, s.step, max_lengths, eos_id)
     log_probs = _force(log_probs, s.step, forced_ids, forced_lengths)

@@ -382,7 +382,8 @@ class Translator:
                    checkpoint_step: int | None = None, batch_tokens: int = 4096,
                    seed: int = 0, devices: Sequence[jax.Device] | None = None,
                    compile_for: Sequence[str] | None = None,
-                   compile_prefixes: Sequence[str] | None = None) -> "Translator":
+                   compile_prefixes: Sequence[str] | None = None,
+                   compilation_cache_dir: str | None = None) -> "Translator":
     """The model of a training workdir, its checkpoints averaged (paper: last 5 or 20).
 
     ensemble: more workdirs whose models vote with this one's (same vocabulary);
@@ -390,7 +391,9 @@ class Translator:
     result: per member, the steps averaged. compile_for (with compile_prefixes):
     the sentences the translator will first translate (`translate_nbest`'s
     arguments); their searches compile (`compile_ahead`) while the checkpoints
-    load and average.
+    load and average. compilation_cache_dir: the persistent compilation cache to
+    enable ('' = the default location), once the arguments are checked and before
+    anything compiles; None leaves jax's as it is.
     """
     configs, tokenizer = [], None
     paths = (workdir, *ensemble)
@@ -402,19 +405,26 @@ class Translator:
         raise DataError(f"ensemble: {member_tokenizer.path} is not the vocabulary of "
                         f"{tokenizer.path}; members must share one vocabulary")
       configs.append(model_config)
+    averaging.check_average_last(average_last)  # Before any compile is queued.
+    if compilation_cache_dir is not None:
+      compilation.enable_cache(compilation_cache_dir)
     translator = cls.__new__(cls)
     translator._setup(configs, tokenizer, search, batch_tokens=batch_tokens, seed=seed,
                       devices=devices)
     if compile_for is not None:
       translator.compile_ahead(compile_for, compile_prefixes)
     all_params, all_steps = [], []
-    for path, model_config in zip(paths, configs):
-      params, steps = averaging.load_params(path, model_config,
-                                              checkpoint_step=checkpoint_step,
-                                              average_last=average_last)
-      logging.info("Loaded %s from checkpoint step(s) %s", path, steps)
-      all_params.append(params)
-      all_steps.append(steps)
+    try:
+      for path, model_config in zip(paths, configs):
+        params, steps = averaging.load_params(path, model_config,
+                                                checkpoint_step=checkpoint_step,
+                                                average_last=average_last)
+        logging.info("Loaded %s from checkpoint step(s) %s", path, steps)
+        all_params.append(params)
+        all_steps.append(steps)
+    except BaseException:
+      compilation.cancel_queued()  # A failed load exits now, not after every queued compile.
+      raise
     translator._set_params(all_params, all_steps)
     return translator
 
@@ -422,8 +432,8 @@ class Translator:
                     ) -> None:
     """Starts compiling, on a background thread, the searches that
     `translate_nbest(sentences, prefixes=prefixes)` will run: from the parameters'
-    shapes and shardings alone (`averaging.abstract_params`), so they may still be
-    loading. That call then waits for each program instead of compiling it. Prefixes
+    shapes, dtypes and shardings alone (those set, else `averaging.abstract_params`),
+    so they may still be loading. That call then waits for each program instead of compiling it. Prefixes
     that `translate_nbest` would refuse compile nothing here (it raises there)."""
     try:
       _, sources, prefix_ids = self._searched(sentences, prefixes)
@@ -433,9 +443,12 @@ class Translator:
       return
     batches = search_batches(sources, batch_tokens=self.batch_tokens, max_length=self.max_len,
                              row_multiple=len(self.devices), prefixes=prefix_ids)
+    # The parameters set, as given (boxed, cast), else the shapes a checkpoint loads as.
+    members = getattr(self, "_placed_params", None)
+    if members is None:
+      members = tuple(averaging.abstract_params(c) for c in self.model_configs)
     params = jax.tree_util.tree_map(
-        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self._replicated),
-        tuple(averaging.abstract_params(c) for c in self.model_configs))
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=self._replicated), members)
     key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
 
     def placed(x: np.ndarray) -> jax.ShapeDtypeStruct:  # What `_place` would make of x.
