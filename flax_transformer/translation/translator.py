@@ -433,8 +433,9 @@ class Translator:
     """Starts compiling, on a background thread, the searches that
     `translate_nbest(sentences, prefixes=prefixes)` will run: from the parameters'
     shapes, dtypes and shardings alone (those set, else `averaging.abstract_params`),
-    so they may still be loading. That call then waits for each program instead of compiling it. Prefixes
-    that `translate_nbest` would refuse compile nothing here (it raises there)."""
+    so they may still be loading. That call then waits for each program instead of
+    compiling it. Prefixes that `translate_nbest` would refuse compile nothing here
+    (it raises there)."""
     try:
       _, sources, prefix_ids = self._searched(sentences, prefixes)
     except DataError:
