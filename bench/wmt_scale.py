@@ -9,7 +9,7 @@ Stages, each in its own process (so that its peak RSS is its own):
               as train.py trains it: config.vocab_max_sentences pairs, evenly spread
   tokens      the token cache (data/token_cache.py): every pair tokenized once
 Stages whose output exists in --scratch are not redone (--redo forces them). The folder is
-what bench/soak.py and bench/token_cache_workers.py run on. The first_batch, throughput
+what bench/soak.py runs on. The first_batch, throughput
 and train stages of results/bench/wmt_scale.json (issue 46, closed) were made by this
 script at the commit each stage's record names (last at 154afea; retired since).
 """

@@ -1,5 +1,5 @@
 """bench/common.py's shared pieces that no single bench's test covers: the process-tree
-memory sampler serve.py, soak.py and token_cache_workers.py read their RSS/PSS/USS from."""
+memory sampler serve.py and soak.py read their RSS/PSS/USS from."""
 
 import subprocess
 import sys
