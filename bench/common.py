@@ -14,7 +14,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from statistics import median  # noqa: F401 (the benches' median)
 from typing import Callable, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,14 +34,6 @@ def bench_command() -> str:
   """This bench's command line, for its record ('python bench/soak.py --steps 300'),
   quoted as a shell reads it."""
   return shlex.join(["python", f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]])
-
-
-def checkout(commit: str, folder) -> str:
-  """`commit`'s tree (git archive) extracted into `folder`, which it returns."""
-  archive = subprocess.run(["git", "archive", commit], cwd=ROOT, capture_output=True,
-                           check=True).stdout
-  subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
-  return str(folder)
 
 
 def while_loop_body(hlo: str) -> list[str]:

@@ -1,51 +1,23 @@
 """Beam search speed: sentences/s and tokens/s, beam 4, alpha 0.6.
 
 python bench/decode.py [--workdir DIR] [--json PATH] [--repeats 5]
-1. 'small-random': vocab 8000, d_model 256, 3+3 layers, 4 heads, d_ff 1024, random
-   weights, 8 sources x 32 tokens, 63 decoding steps (the reference point's shape):
-   a plain cached beam search (each beam its own cache row, reordered by a gather
-   after every step, encoder-decoder keys/values per beam, as most implementations
-   do) and ours (`share_beam_cache`: a sentence's beams share one cache row,
-   self-attention entries stay where they were written and each beam reads its
-   history through a mask), each on one CPU device and split over one device per
-   core (`translation.translator.shard_search_fn`), all timed alternately in one run; same
-   outputs checked.
+1. 'small-random' (vocab 8000, d_model 256, 3+3 layers, 4 heads, d_ff 1024, random
+   weights, 8 sources x 32 tokens, 63 steps): a plain cached beam search (a cache row
+   per beam, gathered after every step) and ours (`share_beam_cache`: a sentence's
+   beams share one row, read through a mask), each on one CPU device and split over
+   one device per core (`translator.shard_search_fn`), timed alternately; same outputs
+   checked.
 2. With --workdir: the trained model over Multi30k test 2016 (1000 sentences), on
    one device and on one device per core.
-3. --first_call --workdir DIR [--before COMMIT] [--sentences 300] [--rounds 3]: the first
-   translation, cold (no persistent cache), of the first N test 2016 sentences:
-   decode.py end to end (a process; wall seconds) and `Translator.translate`'s first
-   call (a process: from_workdir, then the call; 1 CPU device, as a script gets by
-   default; also with its compiles ahead on 2 threads instead of the library's half of
-   the cores; and, where from_workdir takes them, with the sentences passed as
-   `compile_for`, so their searches compile while the checkpoints load), for this
-   checkout (and COMMIT's tree, git archive), in turn, round after round; to_first_s:
-   from_workdir and the first call together. From the compile log lines: the shapes,
-   each compile's seconds, their span (first start to last end) and the most that ran
-   at once; outputs compared with the first row's of the same path.
+Its --first_call section retired (last at 3a5fe08; results/bench/RETIRED.md).
 """
 
 from __future__ import annotations
 
-import argparse
+from statistics import median
 
-import hashlib
-import json
-import os
-import re
-import subprocess
-import sys
-import tempfile
-import time
-from datetime import datetime
-from pathlib import Path
-
-from common import MULTI30K, ROOT, bench_command, checkout, machine, median, print_table, \
-    run_child, run_like_entry_points, timings, write_json
-
-COMPILE = re.compile(r"Beam search for inputs (\[[\d, ]+\]) compiled in ([\d.]+) s")
-# absl's prefix, anywhere in a line (tqdm's bar may precede it): I1127 22:15:20.476074 ...
-STAMP = re.compile(r"[IWE]\d{4} (\d\d:\d\d:\d\d\.\d+) +\d+ [\w.]+:\d+\] (.*)$")
+from common import MULTI30K, machine, parser, print_table, run_like_entry_points, timings, \
+    write_json
 
 CACHES = {  # name -> TransformerConfig.share_beam_cache
     "plain cached beam search": False,  # A cache row per beam, gathered every step.
@@ -130,153 +102,13 @@ def trained_model_rows(workdir: str, repeats: int) -> list[dict]:
   return rows
 
 
-def compiles(events: list[tuple[float, str]]) -> dict:
-  """Search compiles from (seconds since start, log message) pairs: shapes, each one's
-  seconds, and the most that ran at once (intervals end at their log line)."""
-  spans = [(at - float(m[2]), at, m[1]) for at, text in events if (m := COMPILE.search(text))]
-  # Seconds are logged to 0.1: a compile counts as running 0.15 s after its start.
-  most = max((sum(start <= t + 0.15 < end for start, end, _ in spans) for t, _, _ in spans),
-             default=0)
-  return {"shapes": len(spans), "compile_s": {shape: end - start for start, end, shape in spans},
-          "compile_span_s": (max(end for _, end, _ in spans) - min(s for s, _, _ in spans)
-                             if spans else 0.0), "most_at_once": most}
-
-
-def api_first_call(root: str, workdir: str, count: int, threads: int, ahead: bool) -> dict:
-  """(In a process of its own, `root` first on the path.) from_workdir, then the first
-  and a second `translate` of the first `count` test 2016 sentences; threads > 0: the
-  compiles started ahead run on that many threads; ahead: from_workdir gets the
-  sentences (`compile_for`)."""
-  import concurrent.futures
-  import logging
-
-  sys.path.insert(0, root)
-  from flax_transformer import compilation
-  from flax_transformer.data.sources import read_lines
-  from flax_transformer.translation import translator as translator_lib
-
-  if threads:  # The variant measured: the library's pool, made bigger before any compile.
-    compilation._executor = concurrent.futures.ThreadPoolExecutor(threads)  # noqa: SLF001
-
-  assert translator_lib.__file__.startswith(root), translator_lib.__file__
-  events = []
-  started = time.perf_counter()
-
-  class Events(logging.Handler):  # Seconds since the first call: compiles started ahead, < 0.
-    def emit(self, record):
-      events.append((time.perf_counter(), record.getMessage()))
-
-  logging.getLogger().addHandler(Events())
-  logging.getLogger().setLevel(logging.INFO)
-  sentences = read_lines(MULTI30K / "test_2016_flickr.en.gz")[:count]
-  translator = translator_lib.Translator.from_workdir(
-      workdir, search=translator_lib.SearchConfig(beam_size=4, alpha=0.6), average_last=5,
-      **({"compile_for": sentences} if ahead else {}))
-  load_s = time.perf_counter() - started
-  call_started = time.perf_counter()
-  texts = translator.translate(sentences)
-  first_s = time.perf_counter() - call_started
-  warm_s = timings(lambda: translator.translate(sentences), 1, warmup=0)[0]
-  return {"load_s": load_s, "wall_s": first_s, "to_first_s": load_s + first_s,
-          "warm_s": warm_s, **compiles([(at - call_started, text) for at, text in events]),
-          "outputs_sha1": hashlib.sha1("\n".join(texts).encode()).hexdigest()}
-
-
-def decode_py(root: str, workdir: str, count: int) -> dict:
-  """decode.py of `root` over the first `count` test 2016 sentences, cold: wall seconds,
-  compiles from its log."""
-  from flax_transformer.data.sources import read_lines
-
-  with tempfile.TemporaryDirectory() as scratch:
-    source, output = Path(scratch, "in.en"), Path(scratch, "out.de")
-    source.write_text("\n".join(read_lines(MULTI30K / "test_2016_flickr.en.gz")[:count]) + "\n")
-    started = time.time()
-    done = subprocess.run(
-        [sys.executable, str(Path(root, "decode.py")), f"--workdir={workdir}",
-         f"--input={source}", f"--output={output}", "--compilation_cache_dir=", "--beam_size=4",
-         "--alpha=0.6", "--average_last=5"],
-        cwd=root, capture_output=True, text=True, env=dict(os.environ, XLA_FLAGS=""))
-    wall = time.time() - started
-    if done.returncode:
-      sys.exit(f"{root}: decode.py failed:\n{done.stderr[-2000:]}")
-    day, events = datetime.fromtimestamp(started).date(), []
-    for line in done.stderr.replace("\r", "\n").splitlines():
-      if match := STAMP.search(line):
-        at = datetime.combine(day, datetime.strptime(match[1], "%H:%M:%S.%f").time())
-        events.append((at.timestamp() - started, match[2]))
-    return {"wall_s": wall, **compiles(events),
-            "outputs_sha1": hashlib.sha1(output.read_bytes().rstrip(b"\n")).hexdigest()}
-
-
-def first_call_rows(args) -> list[dict]:
-  """Section 3: per checkout and path, medians over the rounds."""
-  with tempfile.TemporaryDirectory() as scratch:
-    roots = {}
-    if args.before:
-      roots[args.before] = checkout(args.before, scratch)
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                          text=True).stdout.strip()
-    roots[f"{head} + working tree"] = str(ROOT)
-    api = {"Translator API": (0, False), "Translator API, compiles on 2 threads": (2, False),
-           "Translator API, compile_for": (0, True)}
-
-    def paths(root):
-      takes = "compile_for" in Path(root, "flax_transformer/translation/translator.py").read_text()
-      return ["decode.py", *(path for path, (_, ahead) in api.items() if takes or not ahead)]
-
-    runs = {(name, path): [] for name, root in roots.items() for path in paths(root)}
-    for _ in range(args.rounds):
-      for name, root in roots.items():
-        runs[name, "decode.py"].append(decode_py(root, args.workdir, args.sentences))
-        for path in paths(root)[1:]:
-          threads, ahead = api[path]
-          runs[name, path].append(run_child(
-              [sys.executable, __file__, "--api_child", root, "--workdir", args.workdir,
-               "--sentences", str(args.sentences), "--threads", str(threads)]
-              + ["--ahead"] * ahead, f"{name}: {path}"))
-  rows = []
-  for (name, path), results in runs.items():
-    first = next(r for (n, p), r in runs.items() if (p == "decode.py") == (path == "decode.py"))
-    rows.append({"checkout": name, "path": path, "sentences": args.sentences,
-                 "wall_s": median([r["wall_s"] for r in results]),
-                 "to_first_s": median([r.get("to_first_s", r["wall_s"]) for r in results]),
-                 "shapes": results[0]["shapes"],
-                 "compile_span_s": median([r["compile_span_s"] for r in results]),
-                 "most_at_once": max(r["most_at_once"] for r in results),
-                 "same_outputs_as_first": all(r["outputs_sha1"] == first[0]["outputs_sha1"]
-                                              for r in results),
-                 "runs": results})
-  return rows
-
-
 def main():
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--workdir", help="a trained Multi30k workdir (adds its rows)")
-  parser.add_argument("--json", help="write the results here")
-  parser.add_argument("--repeats", type=int, default=5, help="timed runs (median reported)")
-  parser.add_argument("--cpu_devices", type=int, default=0,
-                      help="CPU devices to split over (0 = one per core), as decode.py")
-  parser.add_argument("--first_call", action="store_true", help="section 3 alone")
-  parser.add_argument("--before", help="--first_call: the commit to compare against")
-  parser.add_argument("--sentences", type=int, default=300, help="--first_call: how many")
-  parser.add_argument("--rounds", type=int, default=3, help="--first_call: runs of each")
-  parser.add_argument("--api_child", help=argparse.SUPPRESS)
-  parser.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
-  parser.add_argument("--ahead", action="store_true", help=argparse.SUPPRESS)
-  args = parser.parse_args()
-  if args.api_child:
-    print("RESULT " + json.dumps(api_first_call(args.api_child, args.workdir, args.sentences,
-                                                args.threads, args.ahead)))
-    return
-  if args.first_call:
-    rows = first_call_rows(args)
-    print_table(rows, ["checkout", "path", "sentences", "wall_s", "to_first_s", "shapes",
-                       "compile_span_s",
-                       "most_at_once", "same_outputs_as_first"])
-    write_json(args.json, {"command": bench_command(),
-                           "workdir": args.workdir, "rows": rows, "machine": machine()})
-    return
+  flags = parser(__doc__)
+  flags.add_argument("--workdir", help="a trained Multi30k workdir (adds its rows)")
+  flags.add_argument("--repeats", type=int, default=5, help="timed runs (median reported)")
+  flags.add_argument("--cpu_devices", type=int, default=0,
+                     help="CPU devices to split over (0 = one per core), as decode.py")
+  args = flags.parse_args()
   from flax_transformer.cli import common as cli
 
   cli.set_cpu_devices(args.cpu_devices)
