@@ -1,29 +1,22 @@
-"""One accelerator, every figure of the accelerator issue, in one run.
+"""One accelerator, every figure of the accelerator issue (58), in one run.
 
 python bench/accelerator.py --peer_path=FLAX/examples/wmt [--data=DIR] [--out=PATH]
 python bench/accelerator.py --tiny     # CPU: every code path on tiny shapes (the suite runs it)
 
-Sections, in this order (the JSON is rewritten after each, so a run cut short keeps
-what it measured); each measures an aim of issue 58:
-1. readme_job: `train.py --config=configs/multi30k.py` from a cold compilation cache,
-   then `decode.py --average_last=5` over test 2016 (BLEU by sacrebleu). Wall time
-   of both, the cold compiles of parameter initialisation and of the train step,
-   every eval/search compile, ms/step.
-2. warm_compile: the same job relaunched on the filled cache (a few steps, two of them
-   profiled): its cache hits and the profiler's trace.
-3. decode_trained: the trained model over test 2016 (1000 sentences; --tiny: a short
-   subset, the same in every decode of the run: `Bench.test_2016`) by the
-   `Translator` API, its first call (compiles) and warm.
-4. base_bf16: our train step, as train.py runs it, against the peer's (Flax
-   examples/wmt `models.py`, loaded from --peer_path) at the paper's base shape, timed
-   alternately; MFU from the analytic count (`training.train_step_flops`).
+Sections, in order (the JSON, results/device_runs/accelerator_<device>.json or --out, is
+rewritten after each, so a run cut short keeps what it measured):
+1. readme_job: `train.py --config=configs/multi30k.py` from a cold compilation cache, then
+   `decode.py --average_last=5` over test 2016 (sacreBLEU): wall times, compiles, ms/step.
+2. warm_compile: the job relaunched on the filled cache, two steps profiled.
+3. decode_trained: that model over test 2016 (--tiny: a short subset) by `Translator`,
+   its first call (compiles) and warm.
+4. base_bf16: our train step, as train.py runs it, against the peer's (Flax examples/wmt
+   `models.py`, from --peer_path) at the paper's base shape, timed alternately; MFU from
+   `training.train_step_flops`.
 5. decode_base: beam search (beam 4, alpha 0.6, random base model, the paper's length
    bound), ours against the peer's `decode.beam_search`, batches 8, 32 and 128.
-The sections that answered closed questions (PRNG bits and variants, the small f32
-step and its ablations, the XLA attention path, the README step fed against repeated,
-the device's decode against the CPU's, merging runs) retired after commit 20bde6b; their
-records stay in results/device_runs/.
-Writes results/device_runs/accelerator_<device>.json (or --out).
+The sections of closed questions retired after commit 20bde6b; their records stay in
+results/device_runs/.
 """
 
 from __future__ import annotations
@@ -89,8 +82,6 @@ class Bench:
     self.out = Path(args.out) if args.out else None
     self.start = time.time()
 
-  # --- bookkeeping -------------------------------------------------------------
-
   def left_s(self) -> float:
     return self.args.budget_s - (time.time() - self.start)
 
@@ -150,8 +141,6 @@ class Bench:
              if len(tokenizer.tokenize(s)) <= TINY_TEST_TOKENS][:TINY_TEST_SENTENCES]
     return [sources[i] for i in short], [references[i] for i in short]
 
-  # --- 1, 2: the README job ------------------------------------------------------
-
   def train_argv(self, workdir: Path, cache: Path, **overrides) -> list[str]:
     # --tiny: eval_max_shapes 2, the cap's code path, one compile fewer than the default.
     tiny = dict(num_train_steps=30, eval_every_steps=10, bleu_every_steps=20,
@@ -202,7 +191,7 @@ class Bench:
         readme_job_eval_shapes=sorted({c["shape"] for c in compiles if c["what"] == "Eval step"}),
         readme_job_bleu_shapes=sorted({c["shape"] for c in compiles
                                        if c["what"] == "Beam search"}),
-        attention=attention_lines(train_log.read_text()))
+        attention=sorted(set(re.findall(r"Attention: (.*)", train_log.read_text()))))
     self.readme_workdir, self.cache, self.hyp = workdir, cache, hyp
 
   def warm_compile(self) -> None:
@@ -220,8 +209,6 @@ class Bench:
                        warm_launch_wall_s=wall, warm_launch_compiles=compiles,
                        profile_trace_files={str(p.relative_to(workdir)): p.stat().st_size
                                             for p in traces})
-
-  # --- 3: the trained model over test 2016 -------------------------------------------
 
   def decode_trained(self) -> None:
     import jax
@@ -251,8 +238,6 @@ class Bench:
         decode_test2016_compile_s=translator._search_fn.compile_seconds,
         decode_test2016_same_output_as_decode_py=first == again == decode_py)
 
-  # --- 4, 5: against the peer ------------------------------------------------------
-
   def peer(self, key: str):
     """The peer's `models` and `decode` modules; (None, None), recorded as the error of
     `key`, without --peer_path."""
@@ -268,10 +253,6 @@ class Bench:
     return tuple(modules)
 
   def base_bf16(self) -> None:
-    """Our Trainer's step against the peer's at the base shape, timed alternately.
-
-    Ours runs as train.py runs it (the entry points' jax defaults, config defaults).
-    """
     import jax
     import jax.numpy as jnp
     import optax
@@ -285,7 +266,7 @@ class Bench:
     host_batch = random_ids(vocab, rows, length)
     steps = 3 if self.tiny else 20
 
-    # Ours: the library's Trainer, as train.py builds it.
+    # Ours: the library's Trainer, as train.py builds it (config and jax defaults).
     our_config = model_config(shape, dtype=shape["dtype"])
     trainer = training.Trainer(our_config, default.get_config(),
                                sharding.make_mesh({"data": 1}, jax.devices()[:1]))
@@ -368,13 +349,9 @@ class Bench:
                        base_bf16_speedup_vs_peer=out.get("speedup_vs_peer"))
 
   def decode_base(self) -> None:
-    """Beam search (beam 4, alpha 0.6, source length 32), ours against the peer's
-    `decode.beam_search`, on a random model at the base shape, per batch size (--tiny:
-    8 and 32, the headline's among them: a third is one more compile, no new code path).
-
-    A random model rarely emits EOS, so both search to the paper's length bound (source
-    length + 50): tokens/s counts the best hypotheses' tokens up to EOS.
-    """
+    """Per batch size (--tiny: 8 and 32; a third is one more compile, no new code path),
+    sources of 32 tokens. A random model rarely emits EOS, so both search to the length
+    bound (source length + 50): tokens/s counts the best hypotheses' tokens up to EOS."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -448,8 +425,6 @@ class Bench:
       self.record[f"decode_base_speedup_vs_peer_batch{batch}"] = out.get("speedup_vs_peer")
       self.record[f"decode_base_tokens_per_s_batch{batch}"] = out["ours_tokens_per_s"]
 
-  # --- the whole run --------------------------------------------------------------
-
   def describe_device(self) -> None:
     import flax
     import jax
@@ -480,7 +455,9 @@ class Bench:
     self.record["attention_in_process"] = sorted(attention._reported)
     self.record["bench_wall_s"] = time.time() - self.start
     self.save()
-    summary(self.record)
+    print_table([{"key": k, "value": self.record.get(k)} for k in HEADLINE], ["key", "value"])
+    for name, error in self.record["errors"].items():
+      print(f"! {name}: {error.splitlines()[0] if error else ''}")
     print(f"wrote {self.out}")
 
 
@@ -504,23 +481,13 @@ def parse_compiles(log: str) -> list[dict]:
            "seconds": float(m.group(4))} for m in COMPILE_LINE.finditer(log)]
 
 
-def attention_lines(log: str) -> list[str]:
-  return sorted(set(re.findall(r"Attention: (.*)", log)))
-
-
-def summary(record: dict) -> None:
-  print_table([{"key": k, "value": record.get(k)} for k in HEADLINE], ["key", "value"])
-  for name, error in record["errors"].items():
-    print(f"! {name}: {error.splitlines()[0] if error else ''}")
-
-
 def main():
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--peer_path", help="Flax's examples/wmt directory (models.py, decode.py)")
   parser.add_argument("--data", default=str(MULTI30K), help="the Multi30k .gz files")
-  parser.add_argument("--out", help="JSON path (default "
-                      "results/device_runs/accelerator_<device>.json)")
+  parser.add_argument("--out",
+                      help="JSON path (default results/device_runs/accelerator_<device>.json)")
   parser.add_argument("--scratch", help="workdirs, caches and logs (default: a temp dir)")
   parser.add_argument("--tiny", action="store_true",
                       help="tiny shapes and few steps: every code path, on a CPU, in minutes")

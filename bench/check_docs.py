@@ -1,16 +1,13 @@
-"""Every number in the docs (README.md, RESULTS.md, BENCHMARKS.md, docs/*.md: DOCS in
-bench/render_docs.py) is backed or exempt, so no figure can be quoted that its files do
-not say.
+"""Every number in the docs (render_docs.DOCS) is backed or exempt, so no figure can be
+quoted that its files do not say (docs/provenance.md, "The docs check").
 
 python bench/check_docs.py [--root DIR]
 
-Figures are rendered from their files by bench/render_docs.py: whole tables between
-`<!-- render: NAME -->` markers, and single figures as `<!--{TEMPLATE}-->TEXT<!--/-->`
-(`render_docs.py --check` fails when TEXT differs from what TEMPLATE renders). This
-script holds the other side: any number outside those, a quoted log block and the
-NON_FIGURES, SETTINGS and PHRASES allow-lists (settings, labels, the paper's values)
-fails. Exit 0 when no number is left over; 1 with one line per untraced number or
-misquoted log line; 2 when an allow-listed phrase or quoted block is gone.
+bench/render_docs.py renders the figures (tables between `<!-- render: NAME -->` markers,
+single figures as `<!--{TEMPLATE}-->TEXT<!--/-->`); this script holds the other side: a
+number outside those, a quoted log block (QUOTED_BLOCKS) and the NON_FIGURES, SETTINGS
+and PHRASES allow-lists fails. Exit 0 when no number is left over; 1 with one line per
+untraced number or misquoted log line; 2 when an allow-listed phrase or block is gone.
 """
 
 from __future__ import annotations
@@ -22,9 +19,6 @@ import sys
 from pathlib import Path
 
 import render_docs
-
-ROOT = Path(__file__).resolve().parents[1]
-
 
 # (doc, text just before a fenced log block, file): every line of the block is quoted
 # from the file (a log the run wrote).
@@ -78,7 +72,6 @@ PHRASES = [
 ]
 
 
-
 class Doc:
   """A doc's text, and the same with whitespace runs as one space (sentences are found
   there), with the map back to the original offsets."""
@@ -97,7 +90,6 @@ class Doc:
 
   def cover_flat(self, start: int, end: int) -> None:
     self.covered.append((self.offsets[start], self.offsets[end - 1] + 1))
-
 
 
 def check(root: Path, docs: dict[str, Doc]) -> tuple[list[str], list[str]]:
@@ -127,6 +119,7 @@ def check(root: Path, docs: dict[str, Doc]) -> tuple[list[str], list[str]]:
       d.cover_flat(at, at + len(phrase))
       at = d.flat.find(phrase, at + 1)
   return mismatches, missing
+
 
 # A number in the docs: digits, with thousands commas or decimals ('1,000', '0.55').
 NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)*")
@@ -221,7 +214,7 @@ def uncovered(docs: dict[str, Doc], rendered: dict[str, list[tuple[int, int]]]
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--root", default=str(ROOT), help="the repository to check")
+  parser.add_argument("--root", default=str(render_docs.ROOT), help="the repository to check")
   args = parser.parse_args()
   root = Path(args.root)
   texts = {name: (root / name).read_text() for name in render_docs.doc_names(root)}

@@ -71,19 +71,7 @@ def dir_bytes(path: Path) -> int:
   return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
 
 
-def timings(fn: Callable[[], object], repeats: int, warmup: int = 1) -> list[float]:
-  """Seconds per call of `fn` (which must block until its work is done)."""
-  for _ in range(warmup):
-    fn()
-  out = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    out.append(time.perf_counter() - start)
-  return out
-
-
-def alternating(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+def alternating(fns: dict[object, Callable[[], object]], rounds: int) -> dict[object, list[float]]:
   """Seconds of each call of each of `fns` (which must block until done), timed in turn
   round after round, so that each meets the same machine state."""
   runs = {name: [] for name in fns}
@@ -199,14 +187,8 @@ def random_ids(vocab: int, rows: int, length: int) -> dict:
   return {k: rng.integers(2, vocab, (rows, length), dtype=np.int32) for k in ("inputs", "targets")}
 
 
-def run_like_entry_points() -> None:
-  """Re-executes with the malloc settings train.py and decode.py use (host_allocator)."""
-  from flax_transformer.training import host_allocator
-
-  host_allocator.reexec_with_reusable_malloc()
-
-
 def machine() -> dict:
+  """Python and jax versions, jax's devices, the host (`host.describe`) and its malloc."""
   import jax
 
   from flax_transformer import host
@@ -214,8 +196,7 @@ def machine() -> dict:
 
   return {"python": platform.python_version(), "jax": jax.__version__,
           "platform": jax.devices()[0].platform, "devices": jax.device_count(),
-          "cpu": platform.processor() or platform.machine(), **host.cpu_model(),
-          "malloc": host_allocator.describe()}
+          **host.describe(), "malloc": host_allocator.describe()}
 
 
 def print_table(rows: Sequence[dict], columns: Sequence[str]) -> None:

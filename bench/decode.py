@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from statistics import median
 
-from common import MULTI30K, machine, parser, print_table, run_like_entry_points, timings, \
-    write_json
+from common import MULTI30K, alternating, machine, parser, print_table, write_json
 
 CACHES = {  # name -> TransformerConfig.share_beam_cache
     "plain cached beam search": False,  # A cache row per beam, gathered every step.
@@ -39,7 +38,7 @@ def random_model_rows(repeats: int) -> list[dict]:
   inputs = np.random.default_rng(0).integers(2, 8000, (8, 32)).astype(np.int32)
   params = Transformer(config).init(jax.random.PRNGKey(0), inputs[:1], inputs[:1])["params"]
   key = jax.random.PRNGKey(0)
-  searches, times, outputs = {}, {}, {}
+  searches, outputs = {}, {}
   for devices in sorted({1, jax.device_count()}):
     mesh = Mesh(np.asarray(jax.devices()[:devices]), ("rows",))
     placed = (jax.device_put(params, NamedSharding(mesh, PartitionSpec())),
@@ -52,10 +51,8 @@ def random_model_rows(repeats: int) -> list[dict]:
       row = (name, devices)
       searches[row] = lambda search=search, placed=placed: jax.block_until_ready(
           search(*placed, key))
-      outputs[row], times[row] = searches[row](), []
-  for _ in range(repeats):  # Alternating, so all see the same machine load.
-    for row, search in searches.items():
-      times[row] += timings(search, 1, warmup=0)
+      outputs[row] = searches[row]()  # Also the warm-up.
+  times = alternating(searches, repeats)  # So that all meet the same machine load.
   rows = []
   plain = min(median(times[row]) for row in searches if not CACHES[row[0]])
   first = outputs[next(iter(outputs))].sequences
@@ -83,13 +80,10 @@ def trained_model_rows(workdir: str, repeats: int) -> list[dict]:
                                             search=SearchConfig(beam_size=4, alpha=0.6),
                                             devices=jax.devices()[:n])
                  for n in sorted({1, jax.device_count()})}
-  outputs, times = {n: [] for n in translators}, {n: [] for n in translators}
-  for n, translator in translators.items():
-    outputs[n].append(translator.translate(sentences))  # Compiles every batch shape.
-  for _ in range(repeats):
-    for n, translator in translators.items():
-      times[n] += timings(lambda: outputs[n].append(translator.translate(sentences)), 1,
-                          warmup=0)
+  # The first translation compiles every batch shape.
+  outputs = {n: [t.translate(sentences)] for n, t in translators.items()}
+  times = alternating({n: lambda n=n, t=t: outputs[n].append(t.translate(sentences))
+                       for n, t in translators.items()}, repeats)
   rows = []
   for n, translator in translators.items():
     seconds, texts = median(times[n]), outputs[n][-1]
@@ -110,9 +104,10 @@ def main():
                      help="CPU devices to split over (0 = one per core), as decode.py")
   args = flags.parse_args()
   from flax_transformer.cli import common as cli
+  from flax_transformer.training import host_allocator
 
   cli.set_cpu_devices(args.cpu_devices)
-  run_like_entry_points()
+  host_allocator.reexec_with_reusable_malloc()  # The malloc settings train.py and decode.py use.
   rows = random_model_rows(args.repeats)
   ours = min((r for r in rows if "ours" in r["model"]), key=lambda r: r["s_per_batch"])
   plain = min((r for r in rows if "plain" in r["model"]), key=lambda r: r["s_per_batch"])

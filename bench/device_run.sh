@@ -32,9 +32,8 @@ TEST_LIMIT=${TEST_LIMIT:-130}
 timeout "$BENCH_LIMIT" $PY bench/accelerator.py ${TINY:+--tiny} --peer_path=.device/peer \
   --data="$ROOT/.device/multi30k" --scratch="$SCRATCH" --out="$OUT/accelerator.json" \
   --budget_s=$((BENCH_LIMIT - 20)) 2>&1 | tee "$OUT/bench.log" | tail -40
-# The device-independent tests on this device (cpu beside cuda: jax.debug.callback needs
-# it; tests/conftest.py: full-precision float32
-# matmuls, tests that need 8 devices skipped, saying so).
+# The device-independent tests on this device (cpu beside cuda: jax.debug.callback needs it;
+# tests/conftest.py: full-precision float32 matmuls, tests that need 8 devices skipped).
 GPU_TESTS="tests/test_attention.py tests/test_model.py tests/test_paper.py tests/test_recipe.py
   tests/test_compilation.py tests/test_decoding.py"
 # SIGINT at the limit: pytest then still prints the failures and the summary so far.

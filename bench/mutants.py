@@ -2,15 +2,12 @@
 
 python bench/mutants.py [--only NAME ...] [--json results/bench/mutants.json]
 
-Every mutant is one small patch (a unique piece of text in one file and what
-replaces it) and the tests named for it. The checkout's files (tracked and
-untracked, not ignored) are copied to a scratch directory; each mutant patches the
-copy, runs its tests there with pytest, and is restored. "caught" means a test
-failed (pytest's exit status 1 with failures); "missed" means they passed with the
-detail broken; "timeout" (over --timeout) and "error" (any other exit: a collection
-or import error, pytest interrupted) catch nothing. The unmutated tests are
-run first: a mutant only counts against tests that pass without it. Exit 0 when
-every mutant is caught, 1 otherwise; the table goes to stdout, the record to JSON.
+Each mutant is one patch (a unique piece of text in one file and its replacement) and
+the tests named for it, run with pytest on a scratch copy of the checkout (tracked and
+untracked files, not ignored), which is restored after each. "caught": a test failed;
+"missed": they passed with the detail broken; "timeout" (over --timeout) and "error"
+(any other exit) catch nothing. The unmutated tests run first: a mutant only counts
+against tests that pass without it. Exit 0 when every mutant is caught, else 1.
 """
 
 from __future__ import annotations
@@ -178,11 +175,8 @@ def copy_checkout(destination: Path) -> None:
 
 
 def run_tests(checkout: Path, tests, timeout: int) -> tuple[str, float, str]:
-  """(outcome, seconds, last lines of output) of pytest on `tests` inside `checkout`.
-
-  outcome: "passed", "failed" (exit status 1 and a test reported failed), "timeout"
-  (over `timeout` seconds) or "error" (anything else: collection errors, a usage error).
-  """
+  """(outcome: "passed", "failed", "timeout" or "error"; seconds; last lines of output) of
+  pytest on `tests` inside `checkout`."""
   env = dict(os.environ, PYTHONPATH=str(checkout), MULTI30K_DIR=str(MULTI30K))
   start = time.perf_counter()
   try:

@@ -3,19 +3,19 @@
 python bench/projection.py [--json results/bench/projection.json]
 
 Inputs (all committed files):
-- the base model's bf16 train step measured on one H200 and one H100
-  (bench/accelerator.py, 192 x 128 tokens a side, vocabulary 32k);
-- bench/wmt_scale.py's 4.5M-pair run: packed tokens per step at configs/base.py's
-  batching and the input path's tokens/s per core.
+- the base model's bf16 train step measured on one H200 and one H100 (bench/accelerator.py,
+  192 x 128 tokens a side, vocabulary 32k);
+- bench/wmt_scale.py's 4.5M-pair run: packed tokens per step at configs/base.py's batching
+  and the input path's tokens/s per core.
 Assumptions (stated in the JSON and in BENCHMARKS):
-- a step's time scales with its analytic FLOPs (training/steps.py) at the measured
-  MFU: from the measured shape to configs/base.py's (97 x 256 slots a side, 37k
-  vocabulary) and to the big model's; larger matmuls usually run at a higher MFU,
-  so the big model's figure leans pessimistic;
-- eight GPUs split the paper's batch (about 25k tokens a side) eight ways, each at
-  the one-GPU MFU, plus a ring all-reduce of float32 gradients at an assumed NCCL
-  bus bandwidth; per-GPU batches of about 3k tokens usually run at a lower MFU,
-  which would lengthen the eight-GPU figures: unmeasured here;
+- a step's time scales with its analytic FLOPs (training/steps.py) at the measured MFU:
+  from the measured shape to configs/base.py's (97 x 256 slots a side, 37k vocabulary) and
+  to the big model's; larger matmuls usually run at a higher MFU, so the big model's figure
+  leans pessimistic;
+- eight GPUs split the paper's batch (about 25k tokens a side) eight ways, each at the
+  one-GPU MFU, plus a ring all-reduce of float32 gradients at an assumed NCCL bus
+  bandwidth; per-GPU batches of about 3k tokens usually run at a lower MFU, which would
+  lengthen the eight-GPU figures: unmeasured here;
 - evaluation, checkpoints and compiles are left out.
 """
 

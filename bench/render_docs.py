@@ -1,24 +1,18 @@
 """Renders every measured figure of the docs from its file under results/ (or a config), so
-that the docs cannot say what their files do not.
+that the docs cannot say what their files do not (docs/provenance.md, "The docs check").
 
 python bench/render_docs.py            # rewrite every rendered table and figure in place
 python bench/render_docs.py --check    # exit 1 naming each one that differs
 
-A table sits between `<!-- render: NAME [ARGS] -->` and `<!-- end: NAME -->`; TABLES
-maps NAME to the function that writes it (called with ARGS, a Python expression; `rows`
-takes a JSON file's records and a template per column, so most tables need no code). A
-figure in prose or in a hand-written table is `<!--{TEMPLATE}-->TEXT<!--/-->`: TEMPLATE
-an f-string's fields (`{run("multi30k_en-de").bleu:.1f}`) over NAMESPACE, TEXT what it
-renders (markdown hides the comment). Each training run's folder, results/runs/NAME/,
-gets a README.md rendered whole from its NAME.json (run_readme). Edit the JSON, the
-template or the row labels (results/runs/tables.json), never the rendered text: tests/test_docs.py fails when
-the committed docs differ from what this renders, and bench/check_docs.py when a number
-is neither rendered nor an allow-listed setting.
+A table sits between `<!-- render: NAME [ARGS] -->` and `<!-- end: NAME -->`: TABLES maps
+NAME to its function, called with ARGS (a Python expression; `rows` takes a JSON file's
+records and a template per column). A figure is `<!--{TEMPLATE}-->TEXT<!--/-->`: TEMPLATE
+an f-string's fields over `namespace`, TEXT what it renders. Each run folder,
+results/runs/NAME/, gets a README.md rendered from its NAME.json (run_readme). Edit the
+JSON, the template or results/runs/tables.json, never the rendered text.
 
-Superseded runs are not rendered here: each has a README.md in its folder under results/
-(results/bench/train_step_runs/, results/bench/decode_runs/, results/device_runs/
-2026-11-26_h100_run1/), rendered once by this script at the commit it names, from JSON
-that does not change; --check does not re-render those pages.
+Superseded runs are not rendered here: each has a README.md in its folder under results/,
+rendered once by this script at the commit it names; --check does not re-render those.
 """
 
 from __future__ import annotations
@@ -32,21 +26,12 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# The docs both scripts cover (bench/check_docs.py, tests/test_docs.py), as globs.
-DOCS = ("README.md", "RESULTS.md", "BENCHMARKS.md", "docs/*.md")
-# A table: `<!-- render: NAME -->` or `<!-- render: NAME ARGS -->` (ARGS a Python expression
-# passed to the table's function), its rows, `<!-- end: NAME -->`.
+DOCS = ("README.md", "RESULTS.md", "BENCHMARKS.md", "docs/*.md")  # Also check_docs.py's.
 BLOCK = re.compile(r"(<!-- render: (?P<name>[\w-]+)(?: (?P<args>[^\n]*?))? -->\n)(?P<body>.*?)"
                    r"(<!-- end: (?P=name) -->)", re.S)
-# A figure in prose or in a hand-written table: `<!--{EXPR:FORMAT}-->TEXT<!--/-->`, the
-# comment an f-string template (without f and quotes) evaluated in NAMESPACE, TEXT what it
-# renders. Markdown hides the comments, so the reader sees TEXT only.
 FIGURE = re.compile(r"(?<!`)<!--(\{[^\n]*?)-->(.*?)<!--/-->", re.S)  # Not in `code`.
-
-
-# results/: runs/<name>/ holds one training run's record (<name>.json: test scores,
-# curves), its hypotheses, curve plots and logs; bench/ the bench scripts' JSON;
-# device_runs/ the GPU sessions; ci/ the suite's logs.
+# results/runs/<name>/: one training run's record (<name>.json), hypotheses, plots, logs;
+# results/bench/: the bench scripts' JSON.
 RUNS, BENCH = "results/runs", "results/bench"
 
 
@@ -78,9 +63,9 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def rows(root: Path, path: str, keys: str | list[str], columns: dict[str, str]) -> str:
-  """A table of one row per record in the lists `keys` (one key or several, in turn) of
-  the JSON file at `path` under results/: each column's cell is its template rendered as a figure's (render_figure)
-  over the record's fields and the file's; its header likewise over the file's."""
+  """One row per record in the lists `keys` (one key or several, in turn) of the JSON file
+  at `path` under results/: a cell is its column's template rendered as a figure's over the
+  record's fields and the file's; a header likewise over the file's."""
   record = json.loads((root / "results" / path).read_text())
   records = [r for key in ([keys] if isinstance(keys, str) else keys) for r in record[key]]
   return table([render_figure(header, record) for header in columns],
@@ -230,9 +215,8 @@ def torch_runs(root: Path) -> str:
 
 
 def decode_runs(root: Path) -> str:
-  """bench/decode.py's five runs on the 2026-11-26 host, and their medians: seconds per
-  batch of the plain and our search on one and two devices, ours on two against the faster
-  plain one, and the trained model's sentences/s."""
+  """bench/decode.py's five runs on the 2026-11-26 host and their medians (seconds per
+  batch, ours on two devices against the faster plain search, trained sentences/s)."""
   cells = []
   for run in range(1, 6):
     r = json.loads((root / BENCH / f"decode_runs/2026-11-26/run{run}.json").read_text())["rows"]
@@ -266,10 +250,8 @@ def curve_points(root: Path, name: str, bleu: str = "validation BLEU") -> str:
                [[f"{s}", f"{w / 60:.1f} min", f"{b:.2f}"] for s, w, b in curve])
 
 
-# The GPU issue's second round: one H100 session, two runs of bench/accelerator.py (its
-# aims table in BENCHMARKS.md renders figure by figure).
+# The GPU issue's second round: one H100 session, runs A and B of bench/accelerator.py.
 H100_RUNS = "results/device_runs/2026-11-27_h100_5ecb8c5"
-H100_FILES = {"A": "accelerator.json", "B": "accelerator_run2.json"}
 PRNG_LABELS = {"ours": "train.py's defaults at 5ecb8c5: threefry GPU kernel, autodiff backward",
                "threefry_xla_lowering": "threefry, XLA's lowering (jax's default)",
                "rbg": "rbg (threefry's GPU kernel on, for key derivation)",
@@ -277,21 +259,15 @@ PRNG_LABELS = {"ours": "train.py's defaults at 5ecb8c5: threefry GPU kernel, aut
                "fused_cross_entropy": "fused cross-entropy backward, GPU kernel on"}
 
 
-def _h100(root: Path) -> dict[str, dict]:
-  return {run: json.loads((root / H100_RUNS / name).read_text())
-          for run, name in H100_FILES.items()}
-
-
 def h100_variants(root: Path) -> str:
   """Our train step with one choice changed, timed alternately with the peer's."""
-  runs = _h100(root)
   rows = []
-  for section, run in (("base_bf16", "A"), ("small_f32", "B")):
-    record = runs[run][section]
+  for section, run, name in (("base_bf16", "A", "accelerator"),
+                             ("small_f32", "B", "accelerator_run2")):
+    record = json.loads((root / H100_RUNS / f"{name}.json").read_text())[section]
     entries = [("ours", {"ms": record["ours_ms"], "compile_s": record["ours_compile_s"],
                          "speedup_vs_peer": record["speedup_vs_peer"], "over_ours": 1.0})]
-    entries += list(record["variants"].items())
-    for key, v in entries:
+    for key, v in entries + list(record["variants"].items()):
       rows.append([section.replace("_", " "), PRNG_LABELS[key], f"{v['ms']:.2f}",
                    f"{v['over_ours']:.3f}", f"{v['speedup_vs_peer']:.2f}x",
                    f"{v['compile_s']:.1f} s", run])
@@ -302,13 +278,11 @@ def h100_variants(root: Path) -> str:
 
 
 TABLES = {"readme-results": ("README.md", readme_results), "rows": (None, rows),
-          "results-runs": ("RESULTS.md", results_runs),
-          "wmt-scale": ("BENCHMARKS.md", wmt_scale),
-          "soak": ("BENCHMARKS.md", soak),
-          "wmt-download": ("docs/wmt14.md", wmt_download),
-          "h100-variants": ("BENCHMARKS.md", h100_variants),
-          "torch-runs": ("BENCHMARKS.md", torch_runs), "decode-runs": ("BENCHMARKS.md", decode_runs),
-          "curves": (None, curves), "curve-points": (None, curve_points)}
+          "results-runs": ("RESULTS.md", results_runs), "wmt-scale": ("BENCHMARKS.md", wmt_scale),
+          "soak": ("BENCHMARKS.md", soak), "wmt-download": ("docs/wmt14.md", wmt_download),
+          "h100-variants": ("BENCHMARKS.md", h100_variants), "curves": (None, curves),
+          "torch-runs": ("BENCHMARKS.md", torch_runs), "curve-points": (None, curve_points),
+          "decode-runs": ("BENCHMARKS.md", decode_runs)}
 
 
 class Record(dict):
@@ -462,7 +436,7 @@ RUN_FILES = [("*.hyp", "hypotheses"),
 def run_readme(root: Path, name: str) -> str:
   """results/runs/NAME/README.md: the run's record (NAME.json) as a page, and its files."""
   folder = root / RUNS / name
-  r = json.loads((folder / f"{name}.json").read_text())
+  r = run_record(root, name)
   label = {row["run"]: row["label"] for row in rows_of(root, "results")}.get(name)
   steps = r.get("averaged_checkpoints") or []
   rows = [["pair", r["pair"].upper().replace("-", "->")], ["command", f"`{r['command']}`"]]

@@ -2,14 +2,13 @@
 
 python bench/results.py --workdir DIR [--ensemble DIR2,DIR3] [--average_last 5]
     [--beam_size 4 --alpha 0.6] [--command CMD ...] [--out results/runs/NAME/NAME.json]
-Decodes test_2016_flickr with beam 4, alpha 0.6 (the paper's search; another one
-only once it was chosen on validation), averaging the last checkpoints;
-reports sacreBLEU (cased, detokenized, with signature), lowercased BLEU, chrF,
-and from the run's metrics.jsonl the training wall time, steps and the wall time
-at which validation BLEU (and test BLEU, when the run logged it with
---config.test_bleu_every_steps) first reached 30 and 35. With --ensemble, the
-models of all workdirs vote (decode.py --ensemble); steps and train_wall_s are
-then the members' totals, `members` lists each, and the curves are --workdir's.
+Decodes test_2016_flickr with beam 4, alpha 0.6 (the paper's search; another one only once
+chosen on validation), averaging the last checkpoints: sacreBLEU (cased, detokenized, with
+signature), lowercased BLEU, chrF; from the run's metrics.jsonl the training wall time,
+steps and the wall time at which validation BLEU (and test BLEU, when logged with
+--config.test_bleu_every_steps) first reached 30 and 35. With --ensemble, the models of all
+workdirs vote (decode.py --ensemble); steps and train_wall_s are then the members' totals,
+`members` lists each, and the curves are --workdir's.
 """
 
 from __future__ import annotations
@@ -43,11 +42,11 @@ def main():
                                     "it, as .hyp)")
   args = parser.parse_args()
 
-  from sacrebleu.metrics import BLEU, CHRF
-
   import jax
+  from sacrebleu.metrics import BLEU
 
   from flax_transformer import provenance
+  from flax_transformer.cli.translate import score
   from flax_transformer.data.sources import read_lines
   from flax_transformer.training.metrics import read_metrics
   from flax_transformer.translation.translator import SearchConfig, Translator
@@ -72,14 +71,14 @@ def main():
   start = time.time()
   hypotheses = translator.translate(sources)
   decode_s = time.time() - start
-  bleu, bleu_lc, chrf = BLEU(), BLEU(lowercase=True), CHRF()
+  # decode.py's scores (cased, detokenized) and signatures.
+  (_, bleu, bleu_signature), (_, chrf, chrf_signature) = score(hypotheses, references,
+                                                                ["bleu", "chrf"])
   result = {
       "pair": f"{src}-{tgt}", "split": "test_2016_flickr",
-      "bleu": bleu.corpus_score(hypotheses, [references]).score,
-      "bleu_signature": str(bleu.get_signature()),
-      "bleu_lowercase": bleu_lc.corpus_score(hypotheses, [references]).score,
-      "chrf": chrf.corpus_score(hypotheses, [references]).score,
-      "chrf_signature": str(chrf.get_signature()),
+      "bleu": bleu, "bleu_signature": bleu_signature,
+      "bleu_lowercase": BLEU(lowercase=True).corpus_score(hypotheses, [references]).score,
+      "chrf": chrf, "chrf_signature": chrf_signature,
       "steps": sum(r[-1]["step"] for r in all_records),
       "train_wall_s": sum(r[-1]["wall_s"] for r in all_records),
       # One model: its averaged steps; an ensemble: per member.

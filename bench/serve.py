@@ -2,14 +2,12 @@
 
 python bench/serve.py --workdir=DIR [--clients 1,8,64] [--json results/bench/serve.json]
 
-First the whole file through `Translator.translate` in this process, as decode.py runs it
-(one device per core, 4096-token batches), timed after a pass that compiles and again
-after each load run (each run is compared with the mean of the passes around it); its
-output is the answer every request must get. Then serve.py on the
-same devices, and per client count: sentences/s, p50/p99 latency of a request, the
-answers equal to the Translator's, the server's searches (batches) and its RSS (sampled
-every 0.2 s) over the run. The aim (issue 60): at 64 clients, >= 70% of the whole-file
-throughput.
+First the whole file through `Translator.translate` in this process, as decode.py runs it,
+timed after a compiling pass and again after each load run (each run compared with the
+mean of the passes around it); its output is the answer every request must get. Then
+serve.py on the same devices, per client count: sentences/s, p50/p99 request latency,
+answers equal to the Translator's, the server's searches and RSS (sampled every 0.2 s).
+The aim (issue 60): at 64 clients, >= 70% of the whole-file throughput.
 """
 
 from __future__ import annotations

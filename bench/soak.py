@@ -3,20 +3,17 @@
 python bench/soak.py --scratch /tmp/ws [--steps 300] [--kill_at 150] [--workers -1 8]
                      [--json results/bench/soak.json]
 
---scratch is bench/wmt_scale.py's folder: the corpus prepared as array_record
-(`data/`), the 37k vocabulary (`vocab.model`) and the token cache (`tokens/`, built
-by the first launch if missing). For each worker count, a small model
+--scratch is bench/wmt_scale.py's folder (`data/`, `vocab.model`, `tokens/`: the token
+cache, built by the first launch if missing). Per worker count, a small model
 (configs/tiny.py's shape, the corpus's 37k vocabulary, 64-token rows) is trained:
   reference   --steps steps, start to end, in its own workdir;
   killed      the same command in a second workdir, `kill -9` once the checkpoint of
               --kill_at is complete;
   resumed     the same command again in that workdir, to the end.
-Each launch's process tree (train.py and its input workers) is sampled every
-0.25 s for its summed RSS and PSS (proportional set size: the pages of the
-memory-mapped token cache that every process maps count once in the PSS sum, in
-full in each process's RSS). The first-batch time is the training log's
-"First training batch" line. Exact: the resumed run's final parameters equal
-the reference's, bit for bit.
+Each launch's process tree (train.py and its input workers) is sampled every 0.25 s
+for its summed RSS and PSS (the memory-mapped token cache counts once in PSS, in each
+process in RSS); first batch: the log's "First training batch" line. Exact: the
+resumed run's final parameters equal the reference's, bit for bit.
 """
 
 from __future__ import annotations

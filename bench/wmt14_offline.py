@@ -2,24 +2,16 @@
 
 Used by tests/test_wmt.py (a few hundred pairs) and bench/wmt_scale.py (4.5M).
 
-`write_archives` writes the archives that `wmt14_translate/de-en` and `/fr-en`
-download, under their download names, with their member paths (TRAIN_ARCHIVES; dev.tgz:
-newstest2013 as text, newstest2014 as SGML) and formats: one sentence a line, UTF-8,
-'\n' (giga-fren's as gzip text in a plain tar); SGML with srcset/refset, doc and one
-<seg id="n"> a line.
+`write_archives` writes the archives `wmt14_translate/de-en` and `/fr-en` download,
+under their download names, member paths and formats (TRAIN_ARCHIVES; dev.tgz:
+newstest2013 as text, newstest2014 as SGML).
 
-Checksums: tfds verifies each archive against the size and SHA-256 registered for
-its URL, so these small archives fail tfds's registry for the real ones. tfds's
-documented remedy for files that differ from the registry is to register their
-checksums (`DownloadConfig(register_checksums=True)`, `tfds build
---register_checksums`), which writes them to the builder's checksums file. The
-installed wmt14_translate keeps its checksums inside the tfds package, which a test
-must not rewrite; so `offline_builder` defines a subclass of tfds's
-`Wmt14Translate`, changing nothing but the file it lives in (a scratch folder), so
-that the registered checksums land in that folder's checksums.tsv. Every piece of
-preparation code (subsets, URLs, extraction, parsers, the array_record writer) is
-tfds's own, and the prepared data is written under the name `wmt14_translate`,
-where `tfds.data_source("wmt14_translate/de-en")` reads it.
+tfds checks each archive against the checksums registered for its URL, which these
+small archives fail. Its documented remedy is to register their checksums, which
+writes the builder's checksums file; the installed one lives inside the tfds package,
+so `offline_builder` subclasses tfds's `Wmt14Translate` unchanged in a scratch folder,
+whose checksums.tsv takes them. All preparation code is tfds's own, and the data is
+written as `wmt14_translate`, where `tfds.data_source("wmt14_translate/de-en")` reads it.
 """
 
 from __future__ import annotations

@@ -9,9 +9,8 @@ Stages, each in its own process (so that its peak RSS is its own):
               as train.py trains it: config.vocab_max_sentences pairs, evenly spread
   tokens      the token cache (data/token_cache.py): every pair tokenized once
 Stages whose output exists in --scratch are not redone (--redo forces them). The folder is
-what bench/soak.py runs on. The first_batch, throughput
-and train stages of results/bench/wmt_scale.json (issue 46, closed) were made by this
-script at the commit each stage's record names (last at 154afea; retired since).
+what bench/soak.py runs on. Its stages first_batch, throughput and train (issue 46, closed;
+retired since) made results/bench/wmt_scale.json's at the commit each names (last 154afea).
 """
 
 from __future__ import annotations
@@ -94,30 +93,20 @@ def stage_vocab(args) -> dict:
   if args.vocab_pairs:
     config.vocab_max_sentences = args.vocab_pairs
   pairs = load_pairs(config, config.train_split)
-  tokenizer = data.build_tokenizer(_without_vocab_path(config), config.vocab_path, pairs)
+  training = config.copy_and_resolve_references()
+  training.vocab_path = ""  # Train it (into the path given), as a first launch does.
+  tokenizer = data.build_tokenizer(training, config.vocab_path, pairs)
   return {"vocab_s": time.time() - START, "vocab_size": tokenizer.vocab_size,
           "vocab_sample_pairs": min(len(pairs), config.vocab_max_sentences)}
 
 
-def _without_vocab_path(config):
-  config = config.copy_and_resolve_references()
-  config.vocab_path = ""  # Train it (into the path given), as a first launch does.
-  return config
-
-
-def _open(args):
-  """(config, training pairs, vocabulary), as a launch opens them."""
+def stage_tokens(args) -> dict:
+  from flax_transformer.data import pipeline as data
   from flax_transformer.data.sources import load_pairs
   from flax_transformer.data.tokenizer import Tokenizer
 
-  config = _config(args)
-  return config, load_pairs(config, config.train_split), Tokenizer(config.vocab_path)
-
-
-def stage_tokens(args) -> dict:
-  from flax_transformer.data import pipeline as data
-
-  config, pairs, tokenizer = _open(args)
+  config = _config(args)  # As a launch opens its pairs and vocabulary.
+  pairs, tokenizer = load_pairs(config, config.train_split), Tokenizer(config.vocab_path)
   ids = data.training_ids(config, pairs, data.TokenizePair(tokenizer))
   if isinstance(ids, list):  # At most PRETOKENIZE_MAX_PAIRS pairs: held in memory instead.
     return {"tokens_s": time.time() - START, "in_memory": True}
