@@ -115,6 +115,7 @@ def main():
   Path(args.workdir, f"test_2016_flickr{search}.hyp").write_text(text)
   if args.out:  # Beside the JSON, to be committed: anyone can re-score it with sacrebleu.
     hyp = Path(args.out).with_suffix(".hyp")
+    hyp.parent.mkdir(parents=True, exist_ok=True)
     hyp.write_text(text)
     result["hypotheses_file"] = str(hyp)
   write_json(args.out, result)
