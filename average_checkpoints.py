@@ -5,6 +5,11 @@ then: python decode.py --workdir=DIR_avg5 ...  (decode.py --average_last=K does
 the same on the fly, without writing anything).
 """
 
+if __name__ == "__main__":  # First: glibc reads malloc settings at start, JAX not yet loaded.
+  from flax_transformer.training import host_allocator
+
+  host_allocator.reexec_with_reusable_malloc()
+
 from absl import app, flags
 
 from flax_transformer.cli import common as cli

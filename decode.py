@@ -16,6 +16,11 @@ included: logprob / tokens is the mean per token.
 is translated and written, flushed, as soon as it is read.
 """
 
+if __name__ == "__main__":  # First: glibc reads malloc settings at start, JAX not yet loaded.
+  from flax_transformer.training import host_allocator
+
+  host_allocator.reexec_with_reusable_malloc()
+
 from absl import app, flags
 
 from flax_transformer import compilation

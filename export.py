@@ -10,6 +10,11 @@
       translate.py, which then needs ctranslate2 and sentencepiece only.
 """
 
+if __name__ == "__main__":  # First: glibc reads malloc settings at start, JAX not yet loaded.
+  from flax_transformer.training import host_allocator
+
+  host_allocator.reexec_with_reusable_malloc()
+
 from absl import app, flags
 
 from flax_transformer.cli import common as cli

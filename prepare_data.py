@@ -6,6 +6,11 @@ array_record into --config.data_dir. train.py would do the same on its first
 launch; doing it here first keeps the processes of a multi-host run from racing.
 """
 
+if __name__ == "__main__":  # First: glibc reads malloc settings at start, JAX not yet loaded.
+  from flax_transformer.training import host_allocator
+
+  host_allocator.reexec_with_reusable_malloc()
+
 from absl import app, flags
 from ml_collections import config_flags
 

@@ -6,6 +6,11 @@ Concurrent requests are searched together (dynamic batching); every search shape
 compiled before the server takes requests. Needs the `serve` extra (FastAPI, uvicorn).
 """
 
+if __name__ == "__main__":  # First: glibc reads malloc settings at start, JAX not yet loaded.
+  from flax_transformer.training import host_allocator
+
+  host_allocator.reexec_with_reusable_malloc()
+
 import errno
 import os
 import socket

@@ -4,6 +4,11 @@ Every config key can be overridden: --config.num_train_steps=1000. Bad
 configs and data exit with code 2 and a message naming the problem.
 """
 
+if __name__ == "__main__":  # First: glibc reads malloc settings at start, JAX not yet loaded.
+  from flax_transformer.training import host_allocator
+
+  host_allocator.reexec_with_reusable_malloc()
+
 import datetime
 import sys
 

@@ -1,32 +1,38 @@
 """flax-transformer: the Transformer of "Attention Is All You Need" in JAX/Flax."""
 
-from flax_transformer.network.attention import (MultiHeadAttention, attention_weights, causal_mask,
-                                        padding_mask, scaled_dot_product_attention,
-                                        segment_mask)
-from flax_transformer.network.config import TransformerConfig
-from flax_transformer.network.layers import (DecoderLayer, Embedding, EncoderLayer, FeedForward,
-                                     PositionEncoding, SubLayer, sinusoidal_position_encoding)
-from flax_transformer.network.model import (Decoder, Encoder, Transformer, count_params, init_cache,
-                                    shift_right)
-from flax_transformer.translation.search import beam_search, sample_search
+import importlib
 
 __version__ = "0.1.0"
 
+# Each public name -> the module that defines it, loaded on first use (PEP 562): importing
+# a submodule (the entry points' malloc re-exec, config files) then loads neither JAX nor
+# Flax, and `from flax_transformer import Transformer` loads the model only.
+_EXPORTS = {
+    "flax_transformer.network.attention": (
+        "MultiHeadAttention", "attention_weights", "causal_mask", "padding_mask",
+        "scaled_dot_product_attention", "segment_mask"),
+    "flax_transformer.network.config": ("TransformerConfig",),
+    "flax_transformer.network.layers": (
+        "DecoderLayer", "Embedding", "EncoderLayer", "FeedForward", "PositionEncoding",
+        "SubLayer", "sinusoidal_position_encoding"),
+    "flax_transformer.network.model": (
+        "Decoder", "Encoder", "Transformer", "count_params", "init_cache", "shift_right"),
+    "flax_transformer.translation.search": ("beam_search", "sample_search"),
+    # Translator reads workdirs (orbax, sentencepiece, grain).
+    "flax_transformer.translation.translator": ("SearchConfig", "Translator"),
+}
+_MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
+
+__all__ = sorted(_MODULE_OF)
+
 
 def __getattr__(name: str):
-  # Translator reads workdirs (orbax, sentencepiece, grain): loaded on first use, so
-  # that importing the model alone stays light.
-  if name in ("SearchConfig", "Translator"):
-    from flax_transformer.translation import translator
+  if name not in _MODULE_OF:
+    raise AttributeError(f"module 'flax_transformer' has no attribute {name!r}")
+  value = getattr(importlib.import_module(_MODULE_OF[name]), name)
+  globals()[name] = value  # Looked up once.
+  return value
 
-    return getattr(translator, name)
-  raise AttributeError(f"module 'flax_transformer' has no attribute {name!r}")
 
-__all__ = [
-    "Decoder", "DecoderLayer", "Embedding", "Encoder", "EncoderLayer", "FeedForward",
-    "MultiHeadAttention", "PositionEncoding", "SearchConfig", "SubLayer", "Transformer",
-    "TransformerConfig", "Translator", "beam_search", "sample_search",
-    "attention_weights", "causal_mask", "count_params", "init_cache", "padding_mask",
-    "scaled_dot_product_attention", "segment_mask", "shift_right",
-    "sinusoidal_position_encoding",
-]
+def __dir__() -> list[str]:
+  return sorted([*globals(), *__all__])

@@ -67,3 +67,34 @@ def test_accelerator_hosts_keep_the_system_malloc():
   _, described = run_child(JAX_PLATFORMS="cuda")
   assert described == "system default malloc"
   assert host_allocator.accelerator_host() is False  # The suite runs with JAX_PLATFORMS=cpu.
+
+
+ENTRY_POINTS = ("train.py", "decode.py", "export.py", "serve.py", "average_checkpoints.py",
+                "prepare_data.py")
+
+
+@pytest.mark.parametrize("script", ENTRY_POINTS)
+def test_entry_points_reexec_before_any_import(script):
+  """The re-exec replaces the process: whatever was imported before it is imported twice."""
+  import ast
+
+  body = ast.parse((ROOT / script).read_text()).body
+  first = body[1]  # After the module docstring.
+  assert isinstance(first, ast.If) and ast.unparse(first.test) == "__name__ == '__main__'"
+  assert "host_allocator.reexec_with_reusable_malloc()" in ast.unparse(first)
+
+
+@needs_glibc
+def test_a_launch_loads_jax_once():
+  """decode.py up to its first error (a missing workdir): the re-exec comes before JAX loads,
+  so JAX's import shows once in the import log of both processes (one pid, one stderr)."""
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("GLIBC_TUNABLES", host_allocator.OPT_OUT)}
+  done = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "decode.py"),
+                         f"--workdir={ROOT / 'no-such-workdir'}"], stdin=subprocess.DEVNULL,
+                        env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert done.returncode == 2, done.stderr[-2000:]
+  assert "no-such-workdir" in done.stderr.splitlines()[-1]
+  jax_imports = [line for line in done.stderr.splitlines()
+                 if line.startswith("import time:") and line.split("|")[-1].strip() == "jax"]
+  assert len(jax_imports) == 1, jax_imports

@@ -13,7 +13,7 @@ from ml_collections import config_flags
 
 from flax_transformer import compilation, errors, host
 from flax_transformer.errors import EXIT_BAD_INPUT, EXIT_FAILED
-from flax_transformer.training import distributed, host_allocator
+from flax_transformer.training import distributed
 
 
 @contextlib.contextmanager
@@ -104,7 +104,6 @@ def run_main(argv: list[str], work) -> None:
   """An entry point's body: no stray arguments, quiet libraries, known errors -> exit codes."""
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-  host_allocator.reexec_with_reusable_malloc()
   setup_logging()
   # Silent here (an error must stay the only line); training's "Devices" line shows them.
   compilation.set_default_xla_flags()

@@ -9,7 +9,8 @@ faults go away (the measured gain: BENCHMARKS.md "Host memory"); the process
 keeps its freed memory, so peak RSS is higher.
 
 glibc reads these settings only at process start, so the entry points re-execute
-themselves once with them in GLIBC_TUNABLES. A GLIBC_TUNABLES the user has set is
+themselves once with them in GLIBC_TUNABLES, first thing (before JAX loads, which costs
+a second of CPU that the re-execution would throw away). A GLIBC_TUNABLES the user has set is
 left alone; FLAX_TRANSFORMER_SYSTEM_MALLOC=1 keeps the system default. Hosts
 where JAX runs on a GPU or TPU keep it too: the gain was measured on CPU steps.
 """
