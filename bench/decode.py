@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from statistics import median
 
-from common import MULTI30K, alternating, machine, parser, print_table, write_json
+from common import MULTI30K, alternating, bench_command, machine, parser, print_table, write_json
 
 CACHES = {  # name -> TransformerConfig.share_beam_cache
     "plain cached beam search": False,  # A cache row per beam, gathered every step.
@@ -103,11 +103,13 @@ def main():
   flags.add_argument("--cpu_devices", type=int, default=0,
                      help="CPU devices to split over (0 = one per core), as decode.py")
   args = flags.parse_args()
-  from flax_transformer.cli import common as cli
   from flax_transformer.training import host_allocator
 
+  # The malloc settings train.py and decode.py use; before JAX loads, as they do.
+  host_allocator.reexec_with_reusable_malloc()
+  from flax_transformer.cli import common as cli
+
   cli.set_cpu_devices(args.cpu_devices)
-  host_allocator.reexec_with_reusable_malloc()  # The malloc settings train.py and decode.py use.
   rows = random_model_rows(args.repeats)
   ours = min((r for r in rows if "ours" in r["model"]), key=lambda r: r["s_per_batch"])
   plain = min((r for r in rows if "plain" in r["model"]), key=lambda r: r["s_per_batch"])
@@ -117,7 +119,7 @@ def main():
                      "tokens_per_s", "speedup_vs_plain"])
   # The headline: the faster of ours against the faster plain search, same run.
   record = {**ours, "plain_s_per_batch": plain["s_per_batch"], "plain_devices": plain["devices"],
-            "rows": rows, "machine": machine()}
+            "rows": rows, "machine": machine(), "command": bench_command()}
   write_json(args.json, record)
 
 

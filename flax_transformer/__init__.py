@@ -1,6 +1,20 @@
 """flax-transformer: the Transformer of "Attention Is All You Need" in JAX/Flax."""
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # What type checkers and IDEs see; at run time, _EXPORTS below.
+  from flax_transformer.network.attention import (  # noqa: F401
+      MultiHeadAttention, attention_weights, causal_mask, padding_mask,
+      scaled_dot_product_attention, segment_mask)
+  from flax_transformer.network.config import TransformerConfig  # noqa: F401
+  from flax_transformer.network.layers import (  # noqa: F401
+      DecoderLayer, Embedding, EncoderLayer, FeedForward, PositionEncoding, SubLayer,
+      sinusoidal_position_encoding)
+  from flax_transformer.network.model import (  # noqa: F401
+      Decoder, Encoder, Transformer, count_params, init_cache, shift_right)
+  from flax_transformer.translation.search import beam_search, sample_search  # noqa: F401
+  from flax_transformer.translation.translator import SearchConfig, Translator  # noqa: F401
 
 __version__ = "0.1.0"
 
@@ -35,4 +49,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-  return sorted([*globals(), *__all__])
+  return sorted({*globals(), *__all__})

@@ -126,3 +126,16 @@ def test_importing_the_model_loads_no_checkpoint_data_or_metric_libraries():
   code = "from flax_transformer import Translator, SearchConfig; print(Translator.__name__)"
   assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                         check=True, cwd=PACKAGE.parent).stdout.strip() == "Translator"
+
+
+def test_the_public_names_type_checkers_see_are_those_loaded_at_run_time():
+  """flax_transformer/__init__.py lists each public name twice: imported under
+  TYPE_CHECKING (for type checkers and IDEs) and in _EXPORTS (loaded on first use)."""
+  import flax_transformer
+
+  tree = ast.parse((PACKAGE / "__init__.py").read_text())
+  block = next(node for node in tree.body if isinstance(node, ast.If)
+               and ast.unparse(node.test) == "TYPE_CHECKING")
+  static = {alias.name: node.module for node in block.body for alias in node.names}
+  assert static == flax_transformer._MODULE_OF  # noqa: SLF001
+  assert sorted(static) == flax_transformer.__all__

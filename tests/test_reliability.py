@@ -179,12 +179,14 @@ def test_closing_an_input_pipeline_blocked_in_its_parent_is_bounded(caplog):
 
   from flax_transformer.data.pipeline import close_input
 
-  gate = threading.Event()
-  ds = grain.MapDataset.range(8).to_iter_dataset().map(lambda x: gate.wait() and x)
+  gate, entered = threading.Event(), threading.Event()
+  ds = grain.MapDataset.range(8).to_iter_dataset().map(
+      lambda x: entered.set() or (gate.wait() and x))
   for blocked_close in (False, True):
+    entered.clear()
     iterator = iter(grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=1))
     threading.Thread(target=lambda: next(iterator, None), daemon=True).start()
-    time.sleep(0.3)  # The producer is in the map now, waiting.
+    assert entered.wait(60)  # The producer is in the map now, waiting.
     if not blocked_close:
       closing = threading.Thread(target=iterator.close, daemon=True)
       closing.start()
