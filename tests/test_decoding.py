@@ -601,6 +601,28 @@ def test_decode_cli_ensemble_of_different_vocabularies_is_one_clear_error(workdi
   assert "Traceback" not in stderr
 
 
+def test_decode_cli_reads_pipes_and_dev_null_and_names_a_directory(tmp_path):
+  """--input (and --reference, --score, --prefix) as a shell hands them over: a pipe from
+  process substitution or /dev/null is input; a directory or a missing path is one error."""
+  import os
+  import threading
+
+  from flax_transformer.cli.translate import _read
+  from flax_transformer.errors import DataError
+
+  fifo = tmp_path / "fifo"
+  os.mkfifo(fifo)
+  writer = threading.Thread(target=lambda: fifo.write_bytes(b"A dog.\nTwo cats.\n"), daemon=True)
+  writer.start()
+  assert _read(str(fifo), "--input") == ["A dog.", "Two cats."]
+  writer.join()
+  assert _read("/dev/null", "--input") == []
+  with pytest.raises(DataError, match="is a directory"):
+    _read(str(tmp_path), "--input")
+  with pytest.raises(DataError, match="does not exist"):
+    _read(str(tmp_path / "missing"), "--input")
+
+
 def test_decode_cli_missing_workdir_is_one_clear_error(tmp_path):
   result = decode(tmp_path / "nothing")
   assert result.returncode == 2

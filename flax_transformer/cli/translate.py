@@ -23,8 +23,11 @@ def _read(path: str, what: str) -> list[str]:
   if path == "-":
     raw = sys.stdin.buffer.read()
   else:
-    if not Path(path).is_file():
+    # Not is_file(): a pipe (`--input=<(zcat test.en.gz)`) or /dev/null is input too.
+    if not Path(path).exists():
       raise DataError(f"{what} file {path} does not exist")
+    if Path(path).is_dir():
+      raise DataError(f"{what} {path} is a directory, not a file")
     raw = Path(path).read_bytes()
   lines, invalid = split_lines_lenient(raw)
   if invalid:
