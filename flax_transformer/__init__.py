@@ -42,7 +42,12 @@ __all__ = sorted(_MODULE_OF)
 
 def __getattr__(name: str):
   if name not in _MODULE_OF:
-    raise AttributeError(f"module 'flax_transformer' has no attribute {name!r}")
+    try:  # A subpackage (`flax_transformer.network`), as the eager imports once bound.
+      return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError as e:
+      if e.name != f"{__name__}.{name}":
+        raise
+      raise AttributeError(f"module 'flax_transformer' has no attribute {name!r}") from None
   value = getattr(importlib.import_module(_MODULE_OF[name]), name)
   globals()[name] = value  # Looked up once.
   return value

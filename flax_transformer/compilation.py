@@ -210,6 +210,14 @@ class PerShape:
       if self._reserve(key, args):
         self._pending[key] = background_executor().submit(self._compile, args)
 
+  def cancel_pending(self) -> None:
+    """Drops this function's compiles queued ahead that have not begun (a translator
+    whose checkpoints failed to load); others' queued compiles go on."""
+    with self._lock:
+      for key, future in list(self._pending.items()):
+        if future.cancel():
+          del self._pending[key]
+
   def __call__(self, *args):
     return self.executable(*args)(*args)
 
@@ -222,7 +230,10 @@ class PerShape:
       if compiled is None and future is None:
         self._reserve(key, args)
     if compiled is None:
-      compiled = future.result() if future is not None else self._compile(args)
+      try:
+        compiled = future.result() if future is not None else self._compile(args)
+      except concurrent.futures.CancelledError:  # Queued ahead, then cancel_queued(): now.
+        compiled = self._compile(args)
       with self._lock:
         self._compiled[key] = compiled
         self._pending.pop(key, None)

@@ -4,6 +4,8 @@ no cycles, arrows only downwards between its parts, and the house rules."""
 import ast
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[1] / "flax_transformer"
 
 # Each part's layer: a module may import modules of its own part and of lower layers.
@@ -139,3 +141,6 @@ def test_the_public_names_type_checkers_see_are_those_loaded_at_run_time():
   static = {alias.name: node.module for node in block.body for alias in node.names}
   assert static == flax_transformer._MODULE_OF  # noqa: SLF001
   assert sorted(static) == flax_transformer.__all__
+  assert flax_transformer.translation.__name__ == "flax_transformer.translation"  # Subpackages too.
+  with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+    flax_transformer.nothing  # noqa: B018

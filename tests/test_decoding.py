@@ -271,7 +271,8 @@ def test_search_loop_reads_invariants_in_place():
   body = while_loop_body(search_fn.lower(params, inputs, jax.random.PRNGKey(0)).compile().as_text())
   assert any("Transformer.decode" in line for line in body)  # The decoder's step is in there.
   assert not [line for line in body if " conditional(" in line]
-  kernels = {line.split(" ")[0] for line in body if re.search(r"= f32\[2,12,24\]\{", line)}
+  kernel = rf"= f32\[{cfg.num_heads},{cfg.d_model // cfg.num_heads},{cfg.d_model}\]\{{"  # [N, d_v, D]
+  kernels = {line.split(" ")[0] for line in body if re.search(kernel, line)}
   readers = [line for line in body
              if any(re.search(re.escape(k) + r"[,)]", line.split("=", 1)[1]) for k in kernels)]
   assert not readers, readers
@@ -438,15 +439,44 @@ def test_compile_ahead_follows_the_parameters_set(workdir):
   assert ahead.translate(sentences) == at_first_use.translate(sentences)
 
 
-def test_a_failed_load_drops_the_compiles_queued_for_it(workdir):
-  """decode.py with a checkpoint that does not exist exits at the error, not after
-  compiling every search it queued while loading."""
+def test_a_failed_load_drops_its_queued_compiles_and_no_one_elses(workdir, multi30k_dir):
+  """A checkpoint that does not exist: from_workdir raises at once, dropping the searches
+  it queued to compile, and a translator of the same process keeps the ones it queued."""
+  import threading
+
   from flax_transformer.checkpoints import CheckpointError
 
-  with mock.patch.object(compilation, "cancel_queued", wraps=compilation.cancel_queued) as cancel, \
-      pytest.raises(CheckpointError):
-    Translator.from_workdir(workdir, checkpoint_step=99_999, compile_for=["A dog runs."])
-  cancel.assert_called_once()
+  executor = compilation.background_executor()
+  release, started = threading.Event(), threading.Semaphore(0)
+
+  def hold():
+    started.release()
+    release.wait(60)
+
+  blockers = [executor.submit(hold) for _ in range(executor._max_workers)]
+  try:
+    for _ in blockers:  # Every compile thread busy: what is queued now stays queued.
+      assert started.acquire(timeout=60)
+    sentences = val_sentences(multi30k_dir, 40)  # Several batch shapes.
+    search = SearchConfig(beam_size=2, max_extra=5)
+    healthy = Translator.from_workdir(workdir, search=search, devices=jax.devices()[:1],
+                                      batch_tokens=64)
+    healthy.compile_ahead(sentences)
+    queued = dict(healthy._search_fn._pending)
+    assert len(queued) > 1
+    cancel = mock.patch.object(compilation.PerShape, "cancel_pending", autospec=True,
+                               side_effect=compilation.PerShape.cancel_pending)
+    with cancel as cancelled, pytest.raises(CheckpointError):
+      Translator.from_workdir(workdir, checkpoint_step=99_999, compile_for=sentences,
+                              search=search, devices=jax.devices()[:1], batch_tokens=64)
+    (failed,), _ = cancelled.call_args
+    assert failed is not healthy._search_fn and failed._pending == {}
+  finally:
+    release.set()
+  assert not any(f.cancelled() for f in queued.values())
+  at_first_use = Translator(*healthy.member(0), healthy.tokenizer, search=search,
+                            devices=jax.devices()[:1], batch_tokens=64)
+  assert healthy.translate(sentences) == at_first_use.translate(sentences)
 
 
 def val_sentences(multi30k_dir, count):

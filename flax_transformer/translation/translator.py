@@ -423,7 +423,7 @@ class Translator:
         all_params.append(params)
         all_steps.append(steps)
     except BaseException:
-      compilation.cancel_queued()  # A failed load exits now, not after every queued compile.
+      translator._search_fn.cancel_pending()  # It exits now, not after each queued compile.
       raise
     translator._set_params(all_params, all_steps)
     return translator
