@@ -271,7 +271,8 @@ def test_search_loop_reads_invariants_in_place():
   body = while_loop_body(search_fn.lower(params, inputs, jax.random.PRNGKey(0)).compile().as_text())
   assert any("Transformer.decode" in line for line in body)  # The decoder's step is in there.
   assert not [line for line in body if " conditional(" in line]
-  kernel = rf"= f32\[{cfg.num_heads},{cfg.d_model // cfg.num_heads},{cfg.d_model}\]\{{"  # [N, d_v, D]
+  # An output kernel, [N, d_v, D].
+  kernel = rf"= f32\[{cfg.num_heads},{cfg.d_model // cfg.num_heads},{cfg.d_model}\]\{{"
   kernels = {line.split(" ")[0] for line in body if re.search(kernel, line)}
   readers = [line for line in body
              if any(re.search(re.escape(k) + r"[,)]", line.split("=", 1)[1]) for k in kernels)]

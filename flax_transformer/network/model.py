@@ -192,7 +192,9 @@ def init_cache(config: TransformerConfig, params, encoded: jax.Array, max_decode
   `config.share_beam_cache` the encoder-decoder keys/values of `encoded`; a
   sentence's beams then share its cache rows (those keys/values, and
   self-attention slots that a search never reorders), and `Transformer.decode`
-  takes `encoded`/`inputs` with one row per sentence.
+  takes `encoded`/`inputs` with one row per sentence. The cache holds what it read
+  of `params` (the kernels' views): decode with the same `params`, and build a new
+  cache for others (an ensemble member, parameters trained further).
   """
   if not hasattr(encoded, "shape") or len(encoded.shape) != 3:
     # Until 2026-11-28 (2025e0f): init_cache(config, batch_size, max_decode_len, source_len).
