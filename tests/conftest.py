@@ -2,6 +2,7 @@
 train.py command the tests launch and one uninterrupted reference run; buckets on
 localhost; the session's compilation cache and device count."""
 
+import contextlib
 import os
 import re
 import shutil
@@ -103,6 +104,32 @@ def cpu_env(device_count: int = 1) -> dict:
   if device_count > 1:
     flags += f" --xla_force_host_platform_device_count={device_count}"
   return dict(os.environ, XLA_FLAGS=flags.strip())
+
+
+@contextlib.contextmanager
+def compile_threads_busy():
+  """Every thread of compilation's background executor held busy until the block ends,
+  so that what the block queues there stays queued."""
+  import threading
+
+  from flax_transformer import compilation
+
+  executor = compilation.background_executor()
+  release, started = threading.Event(), threading.Semaphore(0)
+
+  def hold():
+    started.release()
+    release.wait(60)
+
+  blockers = [executor.submit(hold) for _ in range(executor._max_workers)]
+  try:
+    for _ in blockers:
+      assert started.acquire(timeout=60)
+    yield
+  finally:
+    release.set()
+    for blocker in blockers:
+      blocker.result(timeout=60)
 
 
 def final_params(workdir):

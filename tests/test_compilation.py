@@ -4,6 +4,8 @@ import pytest
 
 from flax_transformer import compilation
 
+from conftest import compile_threads_busy
+
 
 def test_default_flags_are_added_once_and_a_users_value_wins():
   environ = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
@@ -44,29 +46,14 @@ def test_compile_ahead_compiles_once_in_the_background_and_counts_against_the_ca
 def test_a_failed_setup_drops_the_compiles_it_queued():
   """train.py queues its compiles at setup; if setup then fails, the process must not sit
   through every queued program before exiting (loop.setup_run calls cancel_queued)."""
-  import threading
-
   import jax
   import jax.numpy as jnp
 
-  executor = compilation.background_executor()
-  release, started = threading.Event(), threading.Semaphore(0)
-
-  def hold():
-    started.release()
-    release.wait(30)
-
-  blockers = [executor.submit(hold) for _ in range(executor._max_workers)]
-  for _ in blockers:  # Every compile thread busy: what follows stays queued.
-    assert started.acquire(timeout=30)
-  per_shape = compilation.PerShape(jax.jit(lambda x: x + 1), "Queued")
-  shapes = [(n,) for n in range(3, 3 + 8)]
-  for shape in shapes:
-    per_shape.compile_ahead(jax.ShapeDtypeStruct(shape, jnp.float32))
-  compilation.cancel_queued()
-  release.set()
-  for blocker in blockers:
-    blocker.result(timeout=30)
+  with compile_threads_busy():  # What follows stays queued.
+    per_shape = compilation.PerShape(jax.jit(lambda x: x + 1), "Queued")
+    for n in range(3, 3 + 8):
+      per_shape.compile_ahead(jax.ShapeDtypeStruct((n,), jnp.float32))
+    compilation.cancel_queued()
   assert all(f.cancelled() for f in per_shape._pending.values())
   assert per_shape.compile_seconds == {}  # None of them compiled.
   # A shape whose compile was dropped compiles when it is called (in this process, a

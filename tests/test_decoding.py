@@ -21,7 +21,7 @@ from flax_transformer.translation import search as decoding
 from flax_transformer.translation.translator import SearchConfig, Translator, make_search_fn
 
 import conftest
-from conftest import TRAINED_TINY_CHECKPOINTS
+from conftest import TRAINED_TINY_CHECKPOINTS, compile_threads_busy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from common import while_loop_body  # noqa: E402  (bench/common.py)
@@ -443,21 +443,9 @@ def test_compile_ahead_follows_the_parameters_set(workdir):
 def test_a_failed_load_drops_its_queued_compiles_and_no_one_elses(workdir, multi30k_dir):
   """A checkpoint that does not exist: from_workdir raises at once, dropping the searches
   it queued to compile, and a translator of the same process keeps the ones it queued."""
-  import threading
-
   from flax_transformer.checkpoints import CheckpointError
 
-  executor = compilation.background_executor()
-  release, started = threading.Event(), threading.Semaphore(0)
-
-  def hold():
-    started.release()
-    release.wait(60)
-
-  blockers = [executor.submit(hold) for _ in range(executor._max_workers)]
-  try:
-    for _ in blockers:  # Every compile thread busy: what is queued now stays queued.
-      assert started.acquire(timeout=60)
+  with compile_threads_busy():  # What is queued now stays queued.
     sentences = val_sentences(multi30k_dir, 40)  # Several batch shapes.
     search = SearchConfig(beam_size=2, max_extra=5)
     healthy = Translator.from_workdir(workdir, search=search, devices=jax.devices()[:1],
@@ -472,8 +460,6 @@ def test_a_failed_load_drops_its_queued_compiles_and_no_one_elses(workdir, multi
                               search=search, devices=jax.devices()[:1], batch_tokens=64)
     (failed,), _ = cancelled.call_args
     assert failed is not healthy._search_fn and failed._pending == {}
-  finally:
-    release.set()
   assert not any(f.cancelled() for f in queued.values())
   at_first_use = Translator(*healthy.member(0), healthy.tokenizer, search=search,
                             devices=jax.devices()[:1], batch_tokens=64)
