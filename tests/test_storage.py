@@ -239,3 +239,24 @@ def test_metrics_of_a_bucket_workdir_from_before_the_per_flush_objects(gcs_bucke
   writer.close()
   assert [r["step"] for r in metrics.read_metrics(run)] == [1, 2, 3]
   assert metrics.previous_wall_time(run) == 12.0
+
+
+def test_a_launch_after_a_crash_mid_line_keeps_its_own_first_record(tmp_path):
+  """A crash cut metrics.jsonl's last line: the next launch's writer (as the loop opens
+  it on resume) starts on a new line, so only the cut record is lost, not its own first."""
+  from flax_transformer.training import metrics
+  from flax_transformer.workdir import Workdir
+
+  run = Workdir(tmp_path)
+  writer = metrics.JsonlWriter(run)
+  for step in (1, 2, 3):
+    writer.write_scalars(step, {"loss": 1.0, "wall_s": float(step)})
+  writer.close()
+  text = run.metrics_file.read_text()
+  run.metrics_file.write_text(text[:-9])  # Step 3's line, cut mid-number.
+  resumed = metrics.JsonlWriter(run)
+  for step in (3, 4):
+    resumed.write_scalars(step, {"loss": 0.5, "wall_s": 10.0 + step})
+  resumed.close()
+  assert [r["step"] for r in metrics.read_metrics(run)] == [1, 2, 3, 4]
+  assert metrics.previous_wall_time(run) == 14.0

@@ -42,6 +42,12 @@ def launch_stamp() -> str:
   return f"{now:%Y%m%dT%H%M%S.%fZ}-{uuid.uuid4().hex[:4]}"
 
 
+def _ends_in_newline(path) -> bool:
+  with open(path, "rb") as f:
+    f.seek(-1, os.SEEK_END)
+    return f.read(1) == b"\n"
+
+
 class JsonlWriter:
   """One JSON object per `write_scalars` call: {"step": s, **scalars}.
 
@@ -62,6 +68,10 @@ class JsonlWriter:
       self.path = workdir.metrics_file
       self.path.parent.mkdir(parents=True, exist_ok=True)
       self._file = open(self.path, "a", encoding="utf-8")
+      if self._file.tell() and not _ends_in_newline(self.path):
+        # A crash cut the last line: appended onto it, this launch's first record
+        # would merge with it and `read_metrics` would drop both.
+        self._file.write("\n")
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
     line = json.dumps({"step": int(step), **{k: _plain(v) for k, v in scalars.items()}}) + "\n"
