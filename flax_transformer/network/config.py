@@ -9,6 +9,9 @@ import jax.numpy as jnp
 
 POSITIONAL = ("sinusoidal", "learned")
 NORMS = ("post", "pre")
+ACTIVATIONS = ("relu", "swish", "gelu", "gelu_tanh")
+POSITION_LAYOUTS = ("interleaved", "halves")
+POSITION_FREQUENCIES = ("paper", "fairseq")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,6 +21,10 @@ class TransformerConfig:
   Defaults are the paper's base model (Table 3, first row). `d_k` / `d_v` of
   None mean `d_model // num_heads`; `num_encoder_layers` / `num_decoder_layers`
   of None mean `num_layers`. Token id 0 is padding.
+
+  The fields after `attention_implementation` are where pretrained models
+  (`flax_transformer.pretrained`: Marian/OPUS-MT, FSMT) differ from the paper;
+  their defaults are the paper's model, parameter tree and outputs unchanged.
   """
 
   vocab_size: int = 37000
@@ -52,6 +59,29 @@ class TransformerConfig:
   share_beam_cache: bool = True
   # 'auto': cuDNN's fused attention on a GPU for bf16/fp16, else XLA; 'xla'; 'cudnn'.
   attention_implementation: str = "auto"
+  # FFN nonlinearity: 'relu' (paper eq. 2), 'swish' (= SiLU; most OPUS-MT models),
+  # 'gelu' (exact, erf: torch's and transformers' "gelu"), 'gelu_tanh' (tanh approximation).
+  activation: str = "relu"
+  scale_embedding: bool = True  # Embeddings times sqrt(d_model) (paper section 3.4).
+  # Sinusoid table: 'interleaved' (paper: sin and cos of a frequency side by side) or
+  # 'halves' (all sines, then all cosines: Marian in transformers, fairseq).
+  position_layout: str = "interleaved"
+  # Frequencies 10000^(-2i/d_model) ('paper') or 10000^(-i/(d_model/2 - 1)) ('fairseq',
+  # also tensor2tensor's).
+  position_frequencies: str = "paper"
+  # Token j of a sequence takes row j + position_offset of a table of max_len +
+  # position_offset rows (fairseq: padding_idx + 1).
+  position_offset: int = 0
+  final_logits_bias: bool = False  # A learned bias [V] on the logits (Marian).
+  # The encoder's vocabulary size; None = vocab_size (which is then the target side:
+  # the decoder's embedding and the logits). Another size needs share_embeddings=False.
+  source_vocab_size: int | None = None
+  # With share_embeddings=False: the target embedding is also the pre-softmax matrix
+  # (no separate 'logits' layer), as in Marian/FSMT with separate vocabularies.
+  tie_target_embedding: bool = False
+  # The id the decoder embeds for its start token (the 0 shifted in before the
+  # targets); fairseq starts from EOS (1). Masks still take only the real targets.
+  decoder_start_id: int = 0
 
   def __post_init__(self):
     problems = []
@@ -76,6 +106,28 @@ class TransformerConfig:
                       f"{self.attention_implementation!r}")
     if self.norm not in NORMS:
       problems.append(f"norm must be one of {NORMS}, got {self.norm!r}")
+    for name, allowed in (("activation", ACTIVATIONS), ("position_layout", POSITION_LAYOUTS),
+                          ("position_frequencies", POSITION_FREQUENCIES)):
+      if getattr(self, name) not in allowed:
+        problems.append(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+    if self.positional == "sinusoidal" and self.d_model % 2 and (
+        self.position_layout != "interleaved" or self.position_frequencies != "paper"):
+      problems.append(f"position_layout {self.position_layout!r} / position_frequencies "
+                      f"{self.position_frequencies!r} need an even d_model, got {self.d_model}")
+    if self.position_frequencies == "fairseq" and self.d_model < 4:
+      problems.append("position_frequencies='fairseq' needs d_model >= 4")
+    if int(self.position_offset) < 0:
+      problems.append(f"position_offset must be >= 0, got {self.position_offset}")
+    if self.source_vocab_size is not None:
+      if int(self.source_vocab_size) <= 0:
+        problems.append(f"source_vocab_size must be positive or None, got "
+                        f"{self.source_vocab_size}")
+      elif self.share_embeddings and self.source_vocab_size != self.vocab_size:
+        problems.append(f"source_vocab_size={self.source_vocab_size} differs from vocab_size="
+                        f"{self.vocab_size}: separate vocabularies need share_embeddings=False")
+    if not 0 <= int(self.decoder_start_id) < self.vocab_size:
+      problems.append(f"decoder_start_id must be in [0, vocab_size={self.vocab_size}), got "
+                      f"{self.decoder_start_id}")
     for name in ("dtype", "param_dtype"):
       try:
         object.__setattr__(self, name, jnp.dtype(getattr(self, name)))
@@ -93,6 +145,11 @@ class TransformerConfig:
   def head_dim_v(self) -> int:
     """d_v: width of each head's values."""
     return self.d_v if self.d_v is not None else self.d_model // self.num_heads
+
+  @property
+  def source_vocab(self) -> int:
+    """The encoder's vocabulary size (`source_vocab_size`, else `vocab_size`)."""
+    return self.source_vocab_size if self.source_vocab_size is not None else self.vocab_size
 
   @property
   def encoder_layers(self) -> int:

@@ -16,15 +16,28 @@ from flax_transformer.network.attention import MultiHeadAttention
 from flax_transformer.network.config import TransformerConfig
 
 
-def sinusoidal_position_encoding(max_len: int, d_model: int) -> np.ndarray:
+def sinusoidal_position_encoding(max_len: int, d_model: int, *, layout: str = "interleaved",
+                                 frequencies: str = "paper") -> np.ndarray:
   """float32 [max_len, d_model] table (paper section 3.5).
 
   PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same angle).
+  layout 'halves' puts the sines in columns [0, d_model/2) and the cosines after
+  them; frequencies 'fairseq' uses pos / 10000^(i/(d_model/2 - 1)) (see TransformerConfig).
   """
   pos = np.arange(max_len, dtype=np.float64)[:, None]
-  two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]
-  angle = pos / np.power(10000.0, two_i / d_model)
+  if frequencies == "fairseq":  # fairseq's float32 arithmetic, so the tables agree to the bit.
+    half = d_model // 2
+    step = np.float32(np.log(10000.0) / (half - 1))
+    inverse = np.exp(np.arange(half, dtype=np.float32) * -step)
+    angle = (pos.astype(np.float32) * inverse[None, :]).astype(np.float64)
+  else:
+    two_i = np.arange(0, d_model, 2, dtype=np.float64)[None, :]
+    angle = pos / np.power(10000.0, two_i / d_model)
   table = np.zeros((max_len, d_model), dtype=np.float64)
+  if layout == "halves":
+    table[:, :d_model // 2] = np.sin(angle)
+    table[:, d_model // 2:] = np.cos(angle)
+    return table.astype(np.float32)
   table[:, 0::2] = np.sin(angle)
   table[:, 1::2] = np.cos(angle[:, : d_model // 2])
   return table.astype(np.float32)
@@ -39,20 +52,26 @@ class PositionEncoding(nn.Module):
   def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
     """x [B, T, D], positions int [B, T] (index within each packed sequence) -> [B, T, D]."""
     cfg = self.config
+    rows = cfg.max_len + cfg.position_offset
     if cfg.positional == "learned":
       table = self.param(
           "position_embedding",
           nn.with_logical_partitioning(nn.initializers.normal(stddev=0.02), (None, "embed")),
-          (cfg.max_len, cfg.d_model), cfg.param_dtype)
+          (rows, cfg.d_model), cfg.param_dtype)
     else:
-      table = jnp.asarray(sinusoidal_position_encoding(cfg.max_len, cfg.d_model))
+      table = jnp.asarray(sinusoidal_position_encoding(
+          rows, cfg.d_model, layout=cfg.position_layout, frequencies=cfg.position_frequencies))
+    if cfg.position_offset:
+      positions = positions + cfg.position_offset
     return x + jnp.take(table, positions, axis=0).astype(x.dtype)
 
 
 class Embedding(nn.Module):
-  """Token embedding scaled by sqrt(d_model); `attend` is the tied pre-softmax projection."""
+  """Token embedding scaled by sqrt(d_model) (unless not `scale_embedding`); `attend` is
+  the tied pre-softmax projection. vocab_size: rows (None: the config's `vocab_size`)."""
 
   config: TransformerConfig
+  vocab_size: int | None = None
 
   def setup(self):
     cfg = self.config
@@ -61,12 +80,14 @@ class Embedding(nn.Module):
         "embedding",
         nn.with_logical_partitioning(nn.initializers.normal(stddev=cfg.d_model ** -0.5),
                                      ("vocab", "embed")),
-        (cfg.vocab_size, cfg.d_model), cfg.param_dtype)
+        (self.vocab_size or cfg.vocab_size, cfg.d_model), cfg.param_dtype)
 
   def __call__(self, ids: jax.Array) -> jax.Array:
     """ids int [B, T] -> [B, T, D] = E[ids] * sqrt(d_model)."""
     cfg = self.config
     x = jnp.take(jnp.asarray(self.embedding, cfg.dtype), ids, axis=0)
+    if not cfg.scale_embedding:
+      return x
     return x * jnp.asarray(np.sqrt(cfg.d_model), cfg.dtype)
 
   def attend(self, x: jax.Array) -> jax.Array:
@@ -96,8 +117,14 @@ def _tied_projection_bwd(residuals, g):
 tied_projection.defvjp(_tied_projection_fwd, _tied_projection_bwd)
 
 
+ACTIVATIONS = {"relu": nn.relu, "swish": nn.swish,
+               "gelu": lambda x: nn.gelu(x, approximate=False),
+               "gelu_tanh": lambda x: nn.gelu(x, approximate=True)}
+
+
 class FeedForward(nn.Module):
-  """FFN(x) = max(0, x W1 + b1) W2 + b2 (paper eq. 2): [B, T, D] -> [B, T, D]."""
+  """FFN(x) = max(0, x W1 + b1) W2 + b2 (paper eq. 2; another `activation` in place of
+  max(0, .)): [B, T, D] -> [B, T, D]."""
 
   config: TransformerConfig
 
@@ -109,7 +136,7 @@ class FeedForward(nn.Module):
                      nn.initializers.xavier_uniform(), ("embed", "mlp")),
                  bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)),
                  name="w1")(x)
-    h = nn.relu(h)
+    h = ACTIVATIONS[cfg.activation](h)
     h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
     out = nn.Dense(cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                    kernel_init=nn.with_logical_partitioning(

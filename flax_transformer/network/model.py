@@ -118,6 +118,8 @@ class Decoder(nn.Module):
         cross_mask = combine_masks(
             cross_mask, segment_mask(targets_segmentation, inputs_segmentation))
 
+    if cfg.decoder_start_id:  # The shifted-in 0s (pads after a target's end are masked).
+      decoder_inputs = jnp.where(decoder_inputs == 0, cfg.decoder_start_id, decoder_inputs)
     y = PositionEncoding(cfg, name="position")(self.embedding(decoder_inputs), positions)
     y = Dropout(cfg.dropout_rate, deterministic=cfg.deterministic)(y)
     y = nn.with_logical_constraint(y, ("batch", "length", "embed"))
@@ -128,12 +130,19 @@ class Decoder(nn.Module):
 
     if cfg.share_embeddings:
       logits = self.embedding.attend(y)
+    elif cfg.tie_target_embedding:
+      logits = self.embedding.attend(y)
     else:
       logits = nn.Dense(
           cfg.vocab_size, dtype=cfg.dtype, param_dtype=cfg.param_dtype, use_bias=False,
           kernel_init=nn.with_logical_partitioning(nn.initializers.xavier_uniform(),
                                                    ("embed", "vocab")),
           name="logits")(y)
+    if cfg.final_logits_bias:
+      bias = self.param("final_logits_bias",
+                        nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
+                        (cfg.vocab_size,), cfg.param_dtype)
+      logits = logits + jnp.asarray(bias, logits.dtype)
     logits = nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
     return logits.astype(jnp.float32)
 
@@ -154,7 +163,7 @@ class Transformer(nn.Module):
     if cfg.share_embeddings:
       source_embedding = target_embedding = Embedding(cfg, name="shared_embedding")
     else:
-      source_embedding = Embedding(cfg, name="source_embedding")
+      source_embedding = Embedding(cfg, cfg.source_vocab, name="source_embedding")
       target_embedding = Embedding(cfg, name="target_embedding")
     self.encoder = Encoder(cfg, embedding=source_embedding)
     self.decoder = Decoder(cfg, embedding=target_embedding)
