@@ -11,7 +11,7 @@ What the spec must say, and where our model says it:
 - decoding starts from id 0 (our shifted-right start token), so the vocabulary's
   piece 0 is the decoder start token; sources end with EOS (translate.py adds it).
 
-Our kernels are [in, (heads, d_k)] and CTranslate2's linear weights [out, in].
+The parameters come from `layout.unpack` ([out, in] weights, as CTranslate2's).
 """
 
 from __future__ import annotations
@@ -22,14 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flax import linen as nn
 
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from flax_transformer.errors import ConfigError
-from flax_transformer.export import write_manifest
+from flax_transformer.export import layout, write_manifest
 from flax_transformer.export.runner import CT2_FORMAT
 from flax_transformer.network.config import TransformerConfig
-from flax_transformer.network.layers import sinusoidal_position_encoding
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16", "bfloat16")
 
@@ -39,61 +37,35 @@ def _require_ctranslate2() -> None:
     raise ConfigError("CTranslate2 is not installed: pip install -e '.[ctranslate2]'")
 
 
-def _dense_in_out(kernel) -> np.ndarray:
-  """[in, ...out] kernel -> CTranslate2's [out, in] weight."""
-  kernel = np.array(kernel, np.float32)
-  return np.ascontiguousarray(kernel.reshape(kernel.shape[0], -1).T)
+def _set_linear(spec, linears: list[layout.Linear]) -> None:
+  """One CTranslate2 linear of `linears` fused along their outputs."""
+  spec.weight = np.concatenate([linear.weight for linear in linears])
+  if linears[0].bias is not None:
+    spec.bias = np.concatenate([linear.bias for linear in linears])
 
 
-def _out_projection(kernel) -> np.ndarray:
-  """[heads, d_v, d_model] kernel -> [d_model, heads * d_v]."""
-  kernel = np.array(kernel, np.float32)
-  return np.ascontiguousarray(kernel.reshape(-1, kernel.shape[-1]).T)
+def _set_norm(spec, norm: layout.Norm) -> None:
+  spec.gamma, spec.beta = norm.scale, norm.bias
 
 
-def _bias(module: dict[str, Any], name: str) -> np.ndarray | None:
-  bias = module[name].get("bias")
-  return None if bias is None else np.array(bias, np.float32).reshape(-1)
-
-
-def _set_linear(spec, weight: np.ndarray, bias: np.ndarray | None) -> None:
-  spec.weight = weight
-  if bias is not None:
-    spec.bias = bias
-
-
-def _set_norm(spec, norm: dict[str, Any]) -> None:
-  spec.gamma = np.array(norm["scale"], np.float32)
-  spec.beta = np.array(norm["bias"], np.float32)
-
-
-def _set_attention(spec, attention: dict[str, Any], norm: dict[str, Any],
-                   groups: tuple[tuple[str, ...], ...]) -> None:
-  """groups: the projections of each of CTranslate2's input linears, in order
+def _set_attention(spec, attention: layout.Attention, fused: tuple[tuple[str, ...], ...]
+                   ) -> None:
+  """fused: the projections of each of CTranslate2's input linears, in order
   (self-attention: one fused Q/K/V; cross-attention: Q, then fused K/V)."""
-  for linear, names in zip(spec.linear, groups):
-    biases = [_bias(attention, n) for n in names]
-    _set_linear(linear, np.concatenate([_dense_in_out(attention[n]["kernel"]) for n in names]),
-                None if biases[0] is None else np.concatenate(biases))
-  _set_linear(spec.linear[-1], _out_projection(attention["out"]["kernel"]),
-              _bias(attention, "out"))
-  _set_norm(spec.layer_norm, norm)
+  for linear, names in zip(spec.linear, fused):
+    _set_linear(linear, [getattr(attention, name) for name in names])
+  _set_linear(spec.linear[-1], [attention.out])
+  _set_norm(spec.layer_norm, attention.norm)
 
 
 SELF_ATTENTION = (("query", "key", "value"),)
 CROSS_ATTENTION = (("query",), ("key", "value"))
 
 
-def _set_ffn(spec, ffn: dict[str, Any], norm: dict[str, Any]) -> None:
-  _set_linear(spec.linear_0, _dense_in_out(ffn["w1"]["kernel"]), _bias(ffn, "w1"))
-  _set_linear(spec.linear_1, _dense_in_out(ffn["w2"]["kernel"]), _bias(ffn, "w2"))
-  _set_norm(spec.layer_norm, norm)
-
-
-def _positions(config: TransformerConfig, params: dict[str, Any], side: str) -> np.ndarray:
-  if config.positional == "learned":
-    return np.array(params[side]["position"]["position_embedding"], np.float32)
-  return sinusoidal_position_encoding(config.max_len, config.d_model)
+def _set_ffn(spec, layer: layout.Layer) -> None:
+  _set_linear(spec.linear_0, [layer.w1])
+  _set_linear(spec.linear_1, [layer.w2])
+  _set_norm(spec.layer_norm, layer.ffn_norm)
 
 
 def build_spec(config: TransformerConfig, params: dict[str, Any], tokenizer: Tokenizer):
@@ -106,42 +78,28 @@ def build_spec(config: TransformerConfig, params: dict[str, Any], tokenizer: Tok
     raise ConfigError(f"CTranslate2 needs d_k = d_v = d_model / num_heads; this model has "
                       f"d_k={config.head_dim_k}, d_v={config.head_dim_v}, "
                       f"d_model={config.d_model}, num_heads={config.num_heads}")
-  params = nn.unbox(params)  # Freshly initialised parameters carry their sharding axes.
+  ours = layout.unpack(config, params)
   pre_norm = config.norm == "pre"
   spec = transformer_spec.TransformerSpec.from_config(
       (config.encoder_layers, config.decoder_layers), config.num_heads, pre_norm=pre_norm)
   spec.config.layer_norm_epsilon = config.layer_norm_epsilon
-  if config.share_embeddings:
-    source = target = params["shared_embedding"]["embedding"]
-  else:
-    source = params["source_embedding"]["embedding"]
-    target = params["target_embedding"]["embedding"]
   encoder, decoder = spec.encoder, spec.decoder
-  encoder.embeddings[0].weight = np.array(source, np.float32)
-  decoder.embeddings.weight = np.array(target, np.float32)
+  encoder.embeddings[0].weight = ours.encoder.embedding
+  decoder.embeddings.weight = ours.decoder.embedding
   encoder.scale_embeddings = decoder.scale_embeddings = True  # x sqrt(d_model), section 3.4.
-  encoder.position_encodings.encodings = _positions(config, params, "encoder")
-  decoder.position_encodings.encodings = _positions(config, params, "decoder")
-  if config.share_embeddings:
-    decoder.projection.weight = np.array(target, np.float32)  # Tied pre-softmax layer.
-  else:
-    decoder.projection.weight = _dense_in_out(params["decoder"]["logits"]["kernel"])
+  encoder.position_encodings.encodings = ours.encoder.positions
+  decoder.position_encodings.encodings = ours.decoder.positions
+  decoder.projection.weight = ours.logits  # The target embedding when tied.
   if pre_norm:
-    _set_norm(encoder.layer_norm, params["encoder"]["final_norm"])
-    _set_norm(decoder.layer_norm, params["decoder"]["final_norm"])
-
-  for i, layer in enumerate(encoder.layer):
-    ours = params["encoder"][f"layer_{i}"]
-    _set_attention(layer.self_attention, ours["self_attention"],
-                   ours["attention_block"]["norm"], SELF_ATTENTION)
-    _set_ffn(layer.ffn, ours["ffn"], ours["ffn_block"]["norm"])
-  for i, layer in enumerate(decoder.layer):
-    ours = params["decoder"][f"layer_{i}"]
-    _set_attention(layer.self_attention, ours["self_attention"],
-                   ours["self_attention_block"]["norm"], SELF_ATTENTION)
-    _set_attention(layer.attention, ours["cross_attention"],
-                   ours["cross_attention_block"]["norm"], CROSS_ATTENTION)
-    _set_ffn(layer.ffn, ours["ffn"], ours["ffn_block"]["norm"])
+    _set_norm(encoder.layer_norm, ours.encoder.final_norm)
+    _set_norm(decoder.layer_norm, ours.decoder.final_norm)
+  for layer, mine in zip(encoder.layer, ours.encoder.layers):
+    _set_attention(layer.self_attention, mine.self_attention, SELF_ATTENTION)
+    _set_ffn(layer.ffn, mine)
+  for layer, mine in zip(decoder.layer, ours.decoder.layers):
+    _set_attention(layer.self_attention, mine.self_attention, SELF_ATTENTION)
+    _set_attention(layer.attention, mine.cross_attention, CROSS_ATTENTION)
+    _set_ffn(layer.ffn, mine)
 
   pieces = tokenizer.pieces(range(tokenizer.vocab_size))
   spec.register_source_vocabulary(pieces)
