@@ -81,6 +81,15 @@ def get_config() -> ml_collections.ConfigDict:
   config.model = model_config()
   config.model.vocab_size = config.get_ref("vocab_size")
 
+  # --- Fine-tuning -------------------------------------------------------
+  # A workdir (trained here, or written by import_model.py) whose newest checkpoint this
+  # run starts from; '' = initialise afresh. The run keeps that workdir's vocabulary
+  # (copied, never trained) and model config: of config.model only the per-run fields
+  # (dropout rates, dtype, attention implementation) apply, and an override of any other
+  # that differs is refused. The optimizer state is new (step 0, warmup from the start);
+  # the data is this config's. A relaunch resumes from the run's own checkpoints.
+  config.init_from = ""
+
   # --- Optimisation (paper section 5.3) ----------------------------------
   config.num_train_steps = 100_000
   config.warmup_steps = 4000

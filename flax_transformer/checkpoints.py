@@ -177,8 +177,11 @@ class Checkpointer:
       storage.drop_cached_listings(self.directory)  # A bucket's listing from before the renames.
     self.manager.reload()
 
-  def restore_params(self, step: int, abstract_params: Any) -> Any:
-    """Only the parameters of the checkpoint at `step` (no optimizer state)."""
+  def restore_params(self, step: int, abstract_params: Any, *,
+                     fix: str = "choose other steps (--checkpoint_step, or fewer to average)"
+                     ) -> Any:
+    """Only the parameters of the checkpoint at `step` (no optimizer state), shaped,
+    typed and sharded as `abstract_params`; `fix`: what the error tells the user to do."""
     target = {"params": abstract_params}
     restore_args = ocp.checkpoint_utils.construct_restore_args(target)
     try:
@@ -188,8 +191,7 @@ class Checkpointer:
     except Exception as e:  # orbax/tensorstore raise many types for damaged files.
       raise CheckpointError(
           f"checkpoint {self.directory}/{step} cannot be loaded ({type(e).__name__}: "
-          f"{_first_line(e)}); choose other steps (--checkpoint_step, or fewer to average)"
-      ) from None
+          f"{_first_line(e)}); {fix}") from None
     return restored["state"]["params"]
 
 

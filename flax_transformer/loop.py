@@ -24,7 +24,7 @@ from flax_transformer.data import pipeline as data_lib
 from flax_transformer.data.sources import load_pairs, prepare_datasets
 from flax_transformer.errors import CheckpointSaveError
 from flax_transformer.evaluation import Evaluation
-from flax_transformer.training import distributed, host_allocator
+from flax_transformer.training import distributed, host_allocator, init_from
 from flax_transformer.training import sharding as sharding_lib
 from flax_transformer.training.cadence import work_due_after
 from flax_transformer.training.config_checks import check_config, model_config_from
@@ -96,8 +96,9 @@ def setup_run(config, workdir: workdir_lib.Workdir, launch: dict | None = None) 
 def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
                opened: contextlib.ExitStack) -> Run:
   """setup_run's work; each resource's release is pushed onto `opened` as it is acquired."""
+  fine_tuning = init_from.resolve(config, workdir, (launch or {}).get("overrides"))
+  check_config(config, fine_tuning and fine_tuning.model_config)
   workdir.root.mkdir(parents=True, exist_ok=True)
-  check_config(config)
   # Before anything is written: a second launch on this workdir stops here (launch_lock).
   lock = opened.enter_context(launch_lock.hold(workdir, launch))
   compilation.enable_cache(config.compilation_cache_dir)
@@ -113,7 +114,7 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
     logging.info("Data: %s", line)
   train_pairs = load_pairs(config, config.train_split)
   logging.info("Training pairs: %d (%s)", len(train_pairs), config.dataset_name)
-  tokenizer, model_config = _vocabulary(config, workdir, train_pairs, launch)
+  tokenizer, model_config = _vocabulary(config, workdir, train_pairs, launch, fine_tuning)
   trainer = Trainer(model_config, config, mesh)
   trainer.compile_train_step_ahead(train_batching.abstract_batch(process_count,
                                                                  trainer.batch_sharding))
@@ -131,7 +132,9 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
   checkpointer = Checkpointer(workdir, max_to_keep=config.keep_checkpoints)
   opened.callback(checkpointer.close)
   start_step, state = checkpointer.restore_latest(trainer.abstract_state, train_iter)
-  if state is None:
+  if state is None and fine_tuning:
+    start_step, state = 0, init_from.initial_state(trainer, fine_tuning)
+  elif state is None:
     start_step, state = 0, trainer.init_state(config.seed)
     logging.info("Starting from scratch in %s", workdir)
   else:
@@ -148,9 +151,17 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
              meter, state, start_step, opened, lock=lock)
 
 
-def _vocabulary(config, workdir: workdir_lib.Workdir, train_pairs, launch: dict | None):
+def _vocabulary(config, workdir: workdir_lib.Workdir, train_pairs, launch: dict | None,
+                fine_tuning: init_from.FineTuning | None):
   """The run's tokenizer (built or loaded) and its model config, whose vocabulary size is
-  the tokenizer's; process 0 records the launch."""
+  the tokenizer's; a fine-tuning run's are its source's. Process 0 records the launch."""
+  if fine_tuning:
+    if jax.process_index() == 0:
+      if not fine_tuning.resuming:
+        init_from.copy_tokenizer(fine_tuning, workdir)
+      _record_launch(config, workdir, fine_tuning.model_config, fine_tuning.vocab_size,
+                     launch, fine_tuning.record_entries())
+    return fine_tuning.tokenizer, fine_tuning.model_config
   model_config = model_config_from(config)
   tokenizer = data_lib.build_tokenizer(config, workdir.vocab_file, train_pairs,
                                        jax.process_index())
@@ -159,9 +170,15 @@ def _vocabulary(config, workdir: workdir_lib.Workdir, train_pairs, launch: dict 
                  tokenizer.vocab_size)
     model_config = model_config.replace(vocab_size=tokenizer.vocab_size)
   if jax.process_index() == 0:
-    workdir_lib.record_launch(workdir, model_config, tokenizer.vocab_size, {
-        **(launch or {}), "config": config.to_dict(), "process_count": jax.process_count()})
+    _record_launch(config, workdir, model_config, tokenizer.vocab_size, launch)
   return tokenizer, model_config
+
+
+def _record_launch(config, workdir: workdir_lib.Workdir, model_config, vocab_size: int,
+                   launch: dict | None, entries: dict | None = None) -> None:
+  workdir_lib.record_launch(workdir, model_config, vocab_size, {
+      **(launch or {}), "config": config.to_dict(), "process_count": jax.process_count()},
+      entries=entries)
 
 
 def _log_devices(config, mesh, process_count: int) -> None:

@@ -2,6 +2,8 @@
 
   <workdir>/run.json        the model config, vocabulary size and every launch (RUN_FILE)
   <workdir>/vocab.model     the shared sentencepiece vocabulary (VOCAB_FILE)
+  <workdir>/tokenizer/      an imported model's tokenizer files instead (TOKENIZER_DIR;
+                            run.json's "tokenizer" entry names them: pretrained.tokenizers)
   <workdir>/checkpoints/    orbax checkpoints of state and data iterator (CHECKPOINT_DIR)
   <workdir>/metrics.jsonl   one JSON object per logged step (METRICS_FILE; local workdirs)
   <workdir>/metrics/        the same lines in a bucket, one object per flush (METRICS_DIR)
@@ -33,6 +35,7 @@ from flax_transformer.network.config import TransformerConfig
 
 RUN_FILE = "run.json"
 VOCAB_FILE = "vocab.model"
+TOKENIZER_DIR = "tokenizer"
 CHECKPOINT_DIR = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
 METRICS_DIR = "metrics"
@@ -40,7 +43,7 @@ TENSORBOARD_DIR = "tensorboard"
 PROFILE_DIR = "profile"
 LOCK_FILE = "launch.lock"
 # Every entry above: what a tool writing beside a run must never replace (export.py).
-ENTRIES = (RUN_FILE, VOCAB_FILE, CHECKPOINT_DIR, METRICS_FILE, METRICS_DIR, TENSORBOARD_DIR,
+ENTRIES = (RUN_FILE, VOCAB_FILE, TOKENIZER_DIR, CHECKPOINT_DIR, METRICS_FILE, METRICS_DIR, TENSORBOARD_DIR,
            PROFILE_DIR, LOCK_FILE)
 
 
@@ -62,6 +65,7 @@ class Workdir:
 
   run_file = property(lambda self: self.root / RUN_FILE)
   vocab_file = property(lambda self: self.root / VOCAB_FILE)
+  tokenizer_dir = property(lambda self: self.root / TOKENIZER_DIR)
   checkpoints = property(lambda self: self.root / CHECKPOINT_DIR)
   metrics_file = property(lambda self: self.root / METRICS_FILE)
   metrics_dir = property(lambda self: self.root / METRICS_DIR)
@@ -70,21 +74,26 @@ class Workdir:
   lock_file = property(lambda self: self.root / LOCK_FILE)
 
 
+# Model fields a run may set for itself: they change no parameter's shape or meaning, so a
+# resumed run (and a fine-tuning one, training.init_from) takes them from its config.
 MUTABLE_MODEL_FIELDS = {"dropout_rate", "attention_dropout_rate", "deterministic", "decode",
                         "share_beam_cache", "dtype", "attention_implementation"}
 
 
 def record_run(workdir: str | os.PathLike, model_config: TransformerConfig, vocab_size: int,
-               launch: dict | None = None) -> None:
+               launch: dict | None = None, entries: dict | None = None) -> None:
   """Writes run.json, or refuses a workdir whose run.json holds a different model.
 
   `launch` (the config file, overrides, full config, commit, packages, machine of
   this start) is appended to the record's `launches`: one entry per start or resume.
+  `entries`: more of a new record (a fine-tuning run's `init_from`, the checkpoint it
+  started from, and its source's `tokenizer_entries`), kept as they are by later launches.
   """
   record = {"model": model_config.to_dict(), "vocab_size": vocab_size, "launches": []}
   path = Workdir(workdir).run_file
-  previous = json.loads(path.read_text()) if path.exists() else None
+  previous = read_record(workdir)
   if previous is None:
+    record.update(entries or {})
     record["launches"] = [launch] if launch else []
     _write_record(path, record)
     return
@@ -102,8 +111,14 @@ def record_run(workdir: str | os.PathLike, model_config: TransformerConfig, voca
     _write_record(path, previous)
 
 
+def read_record(workdir: str | os.PathLike) -> dict | None:
+  """A workdir's run.json as written (None when it has none)."""
+  path = Workdir(workdir).run_file
+  return json.loads(path.read_text()) if path.exists() else None
+
+
 def record_launch(workdir: Workdir, model_config: TransformerConfig, vocab_size: int,
-                  launch: dict) -> None:
+                  launch: dict, entries: dict | None = None) -> None:
   """`record_run` with this launch's code, packages and machine added to `launch`
   (process 0's); warns when the checkout has uncommitted changes."""
   code = provenance.describe(jax.devices())
@@ -112,7 +127,7 @@ def record_launch(workdir: Workdir, model_config: TransformerConfig, vocab_size:
                     "diff in %s (launches[-1].git_diff) beside commit %s. Commit before a "
                     "run you will report.", ", ".join(code["git_dirty_files"]),
                     workdir.run_file, code["git_commit"][:7])
-  record_run(workdir, model_config, vocab_size, launch={**launch, **code})
+  record_run(workdir, model_config, vocab_size, launch={**launch, **code}, entries=entries)
 
 
 def _write_record(path, record: dict) -> None:
@@ -139,6 +154,21 @@ def check_present(workdir: str | os.PathLike, step: int) -> None:
         "the directory to resume, or start again with a new --workdir")
 
 
+def tokenizer_files(workdir: str | os.PathLike) -> tuple[str, ...]:
+  """The names of the files in `workdir` that its tokenizer reads: what a workdir made
+  from it (fine-tuning) copies beside its own run.json."""
+  spec = (read_record(workdir) or {}).get("tokenizer")
+  if spec is None:  # A run trained here: one shared vocabulary.
+    return (VOCAB_FILE,)
+  return tuple(f"{TOKENIZER_DIR}/{name}" for name in spec["files"])
+
+
+def tokenizer_entries(record: dict) -> dict:
+  """The entries of a run record that describe its tokenizer, besides `vocab_size`: what a
+  workdir made from it (fine-tuning) records too."""
+  return {key: record[key] for key in ("tokenizer",) if key in record}
+
+
 def read_run(workdir: str | Path) -> tuple[TransformerConfig, Tokenizer]:
   """The model config and vocabulary a workdir was trained with."""
   workdir = Workdir(workdir)
@@ -148,9 +178,13 @@ def read_run(workdir: str | Path) -> tuple[TransformerConfig, Tokenizer]:
   if not run_file.is_file():
     raise FileNotFoundError(f"{run_file} not found: {workdir} is not a training workdir "
                             "(train.py writes it)")
-  model = json.loads(run_file.read_text())["model"]
+  record = json.loads(run_file.read_text())
+  model = record["model"]
   # Records written before `attention_bias` existed describe models trained with
   # those biases: without this their checkpoints would not load.
   model.setdefault("attention_bias", True)
   model_config = TransformerConfig.from_dict(model)
+  if "tokenizer" in record:  # An imported model's (import_model.py).
+    from flax_transformer.pretrained import tokenizers
+    return model_config, tokenizers.load(workdir.tokenizer_dir, record["tokenizer"])
   return model_config, Tokenizer(workdir.vocab_file)

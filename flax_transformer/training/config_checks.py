@@ -18,8 +18,11 @@ def model_config_from(config) -> TransformerConfig:
 PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 
 
-def check_config(config) -> None:
-  """Rejects settings that cannot work before anything expensive starts."""
+def check_config(config, model: TransformerConfig | None = None) -> None:
+  """Rejects settings that cannot work before anything expensive starts.
+
+  model: the run's model config when it is not `config.model`'s (fine-tuning's, the
+  source's: training.init_from)."""
   positive = ("num_train_steps", "warmup_steps", "batch_tokens", "max_source_length",
               "max_target_length", "grad_accum_steps", "log_every_steps",
               "checkpoint_every_steps", "eval_every_steps", "eval_batch_tokens", "beam_size",
@@ -51,8 +54,11 @@ def check_config(config) -> None:
   if config.profile_steps < 0 or config.profile_first_step < 0:
     raise ConfigError("config.profile_steps and config.profile_first_step must be >= 0, got "
                       f"{config.profile_steps} and {config.profile_first_step}")
-  model = model_config_from(config)
+  if model is None:
+    model, whose, fix = model_config_from(config), "config.model.max_len", "raise model.max_len"
+  else:
+    whose, fix = "the max_len of config.init_from's model", "lower them"
   longest = max(config.max_source_length, config.max_target_length)
   if longest > model.max_len:
-    raise ConfigError(f"config.max_source_length/max_target_length ({longest}) exceed "
-                      f"config.model.max_len ({model.max_len}); raise model.max_len")
+    raise ConfigError(f"config.max_source_length/max_target_length ({longest}) exceed {whose} "
+                      f"({model.max_len}); {fix}")

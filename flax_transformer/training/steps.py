@@ -177,6 +177,8 @@ class Trainer:
     replicated = sharding_lib.replicated(mesh)
     self._init = jax.jit(lambda rng: nn.unbox(self._boxed_init(rng)),
                          out_shardings=self.state_shardings)
+    self._from_params = jax.jit(self._state_of, in_shardings=(self.state_shardings.params,),
+                                out_shardings=self.state_shardings)
     self._train_step = compilation.PerShape(
         jax.jit(self._train_step_fn, in_shardings=(self.state_shardings, self.batch_sharding),
                 out_shardings=(self.state_shardings, replicated), donate_argnums=(0,)),
@@ -203,9 +205,19 @@ class Trainer:
 
   def _boxed_init(self, rng) -> TrainState:
     dummy = jnp.ones((1, 8), jnp.int32)
-    params = self.eval_model.init(rng, dummy, dummy)["params"]
+    return self._state_of(self.eval_model.init(rng, dummy, dummy)["params"])
+
+  def _state_of(self, params) -> TrainState:
     return TrainState(step=jnp.array(0, jnp.int32), params=params,
                       opt_state=self.optimizer.init(params))
+
+  def state_from_params(self, params) -> TrainState:
+    """A state at step 0 holding `params` (fine-tuning: training.init_from), with a new
+    optimizer state: Adam's moments zero, the schedule's warmup from its start."""
+    with jax.set_mesh(self.mesh):
+      start, _ = compilation.compile_logged(self._from_params, params,
+                                            name="Optimizer state initialisation")
+      return start(params)
 
   def init_state(self, seed: int) -> TrainState:
     rng = self.key(seed)

@@ -1,0 +1,219 @@
+"""Fine-tuning: train.py --config.init_from=W (training/init_from.py) from the session's
+trained tiny run (conftest.trained_tiny), on Multi30k: what the run keeps of its source,
+its start, a relaunch, decode.py and serve.py on the result, and the refusals."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+import conftest
+from conftest import ROOT, TRAINED_TINY_CHECKPOINTS, cpu_env, final_params, train_command
+from flax_transformer.errors import ConfigError
+from flax_transformer.training import init_from
+from flax_transformer.training.config_checks import check_config
+from flax_transformer.workdir import Workdir
+
+sys.path.insert(0, str(ROOT))
+from configs import multi30k  # noqa: E402
+
+SOURCE_STEP = TRAINED_TINY_CHECKPOINTS[-1]
+SENTENCES = ["A dog runs in the park.", "Two men are playing football.", "A woman reads."]
+
+
+def fine_tune_command(workdir, source, multi30k_dir, *overrides) -> list[str]:
+  """train.py from `source` with the README job's config file (configs/multi30k.py, whose
+  model is not the tiny source's: d_model 256, 3 layers, an 8k vocabulary) at the tiny
+  run's batch and lengths: the model and vocabulary must be the source's all the same."""
+  command = train_command(workdir, multi30k_dir, f"--config.init_from={source}",
+                          "--config.batch_tokens=512", "--config.max_source_length=32",
+                          "--config.max_target_length=32", "--config.num_eval_steps=2",
+                          "--config.learning_rate=0.3", "--config.warmup_steps=10",
+                          "--config.log_every_steps=10", *overrides)
+  command[3] = str(ROOT / "configs/multi30k.py")
+  return command
+
+
+@pytest.fixture(scope="module")
+def fine_tuned(trained_tiny, multi30k_dir, tmp_path_factory):
+  """(workdir, first launch's log, relaunch's log, (step, parameters) of the first launch's
+  checkpoint): 10 steps at learning rate 0 (its checkpoint holds the parameters it started
+  from, unchanged), then the same command, to step 40 at the tiny run's rate: a preempted
+  job's relaunch."""
+  workdir = tmp_path_factory.mktemp("fine_tune") / "run"
+  logs, first_checkpoint = [], None
+  for overrides in (["--config.num_train_steps=10", "--config.learning_rate=0.0"],
+                    ["--config.num_train_steps=40"]):
+    done = subprocess.run(fine_tune_command(workdir, trained_tiny, multi30k_dir,
+                                            "--config.model.dropout_rate=0.2", *overrides),
+                          env=cpu_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    logs.append(done.stderr)
+    first_checkpoint = first_checkpoint or final_params(workdir)
+  return workdir, *logs, first_checkpoint
+
+
+def test_the_run_starts_from_the_source_checkpoint_with_its_vocabulary_and_model(
+    fine_tuned, trained_tiny):
+  workdir, first, _, (step, params) = fine_tuned
+  record = json.loads(Workdir(workdir).run_file.read_text())
+  source = json.loads(Workdir(trained_tiny).run_file.read_text())
+  assert record["init_from"] == {"workdir": str(trained_tiny), "step": SOURCE_STEP}
+  # The source's model (tiny: d_model 32, 1 layer, 1000 pieces), not the config file's;
+  # dropout is the run's own.
+  assert record["model"] == {**source["model"], "dropout_rate": 0.2}
+  assert record["vocab_size"] == source["vocab_size"]
+  assert Workdir(workdir).vocab_file.read_bytes() == Workdir(trained_tiny).vocab_file.read_bytes()
+  assert "Training a" not in first and f"checkpoint step {SOURCE_STEP}" in first
+  # Independent of the code under test: the first checkpoint, 10 steps at learning rate
+  # 0, as orbax reads it from disk, holds the source's parameters bit for bit.
+  source_step, source_params = final_params(trained_tiny)
+  assert (step, source_step) == (10, SOURCE_STEP)
+  leaves, source_leaves = jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(
+      source_params)
+  assert len(leaves) == len(source_leaves)
+  for a, b in zip(leaves, source_leaves):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_relaunch_resumes_and_the_loss_falls(fine_tuned):
+  workdir, _, relaunch, _ = fine_tuned
+  assert "Resumed from the checkpoint of step 10" in relaunch
+  assert "Fine-tuning from" not in relaunch  # Not initialised again from the source.
+  metrics = {m["step"]: m for m in map(json.loads, Workdir(workdir).metrics_file.read_text()
+                                        .splitlines())}
+  # Steps 1-10 at learning rate 0 measure the source; the warmup starts at step 0 again.
+  assert metrics[10]["learning_rate"] == 0 and metrics[20]["learning_rate"] > 0
+  # The same evaluation batches, before and after 30 steps (measured: 5.00 -> 4.89).
+  assert metrics[40]["eval_loss"] < metrics[10]["eval_loss"] - 0.05, metrics
+  assert metrics[40]["loss"] < metrics[10]["loss"], metrics
+  record = json.loads(Workdir(workdir).run_file.read_text())
+  assert len(record["launches"]) == 2 and record["init_from"]["step"] == SOURCE_STEP
+
+
+def test_decode_and_serve_translate_with_the_result(fine_tuned, tmp_path):
+  workdir = fine_tuned[0]
+  common = ["--average_last=1", "--max_extra=5", "--beam_size=2",
+            f"--compilation_cache_dir={conftest.XLA_CACHE}"]
+  decoded = subprocess.run([sys.executable, str(ROOT / "decode.py"), f"--workdir={workdir}",
+                            *common], input="\n".join(SENTENCES) + "\n", env=cpu_env(),
+                           capture_output=True, text=True)
+  assert decoded.returncode == 0, decoded.stderr[-3000:]
+  lines = decoded.stdout.splitlines()
+  assert len(lines) == len(SENTENCES) and all(lines), decoded.stdout
+  log = tmp_path / "serve.log"
+  with open(log, "wb") as out:
+    server = subprocess.Popen([sys.executable, str(ROOT / "serve.py"), f"--workdir={workdir}",
+                               "--port=0", "--max_tokens=16", "--max_batch=4", *common],
+                              stdout=out, stderr=subprocess.STDOUT, env=cpu_env())
+  try:
+    deadline = time.time() + 240
+    while not (serving := re.search(r"Serving \S+ on (http://127\.0\.0\.1:\d+)/",
+                                    log.read_text())):
+      assert server.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+      time.sleep(0.3)
+    request = urllib.request.Request(serving[1] + "/translate",
+                                     data=json.dumps({"text": SENTENCES}).encode())
+    with urllib.request.urlopen(request, timeout=120) as response:
+      answer = json.loads(response.read())
+  finally:
+    server.terminate()
+    server.wait(timeout=60)
+  assert answer["translations"] == lines
+
+
+def test_a_model_override_that_contradicts_the_source_is_one_line_exit_2(
+    trained_tiny, multi30k_dir, tmp_path):
+  workdir = tmp_path / "run"
+  done = subprocess.run(fine_tune_command(workdir, trained_tiny, multi30k_dir,
+                                          "--config.model.d_model=64",
+                                          "--config.model.dropout_rate=0.3"),
+                        env=cpu_env(), capture_output=True, text=True)
+  assert done.returncode == 2, done.stderr[-3000:]
+  assert done.stderr.strip().splitlines()[-1] == (
+      f"error: config.init_from={trained_tiny} fixes the model config: "
+      "--config.model.d_model=64 (the source's: 32) contradicts it. Per-run fields only "
+      "(attention_dropout_rate, attention_implementation, decode, deterministic, "
+      "dropout_rate, dtype, share_beam_cache) may differ")
+  assert not workdir.exists()  # Refused before anything was written.
+
+
+# --- Refusals and relaunches, in-process (train.py's first step, `init_from.resolve`) ----
+
+def config_from(source, **changes):
+  config = multi30k.get_config()
+  config.init_from = str(source) if source else ""
+  for key, value in changes.items():
+    target = config.model if key.startswith("model.") else config
+    setattr(target, key.removeprefix("model."), value)
+  return config
+
+
+def copy_run(source, folder: Path, checkpoints: bool) -> Path:
+  """`source`'s run.json and vocabulary (and checkpoints) in a new workdir."""
+  folder.mkdir()
+  for name in ("run.json", "vocab.model") + (("checkpoints",) if checkpoints else ()):
+    copy = shutil.copytree if (Path(source) / name).is_dir() else shutil.copyfile
+    copy(Path(source) / name, folder / name)
+  return folder
+
+
+def test_refusals_name_the_problem(trained_tiny, fine_tuned, tmp_path):
+  def refused(config, workdir, overrides=None) -> str:
+    with pytest.raises(ConfigError) as error:
+      init_from.resolve(config, Workdir(workdir), overrides)
+    return str(error.value)
+
+  new = tmp_path / "new"
+  assert "does not exist" in refused(config_from(tmp_path / "missing"), new)
+  (tmp_path / "empty").mkdir()
+  assert "is not a training workdir" in refused(config_from(tmp_path / "empty"), new)
+  bare = copy_run(trained_tiny, tmp_path / "bare", checkpoints=False)
+  assert "has no checkpoint" in refused(config_from(bare), new)
+  # A workdir with checkpoints of its own: trained from scratch, or from another source.
+  message = refused(config_from(fine_tuned[0]), trained_tiny)
+  assert "already has checkpoints (steps 30..60): resume it instead, without " \
+         "--config.init_from" in message
+  assert f"started from {trained_tiny}" in refused(config_from(bare), fine_tuned[0])
+  assert "keeps its source's vocabulary" in refused(
+      config_from(trained_tiny, vocab_path=str(Workdir(trained_tiny).vocab_file)), new)
+  assert "--config.vocab_size=2000 (the source's: 1000)" in refused(
+      config_from(trained_tiny, vocab_size=2000), new, {"vocab_size": 2000})
+  # The source's max_len (64), not the config file's (128), bounds the lengths.
+  config = config_from(trained_tiny, max_source_length=128)
+  with pytest.raises(ConfigError, match="max_len of config.init_from's model \\(64\\)"):
+    check_config(config, init_from.resolve(config, Workdir(new)).model_config)
+
+
+def test_what_a_launch_takes_from_the_source_and_from_its_record(trained_tiny, fine_tuned,
+                                                                 tmp_path):
+  new = Workdir(tmp_path / "new")
+  # An override equal to the source's value is no contradiction.
+  overrides = {"model.dropout_rate": 0.3, "model.d_model": 32}
+  start = init_from.resolve(config_from(trained_tiny, **overrides), new, overrides)
+  assert (start.step, start.resuming, start.model_config.dropout_rate) == (SOURCE_STEP, False, 0.3)
+  assert start.model_config.d_model == 32 and start.source == Workdir(trained_tiny)
+  assert init_from.resolve(config_from(None), new) is None  # A run of its own.
+  # The fine-tuned run, relaunched without init_from: it resumes (its own record).
+  again = init_from.resolve(config_from(None), Workdir(fine_tuned[0]))
+  assert again.resuming and again.step == SOURCE_STEP and again.source == Workdir(trained_tiny)
+  # A run stopped before its first checkpoint starts again from the checkpoint its
+  # record names, not the source's newest.
+  stopped = copy_run(fine_tuned[0], tmp_path / "stopped", checkpoints=False)
+  record = json.loads((stopped / "run.json").read_text())
+  record["init_from"]["step"] = TRAINED_TINY_CHECKPOINTS[0]
+  (stopped / "run.json").write_text(json.dumps(record))
+  restart = init_from.resolve(config_from(trained_tiny), Workdir(stopped))
+  assert not restart.resuming and restart.step == TRAINED_TINY_CHECKPOINTS[0]
+  record["init_from"]["step"] = 45
+  (stopped / "run.json").write_text(json.dumps(record))
+  with pytest.raises(ConfigError, match="no longer has the checkpoint of step 45"):
+    init_from.resolve(config_from(None), Workdir(stopped))
