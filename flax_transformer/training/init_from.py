@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Mapping
+from typing import Any, Mapping
 
 from flax_transformer import storage
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.checkpoints import Checkpointer
-from flax_transformer.data.tokenizer import Tokenizer
 from flax_transformer.errors import ConfigError
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.training.config_checks import model_config_from
@@ -36,7 +35,7 @@ class FineTuning:
   source: Workdir  # The workdir whose checkpoint the run starts from.
   step: int  # That checkpoint's step.
   model_config: TransformerConfig  # The source's, with this launch's per-run fields.
-  tokenizer: Tokenizer
+  tokenizer: Any  # data.tokenizer.Tokenizer, or an imported model's (pretrained.tokenizers).
   # run.json of where the model config and tokenizer were read: the source's at a start,
   # the run's own when it resumes (its source may be gone by then).
   origin_record: dict
@@ -91,6 +90,9 @@ def resolve(config, workdir: Workdir, overrides: Mapping | None = None) -> FineT
     source = origin = Workdir(asked or recorded["workdir"])
     model, tokenizer = _read_source(source)
     step = _source_step(source, None if recorded is None else int(recorded["step"]))
+  if config.subword_sampling_alpha > 0 and not hasattr(tokenizer, "tokenize_sampled"):
+    raise ConfigError(f"config.subword_sampling_alpha={config.subword_sampling_alpha}: the "
+                      f"tokenizer of {source} cannot sample segmentations; set it to 0")
   model = _run_model(model, config, overrides or {}, source)
   return FineTuning(source, step, model, tokenizer, workdir_lib.read_record(origin),
                     resuming=bool(own_steps))
@@ -106,7 +108,7 @@ def _steps(workdir: Workdir) -> list[int]:
     checkpointer.close()
 
 
-def _read_source(source: Workdir) -> tuple[TransformerConfig, Tokenizer]:
+def _read_source(source: Workdir) -> tuple[TransformerConfig, Any]:
   try:
     return workdir_lib.read_run(source)
   except FileNotFoundError as e:
@@ -155,6 +157,7 @@ def _model_field(key: str) -> str | None:
 def copy_tokenizer(fine_tuning: FineTuning, workdir: Workdir) -> None:
   """Copies the source's tokenizer files into the new run's workdir (a start, process 0)."""
   for name in workdir_lib.tokenizer_files(fine_tuning.source):
+    (workdir.root / name).parent.mkdir(parents=True, exist_ok=True)
     storage.copy_file(fine_tuning.source.root / name, workdir.root / name)
 
 
