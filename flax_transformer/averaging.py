@@ -19,7 +19,7 @@ from flax_transformer.checkpoints import Checkpointer
 from flax_transformer.errors import CheckpointError, CheckpointSaveError, ConfigError
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.model import Transformer
-from flax_transformer.workdir import Workdir, read_run
+from flax_transformer.workdir import RUN_FILE, Workdir, read_run, tokenizer_files
 
 
 def abstract_params(model_config: TransformerConfig):
@@ -102,8 +102,8 @@ def write_averaged(workdir: str | Path, output: str | Path, last: int) -> list[i
   params, steps = load_params(workdir, model_config, average_last=last, flag="--last")
   try:
     output.root.mkdir(parents=True, exist_ok=True)
-    for name in ("run_file", "vocab_file"):
-      storage.copy_file(getattr(workdir, name), getattr(output, name))
+    for name in (RUN_FILE, *tokenizer_files(workdir)):
+      storage.copy_file(workdir.root / name, output.root / name)
     writer = Checkpointer(output, asynchronous=False)
     try:
       writer.save(steps[-1], {"params": params}, force=True)

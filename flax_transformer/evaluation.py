@@ -31,7 +31,8 @@ class EvalSet:
 def eval_set(config, tokenizer, split: str) -> EvalSet:
   pairs = load_pairs(config, split, config.eval_dataset_name or None)
   pairs = [pairs[i] for i in range(len(pairs))]
-  return EvalSet(ids=[(tokenizer.tokenize(s), tokenizer.tokenize(t)) for s, t in pairs],
+  return EvalSet(ids=[(tokenizer.source.tokenize(s), tokenizer.target.tokenize(t))
+                      for s, t in pairs],
                  references=[t for _, t in pairs])
 
 
@@ -104,7 +105,7 @@ class Evaluation:
       hyps = translate_ids(self.search_fn, params, sources,
                            place=lambda x: self.shard_batch({"inputs": x})["inputs"],
                            **self._search_batching())
-    hypotheses = [self.tokenizer.detokenize(h[0][0]) for h in hyps]
+    hypotheses = [self.tokenizer.target.detokenize(h[0][0]) for h in hyps]
     references = self.sets[prefix].references[:len(sources)]
     return {prefix + "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
             prefix + "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score}

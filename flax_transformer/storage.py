@@ -163,6 +163,7 @@ def copy_file(source, destination) -> None:
   """One file, between any two locations (local or bucket)."""
   source, destination = as_path(source), as_path(destination)
   if not is_remote(source) and not is_remote(destination):
+    destination.parent.mkdir(parents=True, exist_ok=True)  # A file of a workdir's folder.
     shutil.copy2(source, destination)
     return
   destination.write_bytes(source.read_bytes())

@@ -43,8 +43,8 @@ TENSORBOARD_DIR = "tensorboard"
 PROFILE_DIR = "profile"
 LOCK_FILE = "launch.lock"
 # Every entry above: what a tool writing beside a run must never replace (export.py).
-ENTRIES = (RUN_FILE, VOCAB_FILE, TOKENIZER_DIR, CHECKPOINT_DIR, METRICS_FILE, METRICS_DIR, TENSORBOARD_DIR,
-           PROFILE_DIR, LOCK_FILE)
+ENTRIES = (RUN_FILE, VOCAB_FILE, TOKENIZER_DIR, CHECKPOINT_DIR, METRICS_FILE, METRICS_DIR,
+           TENSORBOARD_DIR, PROFILE_DIR, LOCK_FILE)
 
 
 @dataclasses.dataclass(frozen=True)

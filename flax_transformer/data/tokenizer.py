@@ -46,6 +46,14 @@ class Tokenizer:
   def vocab_size(self) -> int:
     return self._sp.get_piece_size()
 
+  @property
+  def source(self) -> "Tokenizer":
+    """The side that tokenizes sources: this vocabulary, shared by both sides (an
+    imported model's tokenizer has two: `pretrained.tokenizers`)."""
+    return self
+
+  target = source  # The side of targets: tokenizes prefixes and references, detokenizes.
+
   def tokenize(self, text: str) -> np.ndarray:
     """str -> int32 [len + 1], ending in EOS."""
     return np.asarray(self._sp.encode(text) + [EOS_ID], np.int32)

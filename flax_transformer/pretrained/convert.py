@@ -1,0 +1,295 @@
+"""What every import shares: reading a transformers folder (config.json, model.safetensors;
+safetensors' numpy API, no torch), the config-field table check, the vocabulary
+permutation to the project's ids, the BART-family layer layout (Marian, FSMT), and
+writing the workdir (run.json, the tokenizer's files, an orbax checkpoint).
+
+An architecture's module (`marian`, `fsmt`) gives `import_folder(folder) -> Imported`;
+`write_workdir` writes it. Problems are DataErrors naming the file and field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import jax
+import numpy as np
+
+from flax_transformer import storage
+from flax_transformer.errors import ConfigError, DataError
+from flax_transformer.network.config import TransformerConfig
+from flax_transformer.workdir import TOKENIZER_DIR, Workdir, read_record, record_run
+
+# How to make model.safetensors of a folder that has only torch's pickle.
+CONVERT_BIN = ("python -c \"from transformers import AutoModelForSeq2SeqLM as M; "
+               "M.from_pretrained('{folder}').save_pretrained('{folder}', "
+               "safe_serialization=True)\" (with torch and transformers installed)")
+
+# config.json fields of every transformers model that do not change the model's function
+# here: bookkeeping, output switches, classification heads, and generate()'s settings (the
+# search is SearchConfig's: decode.py's and serve.py's flags).
+GENERIC_IRRELEVANT = {
+    "_name_or_path": "bookkeeping", "transformers_version": "bookkeeping",
+    "architectures": "checked by the importer", "model_type": "checked by the importer",
+    "dtype": "parameters are stored as float32", "torch_dtype": "parameters are stored as "
+    "float32", "use_cache": "inference switch", "return_dict": "output switch",
+    "output_hidden_states": "output switch", "output_attentions": "output switch",
+    "torchscript": "export switch", "gradient_checkpointing": "training memory switch",
+    "chunk_size_feed_forward": "memory switch, same function", "pruned_heads": "none pruned "
+    "(checked: the weights' shapes)", "id2label": "classification head",
+    "label2id": "classification head", "_num_labels": "classification head",
+    "num_labels": "classification head", "classif_dropout": "classification head",
+    "classifier_dropout": "classification head", "problem_type": "classification head",
+    "finetuning_task": "bookkeeping", "tokenizer_class": "the tokenizer is imported from its "
+    "files", "prefix": "a pipeline's text prefix", "task_specific_params": "pipelines' "
+    "settings", "bos_token_id": "no BOS token is used", "sep_token_id": "not used",
+    "tie_encoder_decoder": "checked: the weights present", "add_cross_attention":
+    "encoder-decoder models have it", "cross_attention_hidden_size": "equal to d_model",
+    "is_decoder": "checked by the importer",
+    **{name: "generate()'s setting: the search here is SearchConfig's" for name in (
+        "max_length", "min_length", "do_sample", "early_stopping", "num_beams",
+        "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p", "typical_p",
+        "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+        "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences",
+        "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+        "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
+        "suppress_tokens", "begin_suppress_tokens", "max_new_tokens")},
+}
+
+
+@dataclasses.dataclass
+class Imported:
+  """A converted model: what `write_workdir` writes.
+
+  params: the parameter tree (numpy float32) the config builds; tokenizer_spec: run.json's
+  "tokenizer" entry (its "files" are written from `tokenizer_files`, name -> bytes);
+  notes: what the import logged (fields accepted with a caveat).
+  """
+
+  architecture: str
+  model_config: TransformerConfig
+  params: Any
+  tokenizer_spec: dict
+  tokenizer_files: dict[str, bytes]
+  notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def read_config(folder: Path, architecture: str, classes: tuple[str, ...]) -> dict:
+  """config.json of `folder`, checked to be `architecture` (its model_type) and one of
+  `classes` (its architectures, where given)."""
+  path = folder / "config.json"
+  if not folder.is_dir():
+    raise DataError(f"--from={folder}: not a directory")
+  if not path.is_file():
+    raise DataError(f"{path} not found: a transformers model folder has config.json, "
+                    "model.safetensors and its tokenizer's files")
+  try:
+    config = json.loads(path.read_text())
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise DataError(f"{path}: not JSON ({e})") from None
+  if not isinstance(config, dict):
+    raise DataError(f"{path}: not a JSON object")
+  if config.get("model_type") != architecture:
+    raise DataError(f"{path}: model_type {config.get('model_type')!r} is not {architecture!r}")
+  named = config.get("architectures") or []
+  if named and not set(named) & set(classes):
+    raise DataError(f"{path}: architectures {named} has none of {list(classes)} (an "
+                    "encoder-decoder model for translation)")
+  return config
+
+
+def read_weights(folder: Path) -> dict[str, np.ndarray]:
+  """model.safetensors's tensors as float32 numpy arrays (no torch)."""
+  path = folder / "model.safetensors"
+  if not path.is_file():
+    if (folder / "pytorch_model.bin").is_file():
+      raise DataError(f"{folder} has pytorch_model.bin but no model.safetensors; this "
+                      "import reads safetensors only (no torch). Convert it once: "
+                      + CONVERT_BIN.format(folder=folder))
+    raise DataError(f"{path} not found")
+  from safetensors import SafetensorError
+  from safetensors.numpy import load_file
+  try:
+    tensors = load_file(str(path))
+  except (SafetensorError, OSError, ValueError) as e:
+    raise DataError(f"{path}: not a readable safetensors file ({e})") from None
+  return {name: np.asarray(value, np.float32) for name, value in tensors.items()}
+
+
+def read_bytes(folder: Path, name: str) -> bytes:
+  path = folder / name
+  if not path.is_file():
+    raise DataError(f"{path} not found (the tokenizer's file)")
+  return path.read_bytes()
+
+
+def read_json(folder: Path, name: str) -> Any:
+  try:
+    return json.loads(read_bytes(folder, name))
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise DataError(f"{folder / name}: not JSON ({e})") from None
+
+
+def read_vocabulary(folder: Path, name: str, specials=("<pad>", "</s>", "<unk>")
+                    ) -> dict[str, int]:
+  """A vocabulary file (piece -> id, ids 0..n-1 each once, with every one of `specials`),
+  or a DataError naming its problem."""
+  vocab = read_json(folder, name)
+  if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
+    raise DataError(f"{folder / name}: not a JSON object of piece -> integer id")
+  if sorted(vocab.values()) != list(range(len(vocab))):
+    raise DataError(f"{folder / name}: ids are not 0..{len(vocab) - 1}, each once")
+  for piece in specials:
+    if piece not in vocab:
+      raise DataError(f"{folder / name}: no {piece!r} piece")
+  return vocab
+
+
+def file_hashes(folder: Path) -> dict[str, str]:
+  """sha256 of every file of `folder` (the run record's proof of what was imported)."""
+  return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+          for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+Rule = Callable[[Any], str | None]
+
+
+def must_be(*allowed) -> Rule:
+  """A field this code implements only at these values: a problem otherwise."""
+  return lambda value: None if value in allowed else f"only {' or '.join(map(repr, allowed))}"
+
+
+def must_be_int(minimum: int) -> Rule:
+  """A size: an integer of at least `minimum`."""
+  return lambda value: None if isinstance(value, int) and not isinstance(value, bool) and (
+      value >= minimum) else f"an integer >= {minimum}"
+
+
+def check_fields(config: Mapping, table: Mapping[str, Rule | str], where: Path) -> None:
+  """Every field of `config` is in `table` (or GENERIC_IRRELEVANT): a rule (value -> None,
+  or what this code implements) for fields that change the function, a reason for those
+  that do not. A field in neither, or a value a rule refuses, is a DataError naming it."""
+  for name, value in config.items():
+    rule = table.get(name, GENERIC_IRRELEVANT.get(name))
+    if rule is None:
+      raise DataError(f"{where}: field {name!r} (= {value!r}) has no equivalent here and is "
+                      "not known to leave the model's function unchanged")
+    if callable(rule) and (problem := rule(value)) is not None:
+      raise DataError(f"{where}: {name}={value!r} has no equivalent here ({problem})")
+
+
+def project_order(size: int, *, pad: int, eos: int, unk: int | None = None) -> np.ndarray:
+  """int [size]: new id i is old id order[i]. pad -> 0, EOS -> 1, unk -> 2 (the project's
+  ids), the other ids in their old order after them."""
+  first = [pad, eos] + ([unk] if unk is not None else [])
+  if len(set(first)) != len(first) or not all(0 <= i < size for i in first):
+    raise DataError(f"pad {pad}, EOS {eos} and unknown {unk} must be distinct ids below {size}")
+  chosen = set(first)
+  return np.asarray(first + [i for i in range(size) if i not in chosen], np.int64)
+
+
+def permuted_vocab(vocab: Mapping[str, int], order: np.ndarray) -> dict[str, int]:
+  """A piece -> id table in the new ids (`order` from `project_order`)."""
+  new_id = np.empty_like(order)
+  new_id[order] = np.arange(len(order))
+  return {piece: int(new_id[i]) for piece, i in sorted(vocab.items(), key=lambda kv: kv[1])}
+
+
+def linear(weights: Mapping[str, np.ndarray], name: str) -> tuple[np.ndarray, np.ndarray]:
+  """torch Linear `name` -> (kernel [in, out], bias [out])."""
+  return take(weights, f"{name}.weight").T, take(weights, f"{name}.bias")
+
+
+def take(weights: Mapping[str, np.ndarray], name: str) -> np.ndarray:
+  if name not in weights:
+    raise DataError(f"model.safetensors has no tensor {name!r}")
+  return weights.pop(name) if isinstance(weights, dict) else weights[name]
+
+
+def bart_attention(weights: dict, prefix: str, heads: int) -> dict:
+  """q/k/v/out_proj of a BART-family attention -> this project's MultiHeadAttention
+  params (kernels [D, N, H] and [N, H, D]; heads split as transformers' view does)."""
+  out = {}
+  for ours, theirs in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")):
+    kernel, bias = linear(weights, f"{prefix}.{theirs}")
+    out[ours] = {"kernel": kernel.reshape(kernel.shape[0], heads, -1),
+                 "bias": bias.reshape(heads, -1)}
+  kernel, bias = linear(weights, f"{prefix}.out_proj")
+  out["out"] = {"kernel": kernel.reshape(heads, -1, kernel.shape[1]), "bias": bias}
+  return out
+
+
+def layer_norm(weights: dict, name: str) -> dict:
+  return {"norm": {"scale": take(weights, f"{name}.weight"), "bias": take(weights, f"{name}.bias")}}
+
+
+def bart_ffn(weights: dict, prefix: str) -> dict:
+  (k1, b1), (k2, b2) = linear(weights, f"{prefix}.fc1"), linear(weights, f"{prefix}.fc2")
+  return {"w1": {"kernel": k1, "bias": b1}, "w2": {"kernel": k2, "bias": b2}}
+
+
+def bart_encoder_layer(weights: dict, prefix: str, heads: int) -> dict:
+  """A post-norm BART-family encoder layer (self_attn, fc1/fc2, their layer norms)."""
+  return {"self_attention": bart_attention(weights, f"{prefix}.self_attn", heads),
+          "attention_block": layer_norm(weights, f"{prefix}.self_attn_layer_norm"),
+          "ffn": bart_ffn(weights, prefix),
+          "ffn_block": layer_norm(weights, f"{prefix}.final_layer_norm")}
+
+
+def bart_decoder_layer(weights: dict, prefix: str, heads: int) -> dict:
+  """A post-norm BART-family decoder layer (self_attn, encoder_attn, fc1/fc2)."""
+  return {"self_attention": bart_attention(weights, f"{prefix}.self_attn", heads),
+          "self_attention_block": layer_norm(weights, f"{prefix}.self_attn_layer_norm"),
+          "cross_attention": bart_attention(weights, f"{prefix}.encoder_attn", heads),
+          "cross_attention_block": layer_norm(weights, f"{prefix}.encoder_attn_layer_norm"),
+          "ffn": bart_ffn(weights, prefix),
+          "ffn_block": layer_norm(weights, f"{prefix}.final_layer_norm")}
+
+
+def check_tree(params: Any, model_config: TransformerConfig) -> None:
+  """The converted tree is exactly the one `model_config` builds (names and shapes), so a
+  checkpoint of it loads wherever the config's model does."""
+  from flax_transformer.averaging import abstract_params
+  want = {jax.tree_util.keystr(p): leaf.shape
+          for p, leaf in jax.tree_util.tree_flatten_with_path(abstract_params(model_config))[0]}
+  have = {jax.tree_util.keystr(p): np.shape(leaf)
+          for p, leaf in jax.tree_util.tree_flatten_with_path(params)[0]}
+  if want != have:
+    missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+    shapes = [f"{k}: {have[k]} vs {want[k]}" for k in sorted(set(want) & set(have))
+              if have[k] != want[k]]
+    raise DataError(f"the converted parameters do not fit the model config: missing "
+                    f"{missing[:3]}, unexpected {extra[:3]}, shapes {shapes[:3]}")
+
+
+def write_workdir(imported: Imported, workdir: str | Path, source: Path) -> None:
+  """A workdir every command reads: run.json (with "tokenizer" and "imported_from": the
+  folder, its files' sha256), the tokenizer's files under tokenizer/, and the parameters
+  as the orbax checkpoint of step 0 ({'params': ...}, as train.py's state holds them)."""
+  from flax_transformer.checkpoints import Checkpointer
+  workdir = Workdir(workdir)
+  if read_record(workdir) is not None or (workdir.root.exists()
+                                          and any(workdir.root.iterdir())):
+    raise ConfigError(f"--workdir={workdir} exists and is not empty: import into a new one")
+  check_tree(imported.params, imported.model_config)
+  workdir.root.mkdir(parents=True, exist_ok=True)
+  folder = workdir.root / TOKENIZER_DIR
+  folder.mkdir(exist_ok=True)
+  for name, data in imported.tokenizer_files.items():
+    storage.write_atomically(folder / name, data)
+  spec = {**imported.tokenizer_spec, "files": sorted(imported.tokenizer_files)}
+  record_run(workdir, imported.model_config, imported.model_config.vocab_size, entries={
+      "tokenizer": spec,
+      "imported_from": {"architecture": imported.architecture, "folder": str(source.absolute()),
+                        "sha256": file_hashes(source), "notes": imported.notes}})
+  writer = Checkpointer(workdir, asynchronous=False)
+  try:
+    writer.save(0, {"params": jax.tree_util.tree_map(np.asarray, imported.params)}, force=True)
+    writer.wait()
+  finally:
+    writer.close()
+  logging.info("Imported %s from %s into %s", imported.architecture, source, workdir)

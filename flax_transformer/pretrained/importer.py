@@ -1,0 +1,40 @@
+"""import_model.py's work: the architecture a folder's config.json names, its module's
+conversion, the workdir written (`convert.write_workdir`)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+from flax_transformer.errors import DataError
+from flax_transformer.pretrained import convert
+
+# model_type (config.json) -> the module whose `import_folder(folder) -> convert.Imported`
+# converts it.
+ARCHITECTURES = {"marian": "flax_transformer.pretrained.marian",
+                 "fsmt": "flax_transformer.pretrained.fsmt"}
+
+
+def import_folder(folder: str | Path) -> convert.Imported:
+  """The converted model of a transformers folder (not written anywhere)."""
+  folder = Path(folder)
+  config_path = folder / "config.json"
+  if not folder.is_dir():
+    raise DataError(f"--from={folder}: not a directory")
+  if not config_path.is_file():
+    raise DataError(f"{config_path} not found: a transformers model folder has config.json, "
+                    "model.safetensors and its tokenizer's files")
+  try:
+    model_type = json.loads(config_path.read_text()).get("model_type")
+  except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+    raise DataError(f"{config_path}: not a JSON object ({e})") from None
+  if model_type not in ARCHITECTURES:
+    raise DataError(f"{config_path}: model_type {model_type!r} is not one this importer "
+                    f"converts ({', '.join(sorted(ARCHITECTURES))})")
+  return importlib.import_module(ARCHITECTURES[model_type]).import_folder(folder)
+
+
+def import_model(folder: str | Path, workdir: str | Path) -> None:
+  """Converts the model in `folder` and writes it as the new workdir `workdir`."""
+  convert.write_workdir(import_folder(folder), workdir, Path(folder))

@@ -1,0 +1,217 @@
+"""Marian (OPUS-MT) models in the transformers format -> this project's Transformer.
+
+transformers' MarianMTModel is a post-norm encoder-decoder with biases on every
+projection, a `final_logits_bias`, sinusoidal positions with the sines in one half and
+the cosines in the other (from position 0, the paper's frequencies), LayerNorm epsilon
+1e-5 (torch's default), and ids with EOS 0 and pad last, the decoder starting from pad.
+`FIELDS` says what each MarianConfig field becomes here, or why it does not change the
+function; any other field, or a value this code does not implement, is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import sentencepiece as spm
+
+from flax_transformer.errors import DataError
+from flax_transformer.network.config import TransformerConfig
+from flax_transformer.network.layers import sinusoidal_position_encoding
+from flax_transformer.pretrained import convert
+
+ARCHITECTURE = "marian"
+CLASSES = ("MarianMTModel",)
+ACTIVATIONS = {"swish": "swish", "silu": "swish", "gelu": "gelu", "relu": "relu",
+               "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+TRAINING_ONLY = "training only (dropout, layer drop, initialisation): not the function"
+
+# Every MarianConfig field: a rule (value -> None, or what this code implements) where it
+# changes the function (`model_config` maps it), a reason where it does not. Fields of
+# every transformers config are convert.GENERIC_IRRELEVANT's.
+FIELDS: dict = {
+    "vocab_size": convert.must_be_int(1), "decoder_vocab_size": lambda v: None,
+    "d_model": convert.must_be_int(1), "encoder_layers": convert.must_be_int(1),
+    "decoder_layers": convert.must_be_int(1), "encoder_ffn_dim": convert.must_be_int(1),
+    "decoder_ffn_dim": convert.must_be_int(1), "encoder_attention_heads": convert.must_be_int(1),
+    "decoder_attention_heads": convert.must_be_int(1),
+    "num_hidden_layers": lambda v: None,  # An alias of encoder_layers (checked equal).
+    "max_position_embeddings": convert.must_be_int(1),
+    "activation_function": lambda v: None if v in ACTIVATIONS else f"one of {sorted(ACTIVATIONS)}",
+    "scale_embedding": convert.must_be(True, False),
+    "share_encoder_decoder_embeddings": convert.must_be(True, False),
+    "tie_word_embeddings": convert.must_be(True, False),
+    "pad_token_id": lambda v: None, "eos_token_id": lambda v: None,  # Checked with the vocabulary.
+    "decoder_start_token_id": lambda v: None,
+    "is_encoder_decoder": convert.must_be(True),
+    "dropout": lambda v: None, "attention_dropout": lambda v: None,  # Fine-tuning's rates.
+    "activation_dropout": TRAINING_ONLY, "encoder_layerdrop": TRAINING_ONLY,
+    "decoder_layerdrop": TRAINING_ONLY, "init_std": TRAINING_ONLY,
+    # Written by older transformers (BART's config fields) into OPUS-MT's config.json.
+    "static_position_embeddings": convert.must_be(True),
+    "normalize_before": convert.must_be(False), "normalize_embedding": convert.must_be(False),
+    "add_final_layer_norm": convert.must_be(False), "add_bias_logits": convert.must_be(False),
+    "scale_attention": convert.must_be(True),
+}
+# tokenizer_config.json: what MarianTokenizer does with each field here.
+TOKENIZER_FIELDS: dict = {
+    "separate_vocabs": convert.must_be(True, False), "sp_model_kwargs": convert.must_be({}),
+    "unk_token": convert.must_be("<unk>"), "eos_token": convert.must_be("</s>"),
+    "pad_token": convert.must_be("<pad>"),
+    "source_lang": "names a Moses punctuation normaliser MarianTokenizer never calls",
+    "target_lang": "as source_lang", "model_max_length": "truncation is the caller's",
+    "tokenizer_class": "checked", "added_tokens_decoder": "the specials, checked with the "
+    "vocabulary", "backend": "bookkeeping", "clean_up_tokenization_spaces": convert.must_be(False),
+    "name_or_path": "bookkeeping", "special_tokens_map_file": "bookkeeping",
+    "additional_special_tokens": convert.must_be([], None),
+    "extra_special_tokens": convert.must_be([], {}, None),
+}
+
+
+def import_folder(folder: Path) -> convert.Imported:
+  """The model, tokenizer and config of the transformers Marian folder `folder`."""
+  config = convert.read_config(folder, ARCHITECTURE, CLASSES)
+  convert.check_fields(config, FIELDS, folder / "config.json")
+  tokenizer_config = convert.read_json(folder, "tokenizer_config.json") if (
+      folder / "tokenizer_config.json").is_file() else {}
+  convert.check_fields(tokenizer_config, TOKENIZER_FIELDS, folder / "tokenizer_config.json")
+  shared = config.get("share_encoder_decoder_embeddings", True)
+  if tokenizer_config.get("separate_vocabs", not shared) == shared:
+    raise DataError(f"{folder}: tokenizer_config.json's separate_vocabs="
+                    f"{tokenizer_config.get('separate_vocabs')} contradicts config.json's "
+                    f"share_encoder_decoder_embeddings={shared}")
+  notes = [f"{name}={config[name]}: {TRAINING_ONLY}" for name in (
+      "activation_dropout", "encoder_layerdrop", "decoder_layerdrop") if config.get(name)]
+
+  vocab_names = ("vocab.json",) if shared else ("vocab.json", "target_vocab.json")
+  vocabs = [convert.read_vocabulary(folder, name) for name in vocab_names]
+  source_vocab, target_vocab = vocabs[0], vocabs[-1]
+  where = folder / "config.json"
+  sizes = (config.get("vocab_size", 58101), config.get("decoder_vocab_size")
+           or config.get("vocab_size", 58101))
+  for vocab, size, name in ((source_vocab, sizes[0], "vocab_size"),
+                            (target_vocab, sizes[1], "decoder_vocab_size")):
+    if len(vocab) != size:
+      raise DataError(f"{where}: {name}={size}, but the vocabulary file has {len(vocab)} pieces")
+  pad, eos = config.get("pad_token_id", 58100), config.get("eos_token_id", 0)
+  for piece, value, name in (("<pad>", pad, "pad_token_id"), ("</s>", eos, "eos_token_id")):
+    if target_vocab.get(piece) != value:
+      raise DataError(f"{where}: {name}={value}, but {vocab_names[-1]} has {piece!r} at "
+                      f"{target_vocab.get(piece)}")
+  orders = [convert.project_order(len(v), pad=v["<pad>"], eos=v["</s>"], unk=v["<unk>"])
+            for v in vocabs]
+  source_order, target_order = orders[0], orders[-1]
+  start = config.get("decoder_start_token_id", pad)
+  if not 0 <= start < len(target_vocab):
+    raise DataError(f"{where}: decoder_start_token_id={start} is not a target id")
+  decoder_start_id = int(np.argsort(target_order)[start])
+
+  model_config = model_config_from(config, where, shared=shared,
+                                   source_size=len(source_vocab), target_size=len(target_vocab),
+                                   decoder_start_id=decoder_start_id)
+  weights = convert.read_weights(folder)
+  params, final_bias = _params(weights, model_config, config, source_order, target_order,
+                               folder / "model.safetensors")
+  if final_bias is None:
+    notes.append("final_logits_bias is absent or 0: the model has none")
+  else:
+    model_config = model_config.replace(final_logits_bias=True)
+    params["decoder"]["final_logits_bias"] = final_bias
+
+  files = {name: convert.read_bytes(folder, name) for name in ("source.spm", "target.spm")}
+  for name, data in files.items():
+    try:
+      spm.SentencePieceProcessor(model_proto=data)
+    except RuntimeError as e:
+      raise DataError(f"{folder / name}: not a sentencepiece model ({e})") from None
+  for name, vocab, order in zip(vocab_names, vocabs, orders):
+    files[name] = json.dumps(convert.permuted_vocab(vocab, order), ensure_ascii=False,
+                             indent=0).encode()
+  return convert.Imported(ARCHITECTURE, model_config, params,
+                          {"kind": "marian", "separate_vocabularies": not shared}, files, notes)
+
+
+def model_config_from(config: dict, where: Path, *, shared: bool, source_size: int,
+                      target_size: int, decoder_start_id: int) -> TransformerConfig:
+  """The TransformerConfig of a MarianConfig (as its config.json holds it)."""
+  same = [("encoder_ffn_dim", "decoder_ffn_dim"),
+          ("encoder_attention_heads", "decoder_attention_heads"),
+          ("encoder_layers", "num_hidden_layers")]
+  for a, b in same:
+    if a in config and b in config and config[a] != config[b]:
+      raise DataError(f"{where}: {a}={config[a]} and {b}={config[b]} differ; this model has "
+                      "one value for both")
+  tied = config.get("tie_word_embeddings", True)
+  if shared and not tied:
+    raise DataError(f"{where}: tie_word_embeddings=False with shared embeddings has no "
+                    "equivalent here (an output matrix apart from one shared embedding)")
+  d_model, heads = config.get("d_model", 1024), config.get("encoder_attention_heads", 16)
+  if d_model % heads:
+    raise DataError(f"{where}: d_model={d_model} is not divisible by the {heads} heads")
+  try:
+    return TransformerConfig(
+        vocab_size=target_size, source_vocab_size=None if shared else source_size,
+        d_model=d_model, d_ff=config.get("encoder_ffn_dim", 4096), num_heads=heads,
+        num_layers=config.get("encoder_layers", 12),
+        num_decoder_layers=config.get("decoder_layers", 12),
+        dropout_rate=config.get("dropout", 0.1),
+        attention_dropout_rate=config.get("attention_dropout", 0.0),
+        max_len=config.get("max_position_embeddings", 1024), share_embeddings=shared,
+        tie_target_embedding=not shared and tied, attention_bias=True, norm="post",
+        layer_norm_epsilon=1e-5, activation=ACTIVATIONS[config.get("activation_function",
+                                                                    "gelu")],
+        scale_embedding=config.get("scale_embedding", False), position_layout="halves",
+        decoder_start_id=decoder_start_id)
+  except ValueError as e:
+    raise DataError(f"{where}: {e}") from None
+
+
+def _params(weights: dict, model_config: TransformerConfig, config: dict,
+            source_order: np.ndarray, target_order: np.ndarray, where: Path):
+  """(the parameter tree, final_logits_bias [V] permuted or None when absent or 0).
+  Consumes `weights`; a tensor left over, or a tied copy that differs, is refused."""
+  heads = model_config.num_heads
+  shared = model_config.share_embeddings
+  params: dict = {"encoder": {}, "decoder": {}}
+  if shared:
+    embedding = convert.take(weights, "model.shared.weight")
+    copies = ["model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
+              "lm_head.weight"]
+    params["shared_embedding"] = {"embedding": embedding[target_order]}
+    target = embedding
+  else:
+    source = convert.take(weights, "model.encoder.embed_tokens.weight")
+    target = convert.take(weights, "model.decoder.embed_tokens.weight")
+    params["source_embedding"] = {"embedding": source[source_order]}
+    params["target_embedding"] = {"embedding": target[target_order]}
+    copies = ["lm_head.weight"]
+    if not model_config.tie_target_embedding:
+      copies = []
+      params["decoder"]["logits"] = {
+          "kernel": convert.take(weights, "lm_head.weight")[target_order].T}
+  for name in copies:  # Tied copies some savers write: they must be the same matrix.
+    if name in weights and not np.array_equal(weights.pop(name), target):
+      raise DataError(f"{where}: {name} differs from the embedding it is tied to")
+  table = sinusoidal_position_encoding(model_config.max_len, model_config.d_model,
+                                       layout="halves")
+  for side in ("encoder", "decoder"):
+    name = f"model.{side}.embed_positions.weight"
+    if name in weights and not np.allclose(weights.pop(name), table, atol=1e-6):
+      raise DataError(f"{where}: {name} is not transformers' sinusoidal table")
+  for i in range(model_config.encoder_layers):
+    params["encoder"][f"layer_{i}"] = convert.bart_encoder_layer(
+        weights, f"model.encoder.layers.{i}", heads)
+  for i in range(model_config.decoder_layers):
+    params["decoder"][f"layer_{i}"] = convert.bart_decoder_layer(
+        weights, f"model.decoder.layers.{i}", heads)
+  bias = weights.pop("final_logits_bias", None)
+  if bias is not None:
+    bias = bias.reshape(-1)
+    if bias.shape != (model_config.vocab_size,):
+      raise DataError(f"{where}: final_logits_bias has {bias.size} entries, not the target "
+                      f"vocabulary's {model_config.vocab_size}")
+    bias = bias[target_order] if np.any(bias) else None
+  if weights:
+    raise DataError(f"{where}: tensors with no place in the model: {sorted(weights)[:5]}")
+  return params, bias

@@ -1,0 +1,178 @@
+"""Tokenizers of imported workdirs: a source and a target side, built from the files under
+`<workdir>/tokenizer/` as run.json's "tokenizer" entry ({"kind": ..., ...}) says.
+
+Every side tokenizes with the project's ids (pad 0, EOS 1 appended; the importer permuted
+the vocabulary files to them) and has the interface translation uses of a trained
+workdir's `data.tokenizer.Tokenizer` (which is both sides of itself): `tokenize(text) ->
+int32 [len + 1]`, `detokenize(ids)`, `pieces(ids)`, `encode_batch(texts)`, `vocab_size`,
+`model_bytes()` (what identifies it). A kind registers its loader in `KINDS`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+import sentencepiece as spm
+
+from flax_transformer.data.tokenizer import EOS_ID, PAD_ID
+from flax_transformer.errors import DataError
+
+SPIECE_UNDERLINE = "\u2581"
+
+
+class PairTokenizer:
+  """A source and a target side (`source`, `target`); as a whole it tokenizes sources and
+  detokenizes targets, so code written for one shared vocabulary reads as before."""
+
+  def __init__(self, source, target, path):
+    self.source, self.target, self.path = source, target, path
+
+  @property
+  def vocab_size(self) -> int:
+    """The target vocabulary's size (the model's `vocab_size`, its logits)."""
+    return self.target.vocab_size
+
+  def tokenize(self, text: str) -> np.ndarray:
+    return self.source.tokenize(text)
+
+  def detokenize(self, ids: Iterable[int]) -> str:
+    return self.target.detokenize(ids)
+
+  def pieces(self, ids: Iterable[int]) -> list[str]:
+    return self.target.pieces(ids)
+
+  def model_bytes(self) -> bytes:
+    return self.source.model_bytes() + self.target.model_bytes()
+
+  def same_vocabulary(self, other) -> bool:
+    """Whether both sides mean the same pieces by the same ids (an ensemble's members)."""
+    return all(hasattr(other, side) and getattr(self, side).model_bytes()
+               == getattr(other, side).model_bytes() for side in ("source", "target"))
+
+
+class MarianSide:
+  """One side of MarianTokenizer: sentencepiece pieces, each looked up in a vocabulary
+  (piece -> id, vocab.json's), unknown pieces as '<unk>', EOS appended. A leading
+  target-language tag such as '>>fra<<' is one token, as MarianTokenizer keeps it.
+  Outputs are written as MarianTokenizer.decode(ids, skip_special_tokens=True) writes
+  them: pad, EOS and unknown tokens dropped, the pieces joined by the `decoder` model.
+  """
+
+  def __init__(self, encoder: spm.SentencePieceProcessor, decoder: spm.SentencePieceProcessor,
+               vocab: dict[str, int], *, identity: bytes):
+    self._encoder, self._decoder, self._vocab = encoder, decoder, vocab
+    self._pieces = [""] * len(vocab)
+    for piece, i in vocab.items():
+      self._pieces[i] = piece
+    self._unk = vocab["<unk>"]
+    self._special = {PAD_ID, EOS_ID, self._unk}
+    self._identity = identity
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self._pieces)
+
+  def _split(self, text: str) -> list[str]:
+    code = []
+    if text.startswith(">>") and (end := text.find("<<")) != -1:
+      code, text = [text[:end + 2]], text[end + 2:]
+    return code + self._encoder.encode(text, out_type=str)
+
+  def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
+    """Ids of many texts (no EOS)."""
+    return [[self._vocab.get(p, self._unk) for p in self._split(t)] for t in texts]
+
+  def tokenize(self, text: str) -> np.ndarray:
+    """str -> int32 [len + 1], ending in EOS."""
+    return np.asarray(self.encode_batch([text])[0] + [EOS_ID], np.int32)
+
+  def pieces(self, ids: Iterable[int]) -> list[str]:
+    return [self._pieces[int(i)] for i in ids]
+
+  def detokenize(self, ids: Iterable[int]) -> str:
+    """ids -> text; stops at the first EOS."""
+    kept = []
+    for i in np.asarray(ids).tolist():
+      if i == EOS_ID:
+        break
+      if i not in self._special:
+        kept.append(self._pieces[i])
+    return self._decoder.decode_pieces(kept).replace(SPIECE_UNDERLINE, " ").strip()
+
+  def model_bytes(self) -> bytes:
+    return self._identity
+
+
+MARIAN_FILES = ("source.spm", "target.spm", "vocab.json", "target_vocab.json")
+
+
+def load_marian(directory, spec: dict) -> PairTokenizer:
+  """Marian's files in `directory`: source.spm, target.spm, vocab.json and, with
+  spec["separate_vocabularies"], target_vocab.json (all with the project's ids)."""
+  separate = bool(spec.get("separate_vocabularies"))
+  models, blobs = {}, {}
+  for name in ("source.spm", "target.spm"):
+    blobs[name] = _read(directory / name)
+    models[name] = spm.SentencePieceProcessor(model_proto=blobs[name])
+  vocabs = {}
+  for name in ("vocab.json", "target_vocab.json") if separate else ("vocab.json",):
+    blobs[name] = _read(directory / name)
+    vocabs[name] = check_vocabulary(directory / name, json.loads(blobs[name]))
+
+  def identity(*names):
+    return hashlib.sha256(b"".join(blobs[n] for n in names)).hexdigest().encode()
+
+  source = MarianSide(models["source.spm"], models["source.spm"], vocabs["vocab.json"],
+                      identity=identity("source.spm", "vocab.json"))
+  if not separate:  # transformers decodes a shared vocabulary's outputs with source.spm.
+    target = MarianSide(models["target.spm"], models["source.spm"], vocabs["vocab.json"],
+                        identity=identity("target.spm", "vocab.json"))
+  else:
+    target = MarianSide(models["target.spm"], models["target.spm"], vocabs["target_vocab.json"],
+                        identity=identity("target.spm", "target_vocab.json"))
+  return PairTokenizer(source, target, directory)
+
+
+def check_vocabulary(path, vocab) -> dict[str, int]:
+  """A piece -> id table with ids 0..n-1, '<pad>' 0, '</s>' 1 and an '<unk>', or a
+  DataError naming `path`'s problem."""
+  if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
+    raise DataError(f"{path}: not a JSON object of piece -> integer id")
+  if sorted(vocab.values()) != list(range(len(vocab))):
+    raise DataError(f"{path}: ids are not 0..{len(vocab) - 1}, each once")
+  for piece, wanted in (("<pad>", PAD_ID), ("</s>", EOS_ID)):
+    if vocab.get(piece) != wanted:
+      raise DataError(f"{path}: {piece!r} has id {vocab.get(piece)}, the project needs "
+                      f"{wanted} (import_model.py writes it so)")
+  if "<unk>" not in vocab:
+    raise DataError(f"{path}: no '<unk>' piece")
+  return vocab
+
+
+def _read(path) -> bytes:
+  if not path.is_file():
+    raise FileNotFoundError(f"tokenizer file not found: {path}")
+  return path.read_bytes()
+
+
+def load_fsmt(directory, spec: dict) -> PairTokenizer:
+  """FSMT's files in `directory` (fsmt_tokenizer.FILES, the vocabularies in the project's
+  ids); spec: {"kind": "fsmt", "langs": [source, target], "do_lower_case": bool}."""
+  from flax_transformer.pretrained import fsmt_tokenizer
+  return PairTokenizer(*fsmt_tokenizer.sides(directory, spec, check_vocabulary), directory)
+
+
+KINDS: dict[str, Callable[[Any, dict], PairTokenizer]] = {"marian": load_marian,
+                                                          "fsmt": load_fsmt}
+
+
+def load(directory, spec: dict) -> PairTokenizer:
+  """The tokenizer run.json's "tokenizer" entry `spec` describes, from `directory` (a
+  local or bucket path)."""
+  kind = spec.get("kind") if isinstance(spec, dict) else None
+  if kind not in KINDS:
+    raise DataError(f"run.json: tokenizer kind {kind!r} is not one of {sorted(KINDS)}")
+  return KINDS[kind](directory, spec)

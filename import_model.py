@@ -1,0 +1,36 @@
+"""Import a pretrained translation model: python import_model.py --from=DIR --workdir=W
+
+DIR is a transformers-format folder (config.json, model.safetensors and the tokenizer's
+files) of a Marian (OPUS-MT) model. W becomes a workdir that decode.py, serve.py,
+export.py, average_checkpoints.py and Translator.from_workdir use as they use one trained
+here; its run.json names DIR and the sha256 of its files. A folder of another
+architecture, a missing file, or a config field with no equivalent here is one line on
+stderr and exit 2. See docs/pretrained.md.
+"""
+
+if __name__ == "__main__":  # First: glibc reads malloc settings at start, JAX not yet loaded.
+  from flax_transformer.training import host_allocator
+
+  host_allocator.reexec_with_reusable_malloc()
+
+from absl import app, flags
+
+from flax_transformer.cli import common as cli
+
+flags.DEFINE_string("from", None, "The transformers-format model folder to import.")
+flags.DEFINE_string("workdir", None, "The new workdir (absent or empty).")
+flags.mark_flags_as_required(["from", "workdir"])
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  def work():
+    from flax_transformer.pretrained import importer
+
+    importer.import_model(getattr(FLAGS, "from"), FLAGS.workdir)
+
+  cli.run_main(argv, work)
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=cli.parse_flags_or_exit)
