@@ -81,8 +81,10 @@ def main(argv):
       raise ConfigError(f"serve.py needs FastAPI and uvicorn ({e}): pip install -e '.[serve]'")
     from flax_transformer.translation.translator import Translator
 
-    listening = _bind(FLAGS.host, FLAGS.port)
     search = SearchConfig(beam_size=FLAGS.beam_size, alpha=FLAGS.alpha, max_extra=FLAGS.max_extra)
+    if search.beam_size > FLAGS.max_beam:  # Else every request without a beam_size is a 422.
+      raise ConfigError(f"--beam_size {search.beam_size} is over --max_beam {FLAGS.max_beam}")
+    listening = _bind(FLAGS.host, FLAGS.port)
     translator = Translator.from_workdir(FLAGS.workdir, search=search, ensemble=FLAGS.ensemble,
                                          average_last=FLAGS.average_last,
                                          checkpoint_step=FLAGS.checkpoint_step)

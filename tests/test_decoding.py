@@ -2,6 +2,7 @@
 
 import functools
 import itertools
+import json
 import re
 import subprocess
 import sys
@@ -394,6 +395,8 @@ def test_translator_api(workdir):
   assert len(out) == 3 and out[1] == "" and out[0]
   nbest = translator.translate_nbest(["A dog runs."])[0]
   assert len(nbest) == 2 and nbest[0][1] >= nbest[1][1]
+  # Empty sentences are not searched, and have their n-best too (decode.py: K lines each).
+  assert translator.translate_nbest(["", "  "]) == [[("", 0.0)] * 2] * 2
 
 
 def test_translator_compiles_its_searches_while_the_checkpoints_load(workdir):
@@ -645,6 +648,98 @@ def test_decode_cli_missing_workdir_is_one_clear_error(tmp_path):
   assert result.returncode == 2
   assert result.stderr.decode().strip().startswith("error: workdir")
   assert b"Traceback" not in result.stderr
+
+
+# Runs an entry point's main once per argv (json) in one process, flags reset between
+# runs, stdin one sentence each: a launch per value would pay Python's and jax's start
+# each time (about 1.2 s). Prints per run {"code", "stderr"} as one json line, up to
+# the first that does not exit 2 (an unchecked value searches, or serves).
+FLAG_DRIVER = """
+import contextlib, io, json, runpy, sys, traceback
+from absl import flags
+from flax_transformer.cli import common as cli
+script = runpy.run_path(sys.argv[1])  # Not as __main__: no re-exec, no app.run.
+runs = []
+for argv in json.loads(sys.argv[2]):
+  flags.FLAGS.unparse_flags()
+  sys.stdin = io.TextIOWrapper(io.BytesIO(b"A dog runs.\\n"))
+  stderr = io.StringIO()
+  with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+    try:
+      script["main"](cli.parse_flags_or_exit([sys.argv[1], *argv]))
+      code = 0
+    except SystemExit as e:
+      code = e.code
+    except BaseException:
+      traceback.print_exc()
+      code = 1
+  runs.append({"code": code, "stderr": stderr.getvalue()})
+  if code != 2:
+    break
+print(json.dumps(runs))
+"""
+
+# Every search flag's out-of-range values (SearchConfig's one check; serve's requests:
+# test_serve.BAD): (flags, the words of the error). {vocab}: the model's vocabulary size.
+BAD_SEARCH_FLAGS = [
+    (["--beam_size=0"], "beam_size must be >= 1, got 0"),
+    (["--beam_size=-3"], "beam_size must be >= 1, got -3"),
+    (["--nbest=0"], "nbest must be in [1, beam_size=4], got 0"),
+    (["--nbest=5"], "nbest must be in [1, beam_size=4], got 5"),
+    (["--alpha=-0.5"], "alpha must be in [0, 10], got -0.5"),
+    (["--alpha=10.5"], "alpha must be in [0, 10], got 10.5"),
+    (["--alpha=nan"], "alpha must be in [0, 10], got nan"),
+    (["--alpha=inf"], "alpha must be in [0, 10], got inf"),
+    (["--max_extra=-20"], "max_extra must be >= 0, got -20"),
+    (["--temperature=-1"], "temperature must be 0 (beam search; greedy with beam_size 1) or "
+                           "in [0.001, 100], got -1.0"),
+    (["--temperature=1e-9"], "got 1e-09"),
+    (["--temperature=1e7"], "got 10000000.0"),
+    (["--temperature=inf"], "got inf"),
+    (["--temperature=nan"], "got nan"),
+    (["--temperature=1", "--nbest=2"], "nbest must be 1 when sampling (temperature > 0)"),
+    (["--top_k=-1"], "top_k must be >= 0 (0 = every token), got -1"),
+    (["--temperature=1", "--top_k={vocab_plus_1}"],
+     "top_k must be at most the vocabulary's {vocab} tokens (0 = every token), got "
+     "{vocab_plus_1}"),
+    (["--top_p=0"], "top_p must be in (0, 1], got 0.0"),
+    (["--top_p=-0.5"], "top_p must be in (0, 1], got -0.5"),
+    (["--top_p=1.5"], "top_p must be in (0, 1], got 1.5"),
+    (["--top_p=nan"], "top_p must be in (0, 1], got nan"),
+]
+SERVE_AND_EXPORT_FLAGS = ("--beam_size", "--alpha", "--max_extra")  # Their search flags.
+
+
+@pytest.mark.parametrize("script", ["decode.py", "serve.py", "export.py"])
+def test_every_bad_search_flag_is_one_error_line_and_exit_2(workdir, script, tmp_path):
+  """Each out-of-range value of each search flag, through the script's own flag parsing
+  and main: exit 2 and one line naming the option, never a traceback or a search."""
+  from flax_transformer.workdir import read_run
+
+  vocab = read_run(workdir)[0].vocab_size
+  fill = lambda text: text.format(vocab=vocab, vocab_plus_1=vocab + 1)  # noqa: E731
+  cases = [([fill(f) for f in flags], fill(words)) for flags, words in BAD_SEARCH_FLAGS
+           if script == "decode.py" or all(f.split("=")[0] in SERVE_AND_EXPORT_FLAGS
+                                           for f in flags)]
+  if script == "serve.py":  # Else every request without a beam_size would be a 422.
+    cases.append((["--beam_size=9", "--max_beam=8"], "--beam_size 9 is over --max_beam 8"))
+  given = {"decode.py": [f"--compilation_cache_dir={conftest.XLA_CACHE}"],
+           "serve.py": ["--port=0"], "export.py": [f"--out={tmp_path / 'out'}"]}[script]
+  argvs = [[f"--workdir={workdir}", *given, *flags] for flags, _ in cases]
+  done = subprocess.run([sys.executable, "-c", FLAG_DRIVER, str(ROOT / script),
+                         json.dumps(argvs)], capture_output=True, text=True,
+                        env=conftest.cpu_env(), timeout=180)  # Seconds, when all are refused.
+  assert done.returncode == 0, done.stderr[-3000:]
+  runs = json.loads(done.stdout.splitlines()[-1])
+  for (flags, words), run in zip(cases, runs):
+    lines = run["stderr"].strip().splitlines()
+    assert run["code"] == 2 and len(lines) == 1, (flags, run)
+    assert lines[0].startswith("error: ") and words in lines[0], (flags, lines)
+  assert len(runs) == len(cases)
+  if script == "decode.py":  # And as a shell launches it: the same line, exit 2.
+    launched = decode(workdir, "--top_p=0", stdin=b"A dog runs.\n")
+    assert launched.returncode == 2
+    assert launched.stderr.decode().strip() == runs[-4]["stderr"].strip()
 
 
 def test_average_checkpoints_cli_writes_a_decodable_workdir(workdir, tmp_path):

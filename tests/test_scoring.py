@@ -18,7 +18,7 @@ from flax_transformer.averaging import load_params
 from flax_transformer.cli.translate import run_decode
 from flax_transformer.data.tokenizer import EOS_ID
 from flax_transformer.errors import DataError
-from flax_transformer.translation.search import length_penalty
+from flax_transformer.translation.search import NEG_INF, length_penalty
 from flax_transformer.translation.translator import SearchConfig, Translator
 from flax_transformer.workdir import read_run
 
@@ -133,6 +133,18 @@ def penalty(tokens):
   return float(length_penalty(np.int32(tokens), SEARCH.alpha))
 
 
+def at_the_length_limit(translator, sentence):
+  """A prefix exactly as long as `sentence`'s outputs may be (its tokens + max_extra):
+  only the room the search makes for a prefix and its EOS lets it be forced whole."""
+  tokenize = translator.tokenizer.tokenize
+  most = len(tokenize(sentence)) + translator.search.max_extra
+  words = "Eine Frau sitzt an einer und ein Mann mit einem".split() * 3  # A token each.
+  prefix = next((p for p in (" ".join(words[:n]) for n in range(1, len(words)))
+                 if len(tokenize(p)) - 1 >= most), None)
+  assert prefix is not None and len(tokenize(prefix)) - 1 == most, (sentence, prefix)
+  return prefix
+
+
 def check_scores_count_every_token(translator, sources, prefixes, divide_by_lp):
   """Searched from ids, each hypothesis starts with its prefix's ids, and its score is
   `score_ids` of its ids (forced ones included), / lp(|Y|) for beam search."""
@@ -141,7 +153,8 @@ def check_scores_count_every_token(translator, sources, prefixes, divide_by_lp):
   found = translator.translate_nbest_ids(source_ids, prefix_ids)
   pairs = [(source, np.array(ids + [EOS_ID]), score)
            for source, prefix, hyps in zip(source_ids, prefix_ids, found)
-           for ids, score in hyps if ids[:len(prefix)] == list(prefix) or pytest.fail(ids)]
+           for ids, score in hyps if score > NEG_INF  # An n-best slot without a hypothesis.
+           and (ids[:len(prefix)] == list(prefix) or pytest.fail(ids))]
   scored = translator.score_ids([s for s, _, _ in pairs], [t for _, t, _ in pairs])
   expected = [s / (penalty(n) if divide_by_lp else 1.0) for s, n in scored]
   np.testing.assert_allclose([score for _, _, score in pairs], expected, rtol=1e-5)
@@ -149,10 +162,15 @@ def check_scores_count_every_token(translator, sources, prefixes, divide_by_lp):
 
 def test_prefixes_in_beam_search_and_nbest(beam, nbest, sentences):
   own = [words(hyps[0][0], 2) for hyps in nbest]
-  # Per sentence: nothing, the model's own first two words, or words it would not choose.
-  prefixes = ["", own[1], "Zwei Katzen", "", own[4], "Eine Frau und", own[6], "Ein"]
+  # Per sentence: nothing, the model's own first two words, or words it would not choose
+  # (the last: as many as the sentence's outputs may hold, source tokens + max_extra).
+  prefixes = ["", own[1], "Zwei Katzen", "", own[4], "Eine Frau und", own[6],
+              at_the_length_limit(beam, sentences[7])]
   forced = beam.translate_nbest(sentences, prefixes=prefixes)
-  for prefix, hyps, alone in zip(prefixes, forced, nbest):
+  # The last prefix fills its outputs' room: one hypothesis, the prefix then EOS; the
+  # other slots hold none ('' scored NEG_INF, test_decoding's n-best padding).
+  assert forced[7] == [(prefixes[7], forced[7][0][1])] + [("", NEG_INF)] * (SEARCH.nbest - 1)
+  for prefix, hyps, alone in zip(prefixes[:7], forced, nbest):
     assert len(hyps) == SEARCH.nbest
     if not prefix:  # No prefix: the search without prefixes, bit for bit.
       assert hyps == alone
@@ -178,6 +196,10 @@ def test_prefixes_in_sampling(trained_tiny, sentences):
     if not prefix:  # The same draws as without prefixes (the same batch, key and rows).
       assert hyps == free
   check_scores_count_every_token(sampler, sentences, prefixes, divide_by_lp=False)
+  # A prefix as long as the outputs may be: forced whole, then EOS. (Alone: in the batch
+  # above it would sort last and move the other rows, and their draws.)
+  longest = at_the_length_limit(sampler, sentences[7])
+  assert sampler.translate([sentences[7]], prefixes=[longest]) == [longest]
 
 
 def decode(workdir, *args):

@@ -129,10 +129,12 @@ def test_translate_and_concurrent_requests_batched_equal_the_translator(server, 
 
 
 def test_options_nbest_prefix_and_score(server, translator, expected):
-  status, answer = server.call("/translate", {"text": SENTENCES[:2], "nbest": 3})
+  status, answer = server.call("/translate", {"text": SENTENCES[:2] + [""], "nbest": 3})
   assert status == 200
-  assert [len(hyps) for hyps in answer["nbest"]] == [3, 3]
-  assert answer["translations"] == expected[:2]
+  # An empty sentence has its 3 too (empty, score 0), as decode.py's K lines per input.
+  assert [len(hyps) for hyps in answer["nbest"]] == [3, 3, 3]
+  assert answer["nbest"][2] == [{"text": "", "score": 0.0}] * 3
+  assert answer["translations"] == expected[:2] + [""]
   assert [hyps[0]["text"] for hyps in answer["nbest"]] == answer["translations"]
   for hyps in answer["nbest"]:
     scores = [h["score"] for h in hyps]
@@ -212,6 +214,19 @@ BAD = [  # (what, request arguments, status, words of the one-line error)
     ("beam too wide", dict(body={"text": ["A dog."], "beam_size": 99}), 422, "beam_size"),
     ("nbest over beam", dict(body={"text": ["A dog."], "beam_size": 2, "nbest": 3}), 422,
      "nbest"),
+    # The search options' one check (SearchConfig's, decode.py's flags: test_decoding).
+    ("beam 0", dict(body={"text": ["A dog."], "beam_size": 0}), 422,
+     "beam_size must be in [1, 8]"),
+    ("nbest 0", dict(body={"text": ["A dog."], "nbest": 0}), 422,
+     "nbest must be in [1, beam_size=4], got 0"),
+    ("alpha below 0", dict(body={"text": ["A dog."], "alpha": -0.5}), 422,
+     "alpha must be in [0, 10], got -0.5"),
+    ("alpha above 10", dict(body={"text": ["A dog."], "alpha": 10.5}), 422,
+     "alpha must be in [0, 10], got 10.5"),
+    ("alpha NaN", dict(raw=b'{"text": ["A dog."], "alpha": NaN}'), 422,
+     "alpha must be in [0, 10], got nan"),
+    ("alpha infinite", dict(raw=b'{"text": ["A dog."], "alpha": Infinity}'), 422,
+     "alpha must be in [0, 10], got inf"),
     ("prefix count", dict(body={"text": ["A dog."], "prefix": []}), 422, "'prefix' has 0"),
     ("no token", dict(body={"text": ["A dog."]}, token=None), 401, "missing bearer token"),
     ("bad token", dict(body={"text": ["A dog."]}, token="guess"), 401, "bad bearer token"),
@@ -390,6 +405,27 @@ def test_the_batcher_shares_the_translators_placed_params(batcher, translator):
   for params in (batcher._params, derived._placed_params):
     leaves = jax.tree_util.tree_leaves(params)
     assert len(leaves) == len(base) and all(a is b for a, b in zip(leaves, base))
+
+
+def test_a_cancelled_request_leaves_its_batch_mates_answered(translator, expected):
+  """A's caller cancels it (uvicorn's shutdown does, any Python caller may); B, searched
+  (or scored) in the same batch, still gets its answer. The batcher gathers exactly A
+  and B (max_batch 2 sentences, a minute's wait for the second): no timing decides."""
+  from flax_transformer.serving.batcher import Batcher
+
+  batcher = Batcher(translator, max_batch=2, max_wait_s=60, max_tokens=16)
+  a = batcher.translate([SENTENCES[0]], SEARCH)
+  assert a.cancel()
+  b = batcher.translate([SENTENCES[1]], SEARCH)
+  assert [hyps[0][0] for hyps in b.result(timeout=300)] == [expected[1]]
+  assert a.cancelled() and batcher.stats["searches"] == 1  # One search: A's and B's.
+  pairs = [SENTENCES[0]], [expected[0]]
+  a = batcher.score(*pairs)
+  assert a.cancel()
+  b = batcher.score([SENTENCES[1]], [expected[1]])
+  assert [s["tokens"] for s in b.result(timeout=300)] == [
+      tokens for _, tokens in translator.score([SENTENCES[1]], [expected[1]])]
+  assert batcher.stats["searches"] == 2
 
 
 def test_a_forced_prefix_is_routed_at_its_length_without_eos(batcher):

@@ -192,10 +192,8 @@ class _Requests:
           default, beam_size=beam_size,
           alpha=default.alpha if body.alpha is None else body.alpha,
           nbest=default.nbest if body.nbest is None else body.nbest)
-    except ConfigError as e:
+    except ConfigError as e:  # SearchConfig's check, decode.py's too (alpha in [0, 10], ...).
       raise RequestError(422, str(e)) from None
-    if not 0 <= search.alpha <= 10:
-      raise RequestError(422, f"alpha must be in [0, 10], got {search.alpha}")
     return search
 
 

@@ -42,6 +42,20 @@ def row_ladder(devices: int, max_batch: int) -> list[int]:
   return ladder + [top]
 
 
+def _answer(future: concurrent.futures.Future, result=None, error: BaseException | None = None
+            ) -> None:
+  """Sets `future`'s result (or `error`) unless it is done: its caller may have cancelled
+  it (uvicorn's shutdown, any Python caller), and its batch-mates are answered all the
+  same. set_running_or_notify_cancel makes a cancel and the answer exclusive: a cancel
+  between it and set_result fails."""
+  if future.done() or not future.set_running_or_notify_cancel():
+    return
+  if error is None:
+    future.set_result(result)
+  else:
+    future.set_exception(error)
+
+
 @dataclasses.dataclass
 class _Job:
   kind: str  # "translate" or "score"
@@ -183,8 +197,7 @@ class Batcher:
     logging.error("%s of %d request(s) failed: %s", jobs[0].kind, len(jobs), error,
                   exc_info=error)
     for job in jobs:
-      if not job.future.done():
-        job.future.set_exception(error)
+      _answer(job.future, error=error)
 
   def _plan(self, jobs: list[_Job]) -> list[tuple[int, int, list[tuple[int, int]]]]:
     """The searches of one group: (rows, width, its (job, sentence) indices) each."""
@@ -221,7 +234,7 @@ class Batcher:
       for (j, i), hyps in zip(chunk, found):
         results[j][i] = hyps[:search.nbest]
     for job, result in zip(jobs, results):
-      job.future.set_result(result)
+      _answer(job.future, result)
 
   def _compile_then_requeue(self, search: SearchConfig, keys: set[tuple[int, int, bool]],
                             jobs: list[_Job]) -> None:
@@ -277,7 +290,7 @@ class Batcher:
       self.stats["searches"] += 1
     start = 0
     for job in jobs:
-      job.future.set_result(found[start:start + len(job.sentences)])
+      _answer(job.future, found[start:start + len(job.sentences)])
       start += len(job.sentences)
 
   def _translator(self, search: SearchConfig, rows: int, width: int | None) -> Translator:

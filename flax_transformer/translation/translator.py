@@ -31,12 +31,28 @@ from flax_transformer.translation import batching
 from flax_transformer.translation import search as search_lib
 
 
+MAX_ALPHA = 10.0
+TEMPERATURES = (1e-3, 100.0)  # A sampling temperature's range.
+
+
 @dataclasses.dataclass(frozen=True)
 class SearchConfig:
   """How to search: beam (beam_size > 1 or temperature 0 with beam_size 1) or sampling.
 
-  max_extra: outputs may be up to source length + max_extra tokens (paper: 50),
-  capped by the model's max_len. nbest: hypotheses returned per sentence.
+  max_extra: outputs may be up to source length + max_extra tokens (paper: 50; 0: no
+  longer than the source), capped by the model's max_len. nbest: hypotheses returned
+  per sentence (1 when sampling: a draw is one hypothesis).
+
+  The one check of search options (decode.py's, serve.py's and export.py's flags,
+  serve's requests, the API): an option out of range is a ConfigError naming it.
+  alpha in [0, 10]: below 0 the early stop's bound on live beams fails (a sentence's
+  n-best could depend on its batch-mates), so it is refused, not searched; 10 keeps
+  ((5 + |Y|) / 6)^alpha finite in float32 for outputs of thousands of tokens.
+  temperature 0 (beam search, or greedy with beam_size 1) or in [0.001, 100]: below,
+  sampling is all but greedy; above, all but uniform over the vocabulary (and from
+  about 1e5 the pad and length bans, log-prob -1e7 divided by the temperature, fail).
+  top_k in [0, the vocabulary] (0: every token; the vocabulary's bound is
+  `check_vocabulary`'s), top_p in (0, 1].
   """
 
   beam_size: int = 4
@@ -48,12 +64,31 @@ class SearchConfig:
   top_p: float = 1.0
 
   def __post_init__(self):
-    if self.beam_size < 1:
+    # `not a <= x <= b`, not `x < a or x > b`: NaN is refused too.
+    if not self.beam_size >= 1:
       raise ConfigError(f"beam_size must be >= 1, got {self.beam_size}")
     if not 1 <= self.nbest <= self.beam_size:
       raise ConfigError(f"nbest must be in [1, beam_size={self.beam_size}], got {self.nbest}")
-    if self.temperature < 0:
-      raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+    if not 0 <= self.alpha <= MAX_ALPHA:
+      raise ConfigError(f"alpha must be in [0, {MAX_ALPHA:g}], got {self.alpha}")
+    if not self.max_extra >= 0:
+      raise ConfigError(f"max_extra must be >= 0, got {self.max_extra}")
+    if not (self.temperature == 0 or TEMPERATURES[0] <= self.temperature <= TEMPERATURES[1]):
+      raise ConfigError(f"temperature must be 0 (beam search; greedy with beam_size 1) or in "
+                        f"[{TEMPERATURES[0]:g}, {TEMPERATURES[1]:g}], got {self.temperature}")
+    if self.temperature > 0 and self.nbest > 1:
+      raise ConfigError(f"nbest must be 1 when sampling (temperature > 0): each draw is one "
+                        f"hypothesis, got {self.nbest}")
+    if not self.top_k >= 0:
+      raise ConfigError(f"top_k must be >= 0 (0 = every token), got {self.top_k}")
+    if not 0 < self.top_p <= 1:
+      raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+
+  def check_vocabulary(self, vocab_size: int) -> None:
+    """The check that needs the model: top_k at most its vocabulary."""
+    if self.top_k > vocab_size:
+      raise ConfigError(f"top_k must be at most the vocabulary's {vocab_size} tokens "
+                        f"(0 = every token), got {self.top_k}")
 
 
 Members = TransformerConfig | Sequence[TransformerConfig]
@@ -94,6 +129,7 @@ def make_search_fn(model_config: Members, search: SearchConfig
   data, so one program serves every prefix up to P tokens.
   """
   configs = _members(model_config)
+  search.check_vocabulary(configs[0].vocab_size)
   as_members = _as_members_of(model_config)
   encoders = [Transformer(c.replace(deterministic=True, decode=False)) for c in configs]
   decoders = [Transformer(c.replace(deterministic=True, decode=True)) for c in configs]
@@ -405,7 +441,8 @@ class Translator:
         raise DataError(f"ensemble: {member_tokenizer.path} is not the vocabulary of "
                         f"{tokenizer.path}; members must share one vocabulary")
       configs.append(model_config)
-    averaging.check_average_last(average_last)  # Before any compile is queued.
+    averaging.check_average_last(average_last)  # Before any compile is queued,
+    search.check_vocabulary(configs[0].vocab_size)  # or anything is logged.
     if compilation_cache_dir is not None:
       compilation.enable_cache(compilation_cache_dir)
     translator = cls.__new__(cls)
@@ -494,11 +531,13 @@ class Translator:
 
     prefixes: per sentence, the text its translations start with (tokenized as
     targets are; '' forces nothing); the score then includes the prefix's
-    log-probability. Empty (or all-whitespace) sentences without a prefix
-    translate to ''.
+    log-probability. Empty (or all-whitespace) sentences without a prefix are not
+    searched: their `search.nbest` hypotheses are all '' with score 0 (as many as any
+    sentence's, so n-best output keeps K lines per input).
     """
     todo, sources, prefix_ids = self._searched(sentences, prefixes)
-    results: list[list[tuple[str, float]]] = [[("", 0.0)] for _ in sentences]
+    results: list[list[tuple[str, float]]] = [[("", 0.0)] * self.search.nbest
+                                              for _ in sentences]
     if todo:
       found = self.translate_nbest_ids(sources, prefix_ids, progress)
       for i, hyps in zip(todo, found):
