@@ -1,0 +1,230 @@
+"""FSMT (fairseq's WMT19 models) in the transformers format -> this project's Transformer.
+
+transformers' FSMTForConditionalGeneration is fairseq's transformer: post-norm, biases on
+every projection, LayerNorm epsilon 1e-5 (torch's default; FSMTConfig has no field for
+it), embeddings times sqrt(d_model) (`scale_embedding`), separate source and target
+vocabularies (`vocab-src.json`, `vocab-tgt.json`), and fairseq's sinusoidal positions:
+sines in one half and cosines in the other, frequencies 10000^(-i/(d_model/2 - 1)), token
+j at row j + pad + 1 of the table (`position_offset`). The decoder starts from EOS
+(`decoder_start_token_id`). The output projection is its own matrix
+(`decoder.output_projection`; transformers 5 ties it only with tie_word_embeddings, which
+ties all three); where it equals the target embedding the import ties them, and where the
+file has none it is the target embedding, fairseq's and transformers 4's tying, with a
+note. Ids are permuted to the project's (pad 0, EOS 1, unknown 2) on each side.
+
+`FIELDS` says what each FSMTConfig field becomes here, or why it does not change the
+function; any other field, or a value this code does not implement, is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from flax_transformer.errors import DataError
+from flax_transformer.network.config import TransformerConfig
+from flax_transformer.network.layers import sinusoidal_position_encoding
+from flax_transformer.pretrained import convert
+from flax_transformer.pretrained.fsmt_tokenizer import FILES, SPECIALS, read_merges
+from flax_transformer.pretrained.marian import ACTIVATIONS, TRAINING_ONLY
+
+ARCHITECTURE = "fsmt"
+CLASSES = ("FSMTForConditionalGeneration",)
+# FSMTConfig's defaults, for fields a config.json leaves out.
+DEFAULTS = {"src_vocab_size": 42024, "tgt_vocab_size": 42024, "activation_function": "relu",
+            "d_model": 1024, "max_position_embeddings": 1024, "encoder_ffn_dim": 4096,
+            "encoder_layers": 12, "encoder_attention_heads": 16, "decoder_ffn_dim": 4096,
+            "decoder_layers": 12, "decoder_attention_heads": 16, "attention_dropout": 0.0,
+            "dropout": 0.1, "decoder_start_token_id": 2, "scale_embedding": True,
+            "tie_word_embeddings": False, "pad_token_id": 1, "eos_token_id": 2}
+# FSMTConfig's attribute_map: names config.json may also hold, each equal to its field.
+ALIASES = {"num_attention_heads": "encoder_attention_heads", "hidden_size": "d_model",
+           "vocab_size": "tgt_vocab_size", "num_hidden_layers": "encoder_layers"}
+
+
+def _langs(value) -> str | None:
+  ok = isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value)
+  return None if ok else "a list of the source and target languages, e.g. ['en', 'de']"
+
+
+# Every FSMTConfig field: a rule (value -> None, or what this code implements) where it
+# changes the function (`model_config_from` maps it), a reason where it does not. Fields of
+# every transformers config are convert.GENERIC_IRRELEVANT's.
+FIELDS: dict = {
+    "langs": _langs,  # The tokenizer's Moses languages (checked equal to its own).
+    "src_vocab_size": convert.must_be_int(1), "tgt_vocab_size": convert.must_be_int(1),
+    "d_model": convert.must_be_int(1), "encoder_layers": convert.must_be_int(1),
+    "decoder_layers": convert.must_be_int(1), "encoder_ffn_dim": convert.must_be_int(1),
+    "decoder_ffn_dim": convert.must_be_int(1), "encoder_attention_heads": convert.must_be_int(1),
+    "decoder_attention_heads": convert.must_be_int(1),
+    "max_position_embeddings": convert.must_be_int(1),
+    **{alias: lambda v: None for alias in ALIASES},  # Checked equal to their fields.
+    "activation_function": lambda v: None if v in ACTIVATIONS else f"one of {sorted(ACTIVATIONS)}",
+    "scale_embedding": convert.must_be(True, False),
+    "tie_word_embeddings": convert.must_be(True, False),
+    "pad_token_id": lambda v: None, "eos_token_id": lambda v: None,  # Checked with the vocabulary.
+    "decoder_start_token_id": lambda v: None,
+    "is_encoder_decoder": convert.must_be(True),
+    "dropout": lambda v: None, "attention_dropout": lambda v: None,  # Fine-tuning's rates.
+    "activation_dropout": TRAINING_ONLY, "encoder_layerdrop": TRAINING_ONLY,
+    "decoder_layerdrop": TRAINING_ONLY, "init_std": TRAINING_ONLY,
+    "decoder": "a legacy nested decoder config that FSMTConfig drops",
+}
+# tokenizer_config.json: what FSMTTokenizer does with each field here.
+TOKENIZER_FIELDS: dict = {
+    "langs": _langs, "do_lower_case": convert.must_be(True, False),
+    "bos_token": convert.must_be(SPECIALS[0]), "pad_token": convert.must_be(SPECIALS[1]),
+    "sep_token": convert.must_be(SPECIALS[2]), "eos_token": convert.must_be(SPECIALS[2], None),
+    "unk_token": convert.must_be(SPECIALS[3]),
+    "model_max_length": "truncation is the caller's", "tokenizer_class": "checked",
+    "added_tokens_decoder": "the specials, checked with the vocabulary",
+    "backend": "bookkeeping", "name_or_path": "bookkeeping",
+    "special_tokens_map_file": "bookkeeping",
+    "clean_up_tokenization_spaces": convert.must_be(False),
+    "additional_special_tokens": convert.must_be([], None),
+    "extra_special_tokens": convert.must_be([], {}, None),
+}
+
+
+def import_folder(folder: Path) -> convert.Imported:
+  """The model, tokenizer and config of the transformers FSMT folder `folder`."""
+  where = folder / "config.json"
+  config = convert.read_config(folder, ARCHITECTURE, CLASSES)
+  convert.check_fields(config, FIELDS, where)
+  config = {**DEFAULTS, **config}
+  tokenizer_config = convert.read_json(folder, "tokenizer_config.json")
+  convert.check_fields(tokenizer_config, TOKENIZER_FIELDS, folder / "tokenizer_config.json")
+  langs = tokenizer_config.get("langs")
+  if langs is None or ("langs" in config and config["langs"] != langs):
+    raise DataError(f"{folder / 'tokenizer_config.json'}: langs={langs!r}, but config.json "
+                    f"has {config.get('langs')!r} (the source and target languages)")
+  notes = [f"{name}={config[name]}: {TRAINING_ONLY}" for name in (
+      "activation_dropout", "encoder_layerdrop", "decoder_layerdrop") if config.get(name)]
+
+  vocabs = [convert.read_vocabulary(folder, name, SPECIALS) for name in FILES[:2]]
+  pad, eos = config["pad_token_id"], config["eos_token_id"]
+  for vocab, name, size in zip(vocabs, FILES, ("src_vocab_size", "tgt_vocab_size")):
+    if len(vocab) != config[size]:
+      raise DataError(f"{where}: {size}={config[size]}, but {name} has {len(vocab)} pieces")
+    for piece, value, field in (("<pad>", pad, "pad_token_id"), ("</s>", eos, "eos_token_id")):
+      if vocab[piece] != value:
+        raise DataError(f"{where}: {field}={value}, but {name} has {piece!r} at {vocab[piece]}")
+  orders = [convert.project_order(len(v), pad=pad, eos=eos, unk=v["<unk>"]) for v in vocabs]
+  start = config["decoder_start_token_id"]
+  if not isinstance(start, int) or not 0 <= start < len(vocabs[1]):
+    raise DataError(f"{where}: decoder_start_token_id={start!r} is not a target id")
+  decoder_start_id = int(np.argsort(orders[1])[start])
+
+  model_config = model_config_from(config, where, source_size=len(vocabs[0]),
+                                   target_size=len(vocabs[1]),
+                                   decoder_start_id=decoder_start_id)
+  if model_config.share_embeddings and not np.array_equal(*orders):
+    raise DataError(f"{where}: tie_word_embeddings=True shares one embedding, but "
+                    f"{FILES[0]} and {FILES[1]} put their special tokens at different ids")
+  params, tied_target, note = _params(convert.read_weights(folder), model_config, *orders,
+                                      pad, folder / "model.safetensors")
+  model_config = model_config.replace(tie_target_embedding=tied_target)
+  notes += [note] if note else []
+
+  files = {name: json.dumps(convert.permuted_vocab(vocab, order), ensure_ascii=False,
+                            indent=0).encode() for name, vocab, order in zip(FILES[:2], vocabs, orders)}
+  files["merges.txt"] = convert.read_bytes(folder, "merges.txt")
+  try:
+    read_merges(files["merges.txt"].decode("utf-8"))
+  except UnicodeDecodeError as e:
+    raise DataError(f"{folder / 'merges.txt'}: not UTF-8 text ({e})") from None
+  spec = {"kind": "fsmt", "langs": list(langs),
+          "do_lower_case": bool(tokenizer_config.get("do_lower_case", False))}
+  return convert.Imported(ARCHITECTURE, model_config, params, spec, files, notes)
+
+
+def model_config_from(config: dict, where: Path, *, source_size: int, target_size: int,
+                      decoder_start_id: int) -> TransformerConfig:
+  """The TransformerConfig of an FSMTConfig (`config`: config.json over DEFAULTS)."""
+  for alias, field in ALIASES.items():
+    if alias in config and config[alias] != config[field]:
+      raise DataError(f"{where}: {alias}={config[alias]} and {field}={config[field]} differ "
+                      "(transformers reads the one as the other)")
+  for a, b in (("encoder_ffn_dim", "decoder_ffn_dim"),
+               ("encoder_attention_heads", "decoder_attention_heads")):
+    if config[a] != config[b]:
+      raise DataError(f"{where}: {a}={config[a]} and {b}={config[b]} differ; this model has "
+                      "one value for both")
+  shared = config["tie_word_embeddings"]
+  if shared and source_size != target_size:
+    raise DataError(f"{where}: tie_word_embeddings=True ties the source ({source_size}) and "
+                    f"target ({target_size}) embeddings, which need one size")
+  pad = config["pad_token_id"]
+  if not isinstance(pad, int) or pad < 0:
+    raise DataError(f"{where}: pad_token_id={pad!r} is not an id")
+  d_model, heads = config["d_model"], config["encoder_attention_heads"]
+  if d_model % heads:
+    raise DataError(f"{where}: d_model={d_model} is not divisible by the {heads} heads")
+  try:
+    return TransformerConfig(
+        vocab_size=target_size, source_vocab_size=None if shared else source_size,
+        d_model=d_model, d_ff=config["encoder_ffn_dim"], num_heads=heads,
+        num_layers=config["encoder_layers"], num_decoder_layers=config["decoder_layers"],
+        dropout_rate=config["dropout"], attention_dropout_rate=config["attention_dropout"],
+        max_len=config["max_position_embeddings"], share_embeddings=shared,
+        attention_bias=True, norm="post", layer_norm_epsilon=1e-5,
+        activation=ACTIVATIONS[config["activation_function"]],
+        scale_embedding=config["scale_embedding"], position_layout="halves",
+        position_frequencies="fairseq", position_offset=pad + 1,
+        decoder_start_id=decoder_start_id)
+  except ValueError as e:
+    raise DataError(f"{where}: {e}") from None
+
+
+def _params(weights: dict, model_config: TransformerConfig, source_order: np.ndarray,
+            target_order: np.ndarray, pad: int, where: Path):
+  """(the parameter tree, whether the target embedding is the output projection, a note
+  or None). Consumes `weights`; a tensor left over, or a tied copy that differs, is
+  refused."""
+  heads = model_config.num_heads
+  params: dict = {"encoder": {}, "decoder": {}}
+  target = convert.take(weights, "model.decoder.embed_tokens.weight")
+  output = weights.pop("model.decoder.output_projection.weight", None)
+  tied, note = False, None
+  if model_config.share_embeddings:  # transformers ties all three to the decoder's.
+    params["shared_embedding"] = {"embedding": target[target_order]}
+    for name in ("model.encoder.embed_tokens.weight", "model.decoder.output_projection.weight"):
+      copy = output if name.endswith("output_projection.weight") else weights.pop(name, None)
+      if copy is not None and not np.array_equal(copy, target):
+        raise DataError(f"{where}: {name} differs from the embedding tie_word_embeddings=True "
+                        "ties it to")
+  else:
+    source = convert.take(weights, "model.encoder.embed_tokens.weight")
+    params["source_embedding"] = {"embedding": source[source_order]}
+    params["target_embedding"] = {"embedding": target[target_order]}
+    if output is None:
+      tied = True
+      note = ("model.decoder.output_projection.weight is absent: the output projection is "
+              "the target embedding (fairseq's and transformers 4's tying)")
+    elif np.array_equal(output, target):
+      tied = True
+    else:
+      params["decoder"]["logits"] = {"kernel": output[target_order].T}
+  rows = model_config.max_len + model_config.position_offset
+  table = sinusoidal_position_encoding(rows, model_config.d_model, layout="halves",
+                                       frequencies="fairseq")
+  table[pad] = 0.0  # fairseq zeroes the padding index's row (never used here).
+  for side in ("encoder", "decoder"):
+    name = f"model.{side}.embed_positions.weight"
+    stored = weights.pop(name, None)
+    if stored is not None:
+      n = min(len(stored), rows)  # torch's float32 sin and cos: within 1e-6 at 1000 rows.
+      if stored.shape[1:] != table.shape[1:] or not np.allclose(stored[:n], table[:n],
+                                                                  atol=1e-5):
+        raise DataError(f"{where}: {name} is not fairseq's sinusoidal table")
+  for i in range(model_config.encoder_layers):
+    params["encoder"][f"layer_{i}"] = convert.bart_encoder_layer(
+        weights, f"model.encoder.layers.{i}", heads)
+  for i in range(model_config.decoder_layers):
+    params["decoder"][f"layer_{i}"] = convert.bart_decoder_layer(
+        weights, f"model.decoder.layers.{i}", heads)
+  if weights:
+    raise DataError(f"{where}: tensors with no place in the model: {sorted(weights)[:5]}")
+  return params, tied, note
