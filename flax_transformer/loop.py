@@ -142,7 +142,8 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
   writer = create_writer(workdir, process_index)
   opened.callback(writer.close)
   if start_step == 0:
-    writer.write_hparams({"model": model_config.to_dict(), **config.to_dict()})
+    # The run's model, not config.model: the vocabulary's size, a fine-tuning source's model.
+    writer.write_hparams({**config.to_dict(), "model": model_config.to_dict()})
   stop = StopRequest(checkpointer)
   stop.install(start_step)
   opened.callback(stop.uninstall)

@@ -31,7 +31,9 @@ _PACKED_RENAMES = {"inputs_segment_ids": "inputs_segmentation",
 
 
 class TokenizePair:
-  """(source, target) strings -> {'inputs', 'targets'} int32 ids ending in EOS.
+  """(source, target) strings -> {'inputs', 'targets'} int32 ids ending in EOS, each by
+  its side of the tokenizer (`source`, `target`: one vocabulary shared by both, or an
+  imported model's two).
 
   With `sampling_alpha` > 0 (subword regularisation), each call draws one sampled
   segmentation seeded from `rng`; otherwise the deterministic one, and `rng` is unused.
@@ -46,7 +48,8 @@ class TokenizePair:
       inputs, targets = self.tokenizer.tokenize_sampled(
           pair, alpha=self.sampling_alpha, seed=int(rng.integers(1, 2**31)))
     else:
-      inputs, targets = (self.tokenizer.tokenize(text) for text in pair)
+      inputs = self.tokenizer.source.tokenize(pair[0])
+      targets = self.tokenizer.target.tokenize(pair[1])
     return {"inputs": inputs, "targets": targets}
 
 

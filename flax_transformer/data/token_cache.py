@@ -127,7 +127,8 @@ def build(pairs: Sequence, tokenizer: Tokenizer, folder: Path, *, threads: int,
           key: dict | None = None) -> None:
   """Tokenizes every (source, target) of `pairs` into `folder` (written whole), with
   `key` (`key_fields`) in its meta.json."""
-  dtype = np.uint16 if tokenizer.vocab_size < 2 ** 16 else np.int32
+  sides = dict(zip(SIDES, (tokenizer.source, tokenizer.target)))  # Inputs, targets.
+  dtype = np.uint16 if max(t.vocab_size for t in sides.values()) < 2 ** 16 else np.int32
   partial = folder.with_name(f"{folder.name}.partial-{uuid.uuid4().hex[:8]}")
   partial.mkdir(parents=True)
   start, tokens = time.time(), {s: 0 for s in SIDES}
@@ -137,7 +138,7 @@ def build(pairs: Sequence, tokenizer: Tokenizer, folder: Path, *, threads: int,
     for begin in range(0, len(pairs), CHUNK_PAIRS):
       chunk = read_pairs(pairs, range(begin, min(len(pairs), begin + CHUNK_PAIRS)))
       for side, texts in zip(SIDES, zip(*chunk)):
-        flat, lengths = _encode(tokenizer, list(texts), threads, dtype)
+        flat, lengths = _encode(sides[side], list(texts), threads, dtype)
         files[side].write(flat.tobytes())
         offsets[side].append(tokens[side] + np.cumsum(lengths))
         tokens[side] += int(lengths.sum())
