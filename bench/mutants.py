@@ -31,6 +31,7 @@ LAYERS = "flax_transformer/network/layers.py"
 MODEL = "flax_transformer/network/model.py"
 ATTENTION = "flax_transformer/network/attention.py"
 SEARCH = "flax_transformer/translation/search.py"
+TRANSLATOR = "flax_transformer/translation/translator.py"
 AVERAGING = "flax_transformer/averaging.py"
 DEFAULTS = "configs/default.py"
 
@@ -159,6 +160,13 @@ MUTANTS = [
            "best_alive = s.alive_log_probs[:, 0] / length_penalty(s.step + 1, alpha)", (PAPER,)),
     Mutant("no early stop", SEARCH, "return (s.step < length) & jnp.any(open_sentence)",
            "return s.step < length", (PAPER,)),
+    # --- Search options and forced prefixes (issue 68) -------------------------------
+    Mutant("a forced prefix gets no room past the length limit", SEARCH,
+           "    max_lengths = jnp.maximum(max_lengths, forced_lengths + 1)\n",
+           "    pass\n", ("tests/test_scoring.py::test_prefixes_in_beam_search_and_nbest",)),
+    Mutant("alpha's range unchecked (decode.py, serve.py, the API)", TRANSLATOR,
+           "if not 0 <= self.alpha <= MAX_ALPHA:", "if False:",
+           ("tests/test_serve.py::test_bad_input_gets_a_4xx_with_one_line_and_one_log_line",)),
 ]
 
 
