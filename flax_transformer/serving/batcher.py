@@ -116,11 +116,11 @@ class Batcher:
 
   def source_length(self, sentence: str) -> int:
     """Tokens of `sentence` as a source (EOS included)."""
-    return len(self.tokenizer.tokenize(sentence))
+    return len(self.tokenizer.source.tokenize(sentence))
 
   def prefix_length(self, prefix: str) -> int:
     """Tokens of `prefix` as forced (no EOS, as `Translator.translate_nbest` forces it)."""
-    return len(self.tokenizer.tokenize(prefix)) - 1
+    return len(self.tokenizer.target.tokenize(prefix)) - 1
 
   def width(self, sentence: str, prefix: str | None = None) -> int:
     """The row width (tokens) `sentence` is searched at: its source's, or its forced

@@ -140,7 +140,8 @@ def _previous_token(s: BeamState, k: int) -> jax.Array:
 def beam_search(tokens_to_logits: TokensToLogits, cache, *, batch_size: int, beam_size: int,
                 max_decode_len: int, alpha: float = 0.6, eos_id: int = 1,
                 max_lengths: jax.Array | None = None, forced_ids: jax.Array | None = None,
-                forced_lengths: jax.Array | None = None) -> SearchResult:
+                forced_lengths: jax.Array | None = None,
+                eos_within_beam: bool = False) -> SearchResult:
   """Beam search maximising log P(Y) / lp(Y) (paper section 6.1).
 
   cache: the model's state for batch_size * beam_size rows (beams of a
@@ -149,6 +150,8 @@ def beam_search(tokens_to_logits: TokensToLogits, cache, *, batch_size: int, bea
   forced_lengths int [B]: every hypothesis of sentence b starts with
   forced_ids[b, :forced_lengths[b]] (no EOS; None: no prefixes). Stops when no
   live beam can still beat the K-th best finished hypothesis of every sentence.
+  eos_within_beam: a hypothesis may end only as one of a step's K best candidates, as
+  in transformers' generate and fairseq (default: as any of the 2K the step considers).
   """
   b, k, length = batch_size, beam_size, max_decode_len
   max_lengths = _max_lengths(max_lengths, b, length, forced_lengths)
@@ -185,7 +188,10 @@ def beam_search(tokens_to_logits: TokensToLogits, cache, *, batch_size: int, bea
 
     # Finished: the best K of those kept so far and those that just ended.
     new_scores = top_log_probs / length_penalty(s.step + 1, alpha)
-    new_scores = jnp.where(ended & ~dead, new_scores, NEG_INF)
+    may_end = ended & ~dead
+    if eos_within_beam:
+      may_end = may_end & (jnp.arange(top_tokens.shape[1]) < k)
+    new_scores = jnp.where(may_end, new_scores, NEG_INF)
     pool_scores = jnp.concatenate([s.finished_scores, new_scores], axis=1)
     pool_ends = jnp.concatenate([s.finished_ends, s.step * k + top_beams], axis=1)
     finished_scores, finished_pick = jax.lax.top_k(pool_scores, k)

@@ -62,6 +62,10 @@ class SearchConfig:
   temperature: float = 0.0
   top_k: int = 0
   top_p: float = 1.0
+  # Beam search: a hypothesis ends (takes EOS) only as one of a step's beam_size best
+  # candidates, as transformers' generate and fairseq have it; False: as any of the
+  # 2 x beam_size the step considers (search.beam_search).
+  eos_within_beam: bool = False
 
   def __post_init__(self):
     # `not a <= x <= b`, not `x < a or x > b`: NaN is refused too.
@@ -171,7 +175,7 @@ def make_search_fn(model_config: Members, search: SearchConfig
     return search_lib.beam_search(
         tokens_to_logits, cache, batch_size=batch, beam_size=search.beam_size,
         max_decode_len=max_decode_len, alpha=search.alpha, eos_id=EOS_ID,
-        max_lengths=max_lengths, **forced)
+        max_lengths=max_lengths, eos_within_beam=search.eos_within_beam, **forced)
 
   return search_fn
 
@@ -541,16 +545,16 @@ class Translator:
     if todo:
       found = self.translate_nbest_ids(sources, prefix_ids, progress)
       for i, hyps in zip(todo, found):
-        results[i] = [(self.tokenizer.detokenize(h), score) for h, score in hyps]
+        results[i] = [(self.tokenizer.target.detokenize(h), score) for h, score in hyps]
     return results
 
   def _searched(self, sentences: Sequence[str], prefixes: Sequence[str] | None):
     """(indices of the sentences searched, their ids, their prefixes' ids or None):
     empty sentences without a prefix are not searched."""
-    ids = [self.tokenizer.tokenize(s) for s in sentences]
+    ids = [self.tokenizer.source.tokenize(s) for s in sentences]
     prefix_ids = None
     if prefixes is not None:  # Tokenized as targets are, without their EOS.
-      prefix_ids = [self.tokenizer.tokenize(p)[:-1] for p in prefixes]
+      prefix_ids = [self.tokenizer.target.tokenize(p)[:-1] for p in prefixes]
       self._check_prefixes(prefix_ids, len(sentences))
     todo = [i for i, s in enumerate(sentences)
             if s.strip() or (prefix_ids is not None and len(prefix_ids[i]))]
@@ -571,8 +575,8 @@ class Translator:
     batch, split over the devices as the search is. Sources longer than max_len
     are truncated (logged); a target that long is a DataError naming its line.
     """
-    return self.score_ids([self.tokenizer.tokenize(s) for s in sources],
-                          [self.tokenizer.tokenize(t) for t in targets], progress)
+    return self.score_ids([self.tokenizer.source.tokenize(s) for s in sources],
+                          [self.tokenizer.target.tokenize(t) for t in targets], progress)
 
   def score_ids(self, sources: Sequence[np.ndarray], targets: Sequence[np.ndarray],
                 progress=None) -> list[tuple[float, int]]:

@@ -1,0 +1,216 @@
+"""Imported Marian and FSMT models compute transformers' function: the tiny models and
+references of tests/fixtures/make_pretrained.py and make_fsmt.py (made with transformers and
+torch; none is needed here),
+imported by import_model.py, give the same token ids, logits (1e-4), summed
+log-probabilities (Translator.score, 1e-3), greedy outputs, and beam-4 outputs at the
+length rule both share (SearchConfig(alpha=0) and generate(length_penalty=0): the sum of
+log-probabilities). Bad folders are one line and exit 2."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from flax_transformer.averaging import load_params
+from flax_transformer.data.tokenizer import EOS_ID
+from flax_transformer.network.model import Transformer
+from flax_transformer.pretrained import importer
+from flax_transformer.translation.translator import SearchConfig, Translator
+from flax_transformer.workdir import read_run
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+MODELS = ("marian_swish_shared", "marian_gelu_separate", "fsmt")
+# Each architecture's source and target vocabulary files (a shared one: the first only).
+VOCABULARIES = {"marian": ("vocab.json", "target_vocab.json"),
+                "fsmt": ("vocab-src.json", "vocab-tgt.json")}
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def imported(request, tmp_path_factory):
+  """(fixture folder, workdir it was imported into, transformers' references, theirs ->
+  ours id maps (source, target))."""
+  folder = FIXTURES / request.param
+  workdir = tmp_path_factory.mktemp(request.param) / "run"
+  importer.import_model(folder, workdir)
+  references = json.loads((folder / "references.json").read_text())
+  return folder, workdir, references, id_maps(folder, workdir)
+
+
+def id_maps(folder: Path, workdir: Path) -> list[np.ndarray]:
+  """transformers' ids -> ours, (source, target), from the vocabulary files of `folder` and
+  of the workdir it was imported into."""
+  maps = []
+  architecture = json.loads((folder / "config.json").read_text())["model_type"]
+  for name in VOCABULARIES[architecture]:
+    theirs = folder / name
+    if not theirs.is_file():
+      maps.append(maps[0])
+      continue
+    ours = json.loads((workdir / "tokenizer" / name).read_text())
+    old = json.loads(theirs.read_text())
+    table = np.zeros(len(old), np.int64)
+    for piece, i in old.items():
+      table[i] = ours[piece]
+    maps.append(table)
+  return maps
+
+
+def test_token_ids_are_transformers(imported):
+  folder, workdir, ref, (source_map, target_map) = imported
+  _, tokenizer = read_run(workdir)
+  for source, target, source_ids, target_ids in zip(ref["sources"], ref["targets"],
+                                                    ref["source_ids"], ref["target_ids"]):
+    assert tokenizer.source.tokenize(source).tolist() == source_map[source_ids].tolist()
+    assert tokenizer.target.tokenize(target).tolist() == target_map[target_ids].tolist()
+  assert any(s.startswith(">>") for s in ref["sources"]) == ("shared" in folder.name)
+
+
+def test_logits_within_1e4(imported):
+  folder, workdir, ref, (source_map, target_map) = imported
+  model_config, _ = read_run(workdir)
+  params, _ = load_params(workdir, model_config)
+  model = Transformer(model_config.replace(deterministic=True))
+  with np.load(folder / "logits.npz") as theirs:
+    expected = {int(name.split("_")[1]): theirs[name] for name in theirs.files}
+  # One batch, one compile: padding (id 0) is masked, so real positions are unchanged.
+  rows = sorted(expected)
+  inputs, targets = (np.zeros((len(rows), max(len(ref[key][i]) for i in rows)), np.int32)
+                     for key in ("source_ids", "target_ids"))
+  for row, i in enumerate(rows):
+    inputs[row, :len(ref["source_ids"][i])] = source_map[ref["source_ids"][i]]
+    targets[row, :len(ref["target_ids"][i])] = target_map[ref["target_ids"][i]]
+  logits = np.asarray(jax.jit(model.apply)({"params": params}, inputs, targets))
+  for row, i in enumerate(rows):  # Our columns in their ids' order: logits[..., map[theirs]].
+    np.testing.assert_allclose(logits[row, :len(ref["target_ids"][i])][:, target_map],
+                               expected[i], atol=1e-4, rtol=0)
+
+
+def translator(workdir, **search) -> Translator:
+  return Translator.from_workdir(workdir, search=SearchConfig(max_extra=20, **search),
+                                 devices=jax.devices()[:1])
+
+
+def test_score_greedy_and_beam_are_transformers(imported):
+  folder, workdir, ref, (source_map, target_map) = imported
+  assert ref["max_extra"] == 20
+  greedy = translator(workdir, beam_size=1)
+  scores = greedy.score(ref["sources"], ref["targets"])
+  np.testing.assert_allclose([s for s, _ in scores], ref["log_probs"], atol=1e-3, rtol=0)
+  assert [n for _, n in scores] == [len(t) for t in ref["target_ids"]]
+
+  def theirs(outputs):  # Their ids -> ours, without the EOS the search does not return.
+    return [target_map[ids].tolist()[:-1] if ids and target_map[ids[-1]] == EOS_ID
+            else target_map[ids].tolist() for ids in outputs]
+
+  found = greedy.translate_nbest(ref["sources"])
+  assert [hyps[0][0] for hyps in found] == ref["greedy_text"]
+  sources = [source_map[ids].astype(np.int32) for ids in ref["source_ids"]]
+  assert [h[0][0] for h in greedy.translate_nbest_ids(sources)] == theirs(ref["greedy"])
+
+  beam = translator(workdir, beam_size=4, alpha=0.0, eos_within_beam=True)
+  found = beam.translate_nbest_ids(sources)
+  # generate forces EOS at the length limit and scores it 0 (here: its log-probability),
+  # so hypotheses that reach the limit rank differently: the few such are left out.
+  kept = [i for i, at in enumerate(ref["at_limit"][len(sources):]) if not at]
+  assert len(kept) >= 26
+  expected = theirs(ref["beam4"])
+  assert [found[i][0][0] for i in kept] == [expected[i] for i in kept]
+  assert [beam.tokenizer.target.detokenize(found[i][0][0]) for i in kept] == [
+      ref["beam4_text"][i] for i in kept]
+  np.testing.assert_allclose([found[i][0][1] for i in kept],
+                             [ref["beam4_scores"][i] for i in kept], atol=1e-3, rtol=0)
+
+
+@pytest.mark.devices(8)
+def test_imported_parameters_shard_like_trained_ones(tmp_path):
+  """Imported parameters carry the model's logical axes: placed by the training mesh's
+  rules with a tensor-parallel axis (data 4 x tensor 2), and split over 8 devices as
+  decode.py splits a batch, the search finds what it finds on one device."""
+  from flax import linen as nn
+  from configs import tiny
+
+  from flax_transformer.training import sharding as sharding_lib
+  from flax_transformer.training.steps import Trainer
+  from flax_transformer.translation.translator import make_search_fn
+
+  folder = FIXTURES / "marian_gelu_separate"
+  importer.import_model(folder, tmp_path / "run")
+  model_config, tokenizer = read_run(tmp_path / "run")
+  params, _ = load_params(tmp_path / "run", model_config)
+  ref = json.loads((folder / "references.json").read_text())
+  search = SearchConfig(beam_size=4, alpha=0.0, max_extra=20, eos_within_beam=True)
+  sources = [tokenizer.source.tokenize(s) for s in ref["sources"][:8]]
+  inputs = np.zeros((8, max(map(len, sources))), np.int32)
+  for row, ids in enumerate(sources):
+    inputs[row, :len(ids)] = ids
+  search_fn = jax.jit(make_search_fn(model_config, search))
+  one = search_fn(jax.device_put(params, jax.devices()[0]), inputs, jax.random.PRNGKey(0))
+
+  mesh = sharding_lib.make_mesh({"data": 4, "tensor": 2})
+  trainer = Trainer(model_config, tiny.get_config(), mesh)
+  placed = jax.device_put(params, trainer.state_shardings.params)
+  query = placed["encoder"]["layer_0"]["self_attention"]["query"]["kernel"]
+  assert "tensor" in query.sharding.spec  # Heads split over the tensor axis.
+  with jax.set_mesh(mesh), nn.logical_axis_rules(trainer.rules):
+    tensor_parallel = search_fn(placed, jax.device_put(inputs, trainer.batch_sharding),
+                                jax.random.PRNGKey(0))
+  np.testing.assert_array_equal(tensor_parallel.sequences, one.sequences)
+  np.testing.assert_allclose(tensor_parallel.scores, one.scores, atol=1e-4)
+
+  texts = ref["sources"][:8]
+  alone = translator(tmp_path / "run", beam_size=4, alpha=0.0, eos_within_beam=True)
+  split = Translator.from_workdir(tmp_path / "run", search=alone.search)  # All 8 devices.
+  assert len(split.devices) == 8
+  (got, want) = ([hyps[0] for hyps in t.translate_nbest(texts)] for t in (split, alone))
+  assert [text for text, _ in got] == [text for text, _ in want]
+  np.testing.assert_allclose([s for _, s in got], [s for _, s in want], atol=1e-4)
+
+
+def test_bad_folders_are_one_line_naming_the_problem(tmp_path):
+  from flax_transformer.errors import DataError
+
+  def variant(name, change):
+    folder = tmp_path / name
+    shutil.copytree(FIXTURES / "marian_swish_shared", folder)
+    change(folder)
+    return folder
+
+  def edit_config(**fields):
+    def change(folder):
+      config = json.loads((folder / "config.json").read_text())
+      config.update(fields)
+      (folder / "config.json").write_text(json.dumps(config))
+    return change
+
+  def torch_only(folder):
+    (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
+
+  cases = {
+      "torch": (torch_only, "save_pretrained('"),
+      "bart": (edit_config(model_type="bart"), "model_type 'bart'"),
+      "spm": (lambda f: (f / "target.spm").unlink(), "target.spm not found"),
+      "unknown": (edit_config(rope_theta=1e4), "field 'rope_theta'"),
+      "prenorm": (edit_config(normalize_before=True), "normalize_before=True"),
+      "act": (edit_config(activation_function="mish"), "activation_function='mish'"),
+      "size": (edit_config(vocab_size=9), "vocab_size=9"),
+  }
+  for name, (change, expected) in cases.items():
+    with pytest.raises(DataError, match=re.escape(expected)):
+      importer.import_model(variant(name, change), tmp_path / f"{name}_run")
+    assert not (tmp_path / f"{name}_run").exists()
+  # The command: one line on stderr, exit 2, no traceback.
+  done = subprocess.run([sys.executable, str(ROOT / "import_model.py"),
+                         f"--from={tmp_path / 'prenorm'}", f"--workdir={tmp_path / 'w'}"],
+                        capture_output=True, text=True, timeout=120)
+  assert done.returncode == 2, done.stderr
+  lines = [line for line in done.stderr.splitlines() if line.strip()]
+  assert lines == [f"error: {tmp_path / 'prenorm' / 'config.json'}: normalize_before=True has "
+                   "no equivalent here (only False)"], done.stderr
