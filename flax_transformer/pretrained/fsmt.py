@@ -129,7 +129,8 @@ def import_folder(folder: Path) -> convert.Imported:
   notes += [note] if note else []
 
   files = {name: json.dumps(convert.permuted_vocab(vocab, order), ensure_ascii=False,
-                            indent=0).encode() for name, vocab, order in zip(FILES[:2], vocabs, orders)}
+                            indent=0).encode()
+           for name, vocab, order in zip(FILES[:2], vocabs, orders)}
   files["merges.txt"] = convert.read_bytes(folder, "merges.txt")
   try:
     read_merges(files["merges.txt"].decode("utf-8"))

@@ -1,0 +1,198 @@
+"""FSMT (fairseq WMT19) imports: what test_pretrained.py checks for every imported model
+(ids, logits, scores, greedy and beam outputs against transformers), plus FSMT's own
+corners: FSMTTokenizer on awkward text and its decode(), the output projection's tying,
+the config fields with no equivalent refused in one line, import_model.py then decode.py.
+References: tests/fixtures/fsmt, made by tests/fixtures/make_fsmt.py (transformers, torch)."""
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import ROOT, cpu_env
+from safetensors.numpy import load_file, save_file
+from test_pretrained import id_maps
+
+from flax_transformer.averaging import load_params
+from flax_transformer.data.tokenizer import EOS_ID
+from flax_transformer.errors import DataError
+from flax_transformer.network.model import Transformer
+from flax_transformer.pretrained import convert, importer
+from flax_transformer.workdir import read_run
+
+FOLDER = ROOT / "tests" / "fixtures" / "fsmt"
+REFERENCES = json.loads((FOLDER / "references.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+  workdir = tmp_path_factory.mktemp("fsmt") / "run"
+  importer.import_model(FOLDER, workdir)
+  return workdir
+
+
+def test_tokenizer_corners_are_fsmt_tokenizer(workdir):
+  """Special tokens' strings in the text, unicode punctuation, non-printing characters,
+  Moses' escapes and dash splits, pieces no vocabulary has; decode() of random ids."""
+  source_map, target_map = id_maps(FOLDER, workdir)
+  _, tokenizer = read_run(workdir)
+  for text, source_ids, target_ids in zip(REFERENCES["edge_texts"],
+                                          REFERENCES["edge_source_ids"],
+                                          REFERENCES["edge_target_ids"]):
+    assert tokenizer.source.tokenize(text).tolist() == source_map[source_ids].tolist(), text
+    assert tokenizer.target.tokenize(text).tolist() == target_map[target_ids].tolist(), text
+  for ids, text in zip(REFERENCES["decode_ids"], REFERENCES["decode_text"]):
+    assert tokenizer.target.detokenize(list(target_map[ids]) + [EOS_ID]) == text, ids
+
+
+def copy_fixture(tmp_path: Path) -> Path:
+  folder = tmp_path / "fsmt"
+  shutil.copytree(FOLDER, folder)
+  return folder
+
+
+def edit_json(path: Path, **changes) -> None:
+  values = json.loads(path.read_text(encoding="utf-8"))
+  for key, value in changes.items():
+    if value is None:
+      values.pop(key, None)
+    else:
+      values[key] = value
+  path.write_text(json.dumps(values, ensure_ascii=False), encoding="utf-8")
+
+
+def imported_logits(folder: Path, workdir: Path, i: int = 0) -> np.ndarray:
+  """The imported model's logits [T, V] on reference sentence `i` (ids in ours)."""
+  model_config, _ = read_run(workdir)
+  params, _ = load_params(workdir, model_config)
+  source_map, target_map = id_maps(folder, workdir)
+  inputs = jnp.asarray(source_map[REFERENCES["source_ids"][i]])[None]
+  targets = jnp.asarray(target_map[REFERENCES["target_ids"][i]])[None]
+  model = Transformer(model_config.replace(deterministic=True))
+  return np.asarray(model.apply({"params": params}, inputs, targets))[0]
+
+
+def test_the_output_projection_is_tied_where_transformers_ties_it(tmp_path):
+  """The output projection equal to the target embedding, absent (fairseq's tying, noted),
+  or tie_word_embeddings=True (one matrix for all three): each import computes what the
+  untied import of the same matrices computes, with one matrix fewer."""
+  weights = load_file(str(FOLDER / "model.safetensors"))
+  embedding = weights["model.decoder.embed_tokens.weight"]
+  # One matrix for the source and target embeddings and the projection, so that all four
+  # are the same function.
+  same = dict(weights, **{"model.decoder.output_projection.weight": embedding,
+                          "model.encoder.embed_tokens.weight": embedding})
+  variants = {"untied": same, "equal": same,
+              "absent": {k: v for k, v in same.items() if "output_projection" not in k},
+              "all": {k: v for k, v in same.items()
+                      if "output_projection" not in k and "encoder.embed_tokens" not in k}}
+  logits, records = {}, {}
+  for name, tensors in variants.items():
+    folder = copy_fixture(tmp_path / name)
+    save_file(tensors, str(folder / "model.safetensors"))
+    if name == "all":
+      edit_json(folder / "config.json", tie_word_embeddings=True)
+    workdir = tmp_path / name / "run"
+    if name == "untied":  # The import that keeps every matrix apart (ties none).
+      imported = importer.import_folder(folder)
+      assert imported.model_config.tie_target_embedding
+      imported.params["decoder"]["logits"] = {
+          "kernel": imported.params["target_embedding"]["embedding"].T}
+      imported.model_config = imported.model_config.replace(tie_target_embedding=False)
+      convert.write_workdir(imported, workdir, folder)
+    else:
+      importer.import_model(folder, workdir)
+    records[name] = json.loads((workdir / "run.json").read_text())
+    logits[name] = imported_logits(folder, workdir)
+  model = {name: r["model"] for name, r in records.items()}
+  assert not model["untied"]["tie_target_embedding"]
+  assert model["equal"]["tie_target_embedding"] and model["absent"]["tie_target_embedding"]
+  assert model["all"]["share_embeddings"] and model["all"]["source_vocab_size"] is None
+  notes = {name: " ".join(r["imported_from"]["notes"]) for name, r in records.items()}
+  assert "output_projection.weight is absent" in notes["absent"]
+  assert "absent" not in notes["equal"]
+  for name in ("equal", "absent", "all"):
+    np.testing.assert_allclose(logits[name], logits["untied"], atol=1e-5, rtol=0)
+  # The fixture's own projection is another matrix: tying it would change the function.
+  _, target_map = id_maps(FOLDER, tmp_path / "equal" / "run")
+  with np.load(FOLDER / "logits.npz") as theirs:
+    assert np.abs(logits["untied"][:, target_map] - theirs["logits_0"]).max() > 0.1
+
+
+def refusal(tmp_path: Path, change) -> str:
+  """The DataError message of importing the fixture after `change(folder)`."""
+  folder = copy_fixture(tmp_path)
+  change(folder)
+  with pytest.raises(DataError) as error:
+    importer.import_folder(folder)
+  return str(error.value)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda f: edit_json(f / "config.json", encoder_ffn_dim=128),
+     "encoder_ffn_dim=128 and decoder_ffn_dim=64 differ"),
+    (lambda f: edit_json(f / "config.json", activation_function="tanh"),
+     "activation_function='tanh' has no equivalent"),
+    (lambda f: edit_json(f / "config.json", is_encoder_decoder=False),
+     "is_encoder_decoder=False has no equivalent"),
+    (lambda f: edit_json(f / "config.json", normalize_before=True),
+     "field 'normalize_before' (= True) has no equivalent"),
+    (lambda f: edit_json(f / "config.json", hidden_size=64), "hidden_size=64 and d_model=32"),
+    (lambda f: edit_json(f / "config.json", langs=["en", "fr"]), "langs=['en', 'de'], but"),
+    (lambda f: edit_json(f / "config.json", tgt_vocab_size=500),
+     "tgt_vocab_size=500, but vocab-tgt.json has 404"),
+    (lambda f: edit_json(f / "config.json", pad_token_id=0),
+     "pad_token_id=0, but vocab-src.json has '<pad>' at 1"),
+    (lambda f: edit_json(f / "tokenizer_config.json", do_lower_case="yes"),
+     "do_lower_case='yes' has no equivalent"),
+    (lambda f: edit_json(f / "tokenizer_config.json", unk_token="<UNK>"),
+     "unk_token='<UNK>' has no equivalent"),
+    (lambda f: (f / "merges.txt").unlink(), "merges.txt not found"),
+    (lambda f: (f / "model.safetensors").rename(f / "pytorch_model.bin"),
+     "has pytorch_model.bin but no model.safetensors"),
+    (lambda f: save_file(dict(load_file(str(f / "model.safetensors")), **{
+        "model.decoder.embed_positions.weight": np.ones((130, 32), np.float32)}),
+        str(f / "model.safetensors")),
+     "model.decoder.embed_positions.weight is not fairseq's sinusoidal table"),
+    (lambda f: save_file(dict(load_file(str(f / "model.safetensors")), extra=np.ones(3)),
+                         str(f / "model.safetensors")),
+     "tensors with no place in the model: ['extra']"),
+], ids=["ffn_dims", "activation", "encoder_decoder", "unknown_field", "alias", "langs",
+        "vocab_size", "pad_id", "lower_case", "unk_token", "merges", "torch_only", "positions",
+        "extra_tensor"])
+def test_what_has_no_equivalent_is_refused_naming_it(tmp_path, change, message):
+  assert message in refusal(tmp_path, change)
+
+
+def test_import_model_py_then_decode_py_translate_as_transformers(tmp_path):
+  """The command line: the import, then decode.py's beam 4 at transformers' length rule
+  (alpha 0, the same limit) gives generate()'s outputs; a bad folder is one line, exit 2."""
+  workdir = tmp_path / "run"
+  imported = subprocess.run([sys.executable, "import_model.py", f"--from={FOLDER}",
+                             f"--workdir={workdir}"], cwd=ROOT, env=cpu_env(),
+                            capture_output=True, text=True, timeout=300)
+  assert imported.returncode == 0, imported.stderr[-2000:]
+  record = json.loads((workdir / "run.json").read_text())
+  assert record["imported_from"]["architecture"] == "fsmt"
+  assert record["tokenizer"]["kind"] == "fsmt"
+  sources = tmp_path / "sources.en"
+  sources.write_text("\n".join(REFERENCES["sources"]) + "\n", encoding="utf-8")
+  decoded = subprocess.run(
+      [sys.executable, "decode.py", f"--workdir={workdir}", f"--input={sources}",
+       "--beam_size=4", "--alpha=0", f"--max_extra={REFERENCES['max_extra']}"],
+      cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=600)
+  assert decoded.returncode == 0, decoded.stderr[-2000:]
+  assert decoded.stdout.splitlines() == REFERENCES["beam4_text"]
+
+  broken = copy_fixture(tmp_path)
+  edit_json(broken / "config.json", activation_function="tanh")
+  refused = subprocess.run([sys.executable, "import_model.py", f"--from={broken}",
+                            f"--workdir={tmp_path / 'other'}"], cwd=ROOT, env=cpu_env(),
+                           capture_output=True, text=True, timeout=300)
+  assert refused.returncode == 2
+  assert refused.stderr.strip().count("\n") == 0 and "activation_function" in refused.stderr
+  assert not (tmp_path / "other").exists()
