@@ -48,6 +48,9 @@ flags.DEFINE_integer("max_tokens", 64, "Longest source sentence in tokens (EOS i
 flags.DEFINE_float("body_timeout_s", 10.0, "A request whose body has not arrived within this "
                    "many seconds gets a 408.", lower_bound=0.1)
 flags.DEFINE_integer("max_batch", 64, "Most sentences searched together.", lower_bound=1)
+flags.DEFINE_integer("max_configs", 8, "Search option sets (beam, alpha) kept compiled; beyond, "
+                     "the least recently used idle one is dropped (one with requests waiting "
+                     "never is).", lower_bound=1)
 flags.DEFINE_float("max_wait_ms", 5.0, "How long the first waiting request waits for others "
                    "to join its batch.", lower_bound=0.0)
 flags.DEFINE_integer("cpu_devices", 0, "On a CPU host: devices to split each batch over "
@@ -90,7 +93,7 @@ def main(argv):
                                          checkpoint_step=FLAGS.checkpoint_step)
     compilation.enable_cache(FLAGS.compilation_cache_dir)  # Before the first search compiles.
     batcher = Batcher(translator, max_batch=FLAGS.max_batch, max_wait_s=FLAGS.max_wait_ms / 1000,
-                      max_tokens=FLAGS.max_tokens)
+                      max_tokens=FLAGS.max_tokens, max_configs=FLAGS.max_configs)
     batcher.warm()
     limits = Limits(max_sentences=FLAGS.max_sentences, max_beam=FLAGS.max_beam,
                     body_timeout_s=FLAGS.body_timeout_s)

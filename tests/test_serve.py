@@ -9,6 +9,7 @@ import concurrent.futures
 import dataclasses
 import http.client
 import json
+import logging
 import os
 import re
 import select
@@ -426,6 +427,28 @@ def test_a_cancelled_request_leaves_its_batch_mates_answered(translator, expecte
   assert [s["tokens"] for s in b.result(timeout=300)] == [
       tokens for _, tokens in translator.score([SENTENCES[1]], [expected[1]])]
   assert batcher.stats["searches"] == 2
+
+
+def test_more_option_sets_than_max_configs_compile_once_each_and_are_all_answered(
+    translator, caplog):
+  """max_configs 2 and three option sets at once: a set is not dropped while its requests
+  wait for their compile (dropped, they compiled again: 6 compiles for 3 requests at
+  726c415), and the set over the cap is kept until its request is answered."""
+  from flax_transformer.serving.batcher import Batcher
+
+  batcher = Batcher(translator, max_batch=8, max_wait_s=1, max_tokens=16, max_configs=2)
+  searches = [dataclasses.replace(SEARCH, beam_size=beam) for beam in (2, 3, 5)]
+  with caplog.at_level(logging.INFO):
+    futures = [batcher.translate([SENTENCES[i]], s) for i, s in enumerate(searches)]
+    found = [future.result(timeout=600) for future in futures]
+    compiles = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiling ")]
+  assert len(compiles) == 3 and all(f"beam_size={s.beam_size}," in " ".join(compiles)
+                                    for s in searches), compiles
+  assert [[len(h) for h in hyps] for hyps in found] == [[1]] * 3
+  assert all(hyps[0][0][0] for hyps in found), found
+  assert len(batcher._families) == 3  # Over the cap while all three waited; none idle since.
+  batcher.translate([SENTENCES[0]], SEARCH).result(timeout=600)
+  assert len(batcher._families) == 2  # The next set drops the idle ones down to the cap.
 
 
 def test_a_forced_prefix_is_routed_at_its_length_without_eos(batcher):

@@ -12,6 +12,11 @@ some shape) is not searched on that thread: its shapes compile on a compile
 thread while the search thread serves the others, and its requests go back to
 the queue once their programs are ready. So a new option set delays its own
 requests by its compile, and nobody else's.
+
+At most `max_configs` option sets stay compiled: beyond, the least recently used
+one is dropped, but never one with requests waiting (queued, compiling, requeued):
+dropped, they would compile again, and more sets than slots would starve. Such
+sets are kept over the cap until their requests are answered.
 """
 
 from __future__ import annotations
@@ -54,6 +59,11 @@ def _answer(future: concurrent.futures.Future, result=None, error: BaseException
     future.set_result(result)
   else:
     future.set_exception(error)
+
+
+def _family_key(search: SearchConfig) -> SearchConfig:
+  """The option set whose programs serve `search`: its nbest is the beam's."""
+  return dataclasses.replace(search, nbest=search.beam_size)
 
 
 @dataclasses.dataclass
@@ -105,6 +115,8 @@ class Batcher:
     self._model = base
     self._families: collections.OrderedDict[SearchConfig, _Family] = collections.OrderedDict()
     self._families_lock = threading.Lock()  # Used by warm()'s, the search and compile threads.
+    # Per option set (_family_key): requests submitted and not yet answered; the lock's.
+    self._waiting: collections.Counter[SearchConfig] = collections.Counter()
     self._compiler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compile")
     self._queue: queue.Queue[_Job] = queue.Queue()
     self.stats = {"requests": 0, "sentences": 0, "searches": 0}
@@ -166,8 +178,19 @@ class Batcher:
     with self._stats_lock:
       self.stats["requests"] += 1
       self.stats["sentences"] += len(job.sentences)
+    if job.search is not None:  # Its option set is pinned until it is answered (or cancelled).
+      key = _family_key(job.search)
+      with self._families_lock:
+        self._waiting[key] += 1
+      job.future.add_done_callback(lambda _: self._answered(key))
     self._queue.put(job)
     return job.future
+
+  def _answered(self, key: SearchConfig) -> None:
+    with self._families_lock:
+      self._waiting[key] -= 1
+      if not self._waiting[key]:
+        del self._waiting[key]
 
   def _loop(self) -> None:
     while True:
@@ -309,19 +332,25 @@ class Batcher:
       return family.translators[key]
 
   def _family(self, search: SearchConfig) -> _Family:
-    """`search`'s family (made, and the least recently used other than the default's
-    dropped beyond max_configs); the caller holds the lock. Its Translators' nbest is
-    the beam: n-best lists are the beam's first nbest, so one program serves every
-    nbest (callers cut the lists)."""
-    search = dataclasses.replace(search, nbest=search.beam_size)
+    """`search`'s family (made, and the least recently used idle other than the
+    default's dropped beyond max_configs); the caller holds the lock. Its Translators'
+    nbest is the beam: n-best lists are the beam's first nbest, so one program serves
+    every nbest (callers cut the lists)."""
+    search = _family_key(search)
     family = self._families.get(search)
     if family is None:
-      default = dataclasses.replace(self.default_search, nbest=self.default_search.beam_size)
-      others = [s for s in self._families if s != default]  # Oldest first.
-      if len(self._families) >= self.max_configs and others:
-        del self._families[others[0]]
-        logging.info("Dropped the compiled searches of %s (over %d option sets)", others[0],
-                     self.max_configs)
+      if len(self._families) >= self.max_configs:
+        default = _family_key(self.default_search)
+        idle = [s for s, f in self._families.items()  # Oldest first.
+                if s != default and not self._waiting[s] and not f.compiling]
+        for dropped in idle[:len(self._families) - self.max_configs + 1]:
+          del self._families[dropped]
+          logging.info("Dropped the compiled searches of %s (over %d option sets)", dropped,
+                       self.max_configs)
+        if len(self._families) >= self.max_configs:
+          logging.info("%d option sets have requests waiting: %s is compiled over the cap "
+                       "of %d (--max_configs) until they are answered", len(self._families),
+                       search, self.max_configs)
       family = self._families[search] = _Family()
     self._families.move_to_end(search)
     return family
