@@ -8,6 +8,10 @@
   python export.py --workdir=DIR --out=CT2 --format=ctranslate2 [--quantization=int8]
       A CTranslate2 model directory (pip install -e '.[ctranslate2]') with the same
       translate.py, which then needs ctranslate2 and sentencepiece only.
+  python export.py --workdir=DIR --out=HF --format=transformers
+      A transformers MarianMTModel folder (config.json, model.safetensors, source.spm,
+      target.spm, vocab.json, tokenizer_config.json): MarianMTModel.from_pretrained(HF),
+      MarianTokenizer.from_pretrained(HF). What cannot be expressed is refused.
 """
 
 if __name__ == "__main__":  # First: glibc reads malloc settings at start, JAX not yet loaded.
@@ -24,9 +28,11 @@ SEARCH = SearchConfig()
 
 flags.DEFINE_string("workdir", None, "Training workdir (checkpoints, vocab.model, run.json).")
 flags.DEFINE_string("out", None, "Folder to write (must be empty or absent).")
-flags.DEFINE_enum("format", "stablehlo", ["stablehlo", "ctranslate2"], "What to write.")
+flags.DEFINE_enum("format", "stablehlo", ["stablehlo", "ctranslate2", "transformers"],
+                  "What to write.")
 flags.DEFINE_integer("beam_size", SEARCH.beam_size, "Beam width (paper: 4; 1 = greedy): "
-                     "baked into StableHLO, translate.py's default for CTranslate2.")
+                     "baked into StableHLO, translate.py's default for CTranslate2, "
+                     "num_beams for transformers.")
 flags.DEFINE_float("alpha", SEARCH.alpha, "Length penalty exponent (paper: 0.6).")
 flags.DEFINE_integer("max_extra", SEARCH.max_extra, "Longest output = source length + "
                      "max_extra tokens (paper: 50).")

@@ -1,4 +1,5 @@
-"""export.py's work: a workdir's averaged model as StableHLO or a CTranslate2 directory."""
+"""export.py's work: a workdir's averaged model as StableHLO, a CTranslate2 directory or a
+transformers MarianMTModel folder."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from flax_transformer.errors import ConfigError, ExportWriteError
 from flax_transformer.export import MANIFEST, folder_files
 from flax_transformer.translation.translator import SearchConfig, Translator
 
-FORMATS = ("stablehlo", "ctranslate2")
+FORMATS = ("stablehlo", "ctranslate2", "transformers")
 
 
 def run_export(*, workdir: str, out: str, fmt: str, search: SearchConfig, batch_tokens: int,
@@ -59,9 +60,18 @@ def _write(fmt: str, translator: Translator, folder: Path, target: Path, *,
                                           platforms=platforms, provenance=record)
     return (f"Wrote {len(manifest['shapes'])} beam search shapes for {','.join(platforms)} "
             f"to {target}; translate with: python {target / 'translate.py'} < in > out")
+  config, params = translator.member(0)
+  if fmt == "transformers":
+    from flax_transformer.export import marian
+
+    marian.convert(config, params, translator.tokenizer, folder,
+                   search={"beam_size": search.beam_size, "alpha": search.alpha},
+                   provenance=record)
+    return (f"Wrote a transformers MarianMTModel folder (steps "
+            f"{translator.checkpoint_steps[0]} averaged) to {target}; load it with "
+            f"MarianMTModel.from_pretrained and MarianTokenizer.from_pretrained")
   from flax_transformer.export import ct2
 
-  config, params = translator.member(0)
   ct2.convert(config, params, translator.tokenizer, folder, quantization=quantization,
               search={"beam_size": search.beam_size, "alpha": search.alpha,
                       "max_extra": search.max_extra}, provenance=record)
@@ -118,7 +128,7 @@ def check_out(out: str, workdir: str, overwrite: bool) -> Path:
 def _export_manifest(folder: Path) -> dict | None:
   """The manifest of the export `folder` holds (one of export.py's formats, nothing of a
   run), or None: --overwrite may replace an export, and nothing else."""
-  from flax_transformer.export import runner
+  from flax_transformer.export import marian, runner
 
   # An export holds a vocab.model too; a run's other files it never holds.
   if any((folder / entry).exists() for entry in workdir_lib.ENTRIES
@@ -128,8 +138,8 @@ def _export_manifest(folder: Path) -> dict | None:
     manifest = json.loads((folder / MANIFEST).read_text())
   except (OSError, ValueError):
     return None
-  if isinstance(manifest, dict) and manifest.get("format") in (runner.FORMAT,
-                                                               runner.CT2_FORMAT):
+  if isinstance(manifest, dict) and manifest.get("format") in (
+      runner.FORMAT, runner.CT2_FORMAT, marian.FORMAT):
     return manifest
   return None
 

@@ -1,0 +1,293 @@
+"""A trained model as a transformers MarianMTModel folder (export.py --format=transformers).
+
+Files: config.json and generation_config.json (MarianConfig, GenerationConfig),
+model.safetensors, source.spm and target.spm (our one sentencepiece vocabulary,
+twice), vocab.json (piece -> id, our ids), tokenizer_config.json (MarianTokenizer),
+and ours: manifest.json (format, provenance, the files: what --overwrite replaces).
+No torch needed: numpy and safetensors write it.
+
+How our model becomes transformers' Marian (models/marian/modeling_marian.py, 5.x):
+- Positions. Marian adds fixed sinusoids of the paper's frequencies with the sines in
+  the first half of the model dimension and the cosines in the second; ours
+  interleave them (section 3.5). Permuting the model dimension everywhere
+  (embeddings, each linear's input or output side that is the model dimension,
+  LayerNorm scales and biases) is an exact reparametrization: LayerNorm, the
+  residual sums and every dot product over it are unchanged by a permutation. The
+  permutation is the one under which our position table (as our module adds it)
+  equals Marian's, checked on the tables; a table that no permutation makes
+  Marian's is refused. Learned positions are refused: Marian never loads its
+  table (recomputed at load, `_keys_to_ignore_on_save`).
+- Biases. Every Marian projection has one; those ours lack (attention_bias=False,
+  the paper's) are written as zeros. Marian has a final_logits_bias: zeros too.
+- Post-norm only (Marian has no final LayerNorm): pre-norm is refused. So is
+  d_k * heads != d_model (Marian's head width is d_model / heads).
+- Embeddings times sqrt(d_model): scale_embedding. One matrix for source, target
+  and the pre-softmax layer: share_encoder_decoder_embeddings and
+  tie_word_embeddings; with share_embeddings=False, three matrices.
+- LayerNorm epsilon. Marian's nn.LayerNorm(d_model) has torch's 1e-5, with no
+  config field; ours is 1e-6 by default. LN(c x; eps) = LN(x; eps / c^2), so
+  sqrt(10) times every LayerNorm's input would be exact. Inside each stack it can
+  be had (scale the previous LayerNorm's gamma and beta and every output
+  projection by c, divide the consuming projections by c), but not at the first
+  LayerNorm of each stack: its residual input is the embedding plus Marian's
+  fixed position table, which cannot be scaled. There is no exact
+  reparametrization, so the weights are written as they are and export.py logs a
+  warning naming both epsilons. Measured on a Multi30k model (d_model 256, 3+3
+  layers, docs/decoding.md): the largest logit difference on 50 test 2016
+  sentences, and transformers' greedy outputs and scores against decode.py's, are
+  in results/bench/export_transformers.json; the difference is far below what
+  changes a greedy output or a score at 1e-3, so refusing would lose every model
+  trained here for no measurable gain.
+- Ids: OPUS-MT's order, EOS 0, unk 1, ... and padding last: Marian id m is our
+  id m + 1, and our 0 (padding, and the decoder's start token) is Marian's V - 1,
+  its pad_token_id and decoder_start_token_id. Reordering the embedding's rows
+  (and the logits') with the vocabulary is exact, and CTranslate2's converter for
+  Marian needs it: it drops the last row as Marian's added padding token (with
+  padding first it drops a real piece's row and refuses the model). Our search
+  never emits padding; transformers 5's Marian leaves that to the generation
+  config, as OPUS-MT's do: bad_words_ids [[V - 1]].
+- CTranslate2's converter starts the decoder from a zero vector
+  (start_from_zero_embedding: OPUS-MT's padding row is zeros), where transformers
+  and we embed the start token; our start token's embedding is trained, so a
+  model converted that way is not ours at the first step (measured in the same
+  JSON). export.py --format=ctranslate2 converts our model itself.
+- Search: num_beams is export.py's --beam_size. transformers divides a
+  hypothesis's score by its length ** length_penalty, not by GNMT's
+  ((5 + length) / 6) ** alpha as we do: length_penalty is set to alpha, the same
+  exponent on another rule. max_length allows max_len tokens (our positions), with
+  EOS forced at the limit (forced_eos_token_id) as our search forces it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
+from flax_transformer.errors import ConfigError
+from flax_transformer.export import layout, write_manifest
+from flax_transformer.network.config import TransformerConfig
+
+FORMAT = "flax_transformer.transformers/1"
+LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default, which Marian's layers keep.
+# Config fields that change nothing transformers' Marian computes in inference, or that
+# `convert` maps; any other field away from its default is refused, named, so that a
+# field added to the model is never exported as if it were not there.
+# position_layout, position_frequencies and position_offset are checked on the table the
+# model adds (`permutation`).
+MAPPED = {"vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v", "num_layers",
+          "num_encoder_layers", "num_decoder_layers", "max_len", "share_embeddings",
+          "attention_bias", "positional", "norm", "layer_norm_epsilon", "dropout_rate",
+          "attention_dropout_rate", "activation", "scale_embedding", "position_layout",
+          "position_frequencies", "position_offset", "final_logits_bias", "source_vocab_size",
+          "tie_target_embedding", "decoder_start_id"}
+NOT_COMPUTED = {"dtype", "param_dtype", "deterministic", "decode", "share_beam_cache",
+                "attention_implementation"}
+ACTIVATIONS = {"relu": "relu", "swish": "swish", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}
+
+
+def marian_positions(rows: int, d_model: int) -> np.ndarray:
+  """float32 [rows, d_model]: transformers' MarianSinusoidalPositionalEmbedding table."""
+  pos = np.arange(rows, dtype=np.float64)[:, None]
+  angle = pos / np.power(10000.0, 2 * (np.arange(d_model) // 2) / d_model)[None]
+  return np.concatenate([np.sin(angle[:, 0::2]), np.cos(angle[:, 1::2])], 1).astype(np.float32)
+
+
+def check(config: TransformerConfig) -> None:
+  """ConfigError naming what Marian cannot express, before anything is written."""
+  defaults = TransformerConfig()
+  for field in dataclasses.fields(config):
+    if (field.name not in MAPPED | NOT_COMPUTED and
+        getattr(config, field.name) != getattr(defaults, field.name)):
+      raise ConfigError(f"--format=transformers: this model's {field.name}="
+                        f"{getattr(config, field.name)!r} has no equivalent in transformers' "
+                        "Marian export")
+  if config.norm != "post":
+    raise ConfigError("--format=transformers: this model is pre-norm; transformers' Marian "
+                      "is post-norm only (no final LayerNorm)")
+  if config.positional != "sinusoidal":
+    raise ConfigError(f"--format=transformers: {config.positional} positions cannot be "
+                      "exported: transformers' Marian recomputes its sinusoidal table at "
+                      "load")
+  if config.head_dim_k * config.num_heads != config.d_model or (
+      config.head_dim_k != config.head_dim_v):
+    raise ConfigError(f"--format=transformers: Marian needs d_k = d_v = d_model / num_heads; "
+                      f"this model has d_k={config.head_dim_k}, d_v={config.head_dim_v}, "
+                      f"d_model={config.d_model}, num_heads={config.num_heads}")
+
+
+def permutation(config: TransformerConfig, model: layout.Model) -> np.ndarray:
+  """int [D]: Marian's model-dimension index j holds our index perm[j]; the one under
+  which both our position tables are Marian's, or ConfigError."""
+  d = config.d_model
+  theirs = marian_positions(config.max_len, d)
+  halves = np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])
+  for perm in (halves, np.arange(d)):
+    if all(np.allclose(stack.positions[:, perm], theirs, rtol=0, atol=1e-5)
+           for stack in (model.encoder, model.decoder)):
+      return perm
+  raise ConfigError("--format=transformers: this model's position table is not Marian's "
+                    "sinusoids (sines of the paper's frequencies, then cosines) in any "
+                    "order of the model dimension")
+
+
+def vocabulary_order(vocab_size: int) -> np.ndarray:
+  """int [V]: Marian's id m is our id order[m] (padding, our 0, last)."""
+  return np.roll(np.arange(vocab_size), -1)
+
+
+def _tensors(config: TransformerConfig, model: layout.Model, perm: np.ndarray
+             ) -> dict[str, np.ndarray]:
+  """MarianMTModel's state dict: our arrays, the model dimension permuted by `perm`, the
+  vocabulary reordered (`vocabulary_order`)."""
+  out: dict[str, np.ndarray] = {}
+
+  def linear(name: str, linear: layout.Linear, *, reads: bool, writes: bool) -> None:
+    """reads/writes: the input/output side is the model dimension (permuted)."""
+    weight = linear.weight[perm] if writes else linear.weight
+    weight = weight[:, perm] if reads else weight
+    bias = np.zeros(weight.shape[0], np.float32) if linear.bias is None else linear.bias
+    out[f"{name}.weight"] = np.ascontiguousarray(weight)
+    out[f"{name}.bias"] = bias[perm] if writes else bias
+
+  def norm(name: str, norm: layout.Norm) -> None:
+    out[f"{name}.weight"], out[f"{name}.bias"] = norm.scale[perm], norm.bias[perm]
+
+  def attention(name: str, attention: layout.Attention, norm_name: str) -> None:
+    for ours, theirs in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")):
+      linear(f"{name}.{theirs}", getattr(attention, ours), reads=True, writes=False)
+    linear(f"{name}.out_proj", attention.out, reads=False, writes=True)
+    norm(norm_name, attention.norm)
+
+  for side, stack in (("encoder", model.encoder), ("decoder", model.decoder)):
+    for i, layer in enumerate(stack.layers):
+      prefix = f"model.{side}.layers.{i}"
+      attention(f"{prefix}.self_attn", layer.self_attention, f"{prefix}.self_attn_layer_norm")
+      if layer.cross_attention is not None:
+        attention(f"{prefix}.encoder_attn", layer.cross_attention,
+                  f"{prefix}.encoder_attn_layer_norm")
+      linear(f"{prefix}.fc1", layer.w1, reads=True, writes=False)
+      linear(f"{prefix}.fc2", layer.w2, reads=False, writes=True)
+      norm(f"{prefix}.final_layer_norm", layer.ffn_norm)
+  def embedding(matrix: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(matrix[vocabulary_order(len(matrix))][:, perm])
+
+  if config.share_embeddings:
+    out["model.shared.weight"] = embedding(model.encoder.embedding)  # Tied: lm_head too.
+  else:
+    out["model.encoder.embed_tokens.weight"] = embedding(model.encoder.embedding)
+    out["model.decoder.embed_tokens.weight"] = embedding(model.decoder.embedding)
+    if not config.tie_target_embedding:
+      out["lm_head.weight"] = embedding(model.logits)
+  bias = model.logits_bias
+  out["final_logits_bias"] = (np.zeros((1, model.logits.shape[0]), np.float32) if bias is None
+                              else bias[vocabulary_order(len(bias))][None])
+  return out
+
+
+def marian_ids(config: TransformerConfig) -> dict[str, int]:
+  """Our special ids as Marian's (`vocabulary_order`)."""
+  ours = np.argsort(vocabulary_order(config.vocab_size))  # Our target id -> Marian's.
+  return {"pad_token_id": int(ours[PAD_ID]), "eos_token_id": int(ours[EOS_ID]),
+          "forced_eos_token_id": int(ours[EOS_ID]),
+          "decoder_start_token_id": int(ours[config.decoder_start_id])}
+
+
+def marian_config(config: TransformerConfig) -> dict[str, Any]:
+  """config.json: MarianConfig's fields."""
+  return {
+      "architectures": ["MarianMTModel"], "model_type": "marian",
+      "vocab_size": config.source_vocab, "decoder_vocab_size": config.vocab_size,
+      "d_model": config.d_model, "encoder_layers": config.encoder_layers,
+      "decoder_layers": config.decoder_layers, "encoder_attention_heads": config.num_heads,
+      "decoder_attention_heads": config.num_heads, "encoder_ffn_dim": config.d_ff,
+      "decoder_ffn_dim": config.d_ff, "activation_function": ACTIVATIONS[config.activation],
+      "max_position_embeddings": config.max_len, "scale_embedding": config.scale_embedding,
+      "share_encoder_decoder_embeddings": config.share_embeddings,
+      "tie_word_embeddings": config.share_embeddings or config.tie_target_embedding,
+      "dropout": config.dropout_rate, "attention_dropout": config.attention_dropout_rate,
+      "activation_dropout": 0.0, **marian_ids(config), "bos_token_id": None,
+      "is_encoder_decoder": True, "dtype": "float32"}
+
+
+def generation_config(config: TransformerConfig, search: dict[str, Any]) -> dict[str, Any]:
+  """generation_config.json: our search's settings, as far as transformers has them."""
+  ids = marian_ids(config)
+  return {**ids, "bad_words_ids": [[ids["pad_token_id"]]],
+          "num_beams": search["beam_size"], "length_penalty": search["alpha"],
+          "max_length": config.max_len + 1}  # The start token, then max_len tokens.
+
+
+def tokenizer_files(config: TransformerConfig, tokenizer) -> dict[str, Any]:
+  """MarianTokenizer's files (name -> bytes or JSON value) for `tokenizer`: a trained
+  sentencepiece vocabulary (`data.tokenizer.Tokenizer`, both sides) or an imported
+  Marian model's (`pretrained.tokenizers`, its files under the workdir's tokenizer/).
+  Each vocab.json is reordered as the embedding rows (`vocabulary_order`)."""
+  from flax_transformer.pretrained.tokenizers import MarianSide
+
+  if isinstance(tokenizer, Tokenizer):
+    models = {"source.spm": tokenizer.model_bytes(), "target.spm": tokenizer.model_bytes()}
+  elif isinstance(getattr(tokenizer, "source", None), MarianSide):
+    models = {name: (Path(tokenizer.path) / name).read_bytes()
+              for name in ("source.spm", "target.spm")}
+  else:
+    raise ConfigError(f"--format=transformers: this workdir's tokenizer "
+                      f"({type(tokenizer.source).__name__}) has no MarianTokenizer equivalent")
+  sides = {"vocab.json": (tokenizer.source, config.source_vocab),
+           "target_vocab.json": (tokenizer.target, config.vocab_size)}
+  separate = not config.share_embeddings
+  files: dict[str, Any] = dict(models)
+  for name, (side, size) in list(sides.items())[:2 if separate else 1]:
+    if side.vocab_size != size:
+      raise ConfigError(f"--format=transformers: the model has {size} ids on the "
+                        f"{'target' if name.startswith('target') else 'source'} side, its "
+                        f"vocabulary {side.vocab_size}")
+    pieces = side.pieces(range(size))
+    if "<unk>" not in pieces:
+      raise ConfigError("--format=transformers: MarianTokenizer needs an '<unk>' piece; this "
+                        "vocabulary has none")
+    files[name] = {pieces[ours]: theirs for theirs, ours in enumerate(vocabulary_order(size))}
+  pieces = tokenizer.target.pieces([PAD_ID, EOS_ID])
+  files["tokenizer_config.json"] = {
+      "tokenizer_class": "MarianTokenizer", "unk_token": "<unk>", "eos_token": pieces[1],
+      "pad_token": pieces[0], "model_max_length": config.max_len, "separate_vocabs": separate,
+      "clean_up_tokenization_spaces": False}  # Our outputs are sentencepiece's text as is.
+  return files
+
+
+def convert(config: TransformerConfig, params: dict[str, Any], tokenizer, out_dir: str | Path,
+            *, search: dict[str, Any], provenance: dict | None = None) -> Path:
+  """Writes a MarianMTModel folder to `out_dir` (see the module's docstring).
+
+  tokenizer: the workdir's (`tokenizer_files`). search: beam_size, alpha
+  (generation_config.json's num_beams, length_penalty).
+  """
+  from safetensors.numpy import save
+
+  check(config)
+  files = tokenizer_files(config, tokenizer)
+  model = layout.unpack(config, params)
+  perm = permutation(config, model)
+  if config.layer_norm_epsilon != LAYER_NORM_EPSILON:
+    logging.warning("transformers' Marian normalises with LayerNorm epsilon %g, this model "
+                    "with %g: no exact reparametrization exists (flax_transformer/export/"
+                    "marian.py), so its logits differ slightly (on a Multi30k model: "
+                    "results/bench/export_transformers.json)", LAYER_NORM_EPSILON,
+                    config.layer_norm_epsilon)
+  files["config.json"] = marian_config(config)
+  files["generation_config.json"] = generation_config(config, search)
+  # As bytes: safetensors' save_file makes its file private (0600), unlike the others.
+  files["model.safetensors"] = save(_tensors(config, model, perm), metadata={"format": "pt"})
+  out = Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  for name, value in files.items():
+    (out / name).write_bytes(value if isinstance(value, bytes) else (
+        json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode())
+  write_manifest(out, {"format": FORMAT, "max_len": config.max_len, "search": search,
+                       **(provenance or {})})
+  return out
