@@ -51,6 +51,9 @@ flags.DEFINE_integer("max_extra", SEARCH.max_extra, "Longest output = source len
 flags.DEFINE_integer("batch_tokens", 4096, "Source tokens per batch (sentences are sorted by "
                      "length into batches and output in input order).")
 flags.DEFINE_integer("nbest", SEARCH.nbest, "Hypotheses per sentence (<= beam_size).")
+flags.DEFINE_bool("eos_within_beam", SEARCH.eos_within_beam, "Beam search: a hypothesis ends "
+                  "only as one of a step's beam_size best candidates (transformers' and "
+                  "fairseq's rule; docs/pretrained.md), not as any of the 2 x beam_size.")
 flags.DEFINE_float("temperature", SEARCH.temperature, "> 0: sample instead of beam search.")
 flags.DEFINE_integer("top_k", SEARCH.top_k, "Sampling: keep the k most likely tokens (0 = all).")
 flags.DEFINE_float("top_p", SEARCH.top_p,
@@ -89,7 +92,8 @@ def main(argv):
 
     search = SearchConfig(beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
                           max_extra=FLAGS.max_extra, nbest=FLAGS.nbest,
-                          temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p)
+                          temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p,
+                          eos_within_beam=FLAGS.eos_within_beam)
     batch_only = {"--reference": FLAGS.reference, "--attention_plot": FLAGS.attention_plot,
                   "--prefix": FLAGS.prefix, "--score": FLAGS.score}
     asked = FLAGS.interactive if FLAGS["interactive"].present else None

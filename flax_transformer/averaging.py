@@ -12,22 +12,13 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import linen as nn
 
 from flax_transformer import storage
 from flax_transformer.checkpoints import Checkpointer
 from flax_transformer.errors import CheckpointError, CheckpointSaveError, ConfigError
 from flax_transformer.network.config import TransformerConfig
-from flax_transformer.network.model import Transformer
+from flax_transformer.network.model import abstract_params  # Also this module's name.
 from flax_transformer.workdir import RUN_FILE, Workdir, read_run, tokenizer_files
-
-
-def abstract_params(model_config: TransformerConfig):
-  """Shapes and dtypes of the model's parameters (nothing allocated)."""
-  dummy = jnp.ones((1, 8), jnp.int32)
-  shapes = jax.eval_shape(lambda: Transformer(model_config).init(
-      jax.random.PRNGKey(0), dummy, dummy)["params"])
-  return nn.unbox(shapes)
 
 
 def average_params(checkpointer: Checkpointer, steps: Sequence[int], abstract: Any):

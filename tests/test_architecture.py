@@ -18,6 +18,9 @@ LAYERS = {
     # A run's directory: its layout and record (workdir), its checkpoints. Training
     # writes them, translation reads them: below both.
     "workdir": 3, "checkpoints": 3,
+    # Imported models (import_model.py): a transformers folder read, a workdir written;
+    # the tokenizers an imported workdir's record names (workdir reads them).
+    "pretrained": 3,
     "training": 4,  # sharding, steps, metrics, distributed, host_allocator, the loop's parts.
     "averaging": 4,  # The paper's checkpoint averaging: what translation loads.
     "launch_lock": 5,  # One launch per workdir: agreed on over the processes (training).
@@ -109,7 +112,8 @@ def test_house_rules():
   # The exported model's runner goes where the package does not: nothing of ours.
   assert edges["export.runner"] == set()
   # The layout's one owner reads and writes no checkpoint, metric or data itself.
-  assert edges["workdir"] - bottom <= {"data.tokenizer", "network.config"}
+  assert edges["workdir"] - bottom <= {"data.tokenizer", "network.config",
+                                       "pretrained.tokenizers"}
   assert edges["checkpoints"] - bottom <= {"workdir", "network.config", "network.model"}
 
 

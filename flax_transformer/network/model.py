@@ -227,6 +227,14 @@ def _init_cache(config, params, encoded, max_decode_len, beam_size):
   return variables["cache"]
 
 
+def abstract_params(model_config: TransformerConfig):
+  """Shapes and dtypes of the model's parameters (nothing allocated)."""
+  dummy = jnp.ones((1, 8), jnp.int32)
+  shapes = jax.eval_shape(lambda: Transformer(model_config).init(
+      jax.random.PRNGKey(0), dummy, dummy)["params"])
+  return nn.unbox(shapes)
+
+
 def count_params(params) -> int:
   """Number of scalars in a parameter tree (boxed or not)."""
   return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(nn.unbox(params))))

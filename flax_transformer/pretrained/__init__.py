@@ -25,7 +25,7 @@ paper's: `activation` ('relu' | 'swish' | 'gelu' | 'gelu_tanh'), `scale_embeddin
 `vocab_size`, which is the target side), `tie_target_embedding` (separate
 embeddings, the target one also the pre-softmax matrix), `decoder_start_id`,
 `max_len` (max_position_embeddings). Imported parameters are placed in the tree
-the config builds (`averaging.abstract_params`), so they carry its logical axes and
+the config builds (`network.model.abstract_params`), so they carry its logical axes and
 shard as trained ones do.
 
 Tokenizer. An imported workdir keeps its tokenizer's files under
