@@ -19,9 +19,11 @@ import conftest
 from conftest import ROOT, TRAINED_TINY_CHECKPOINTS, cpu_env, final_params, train_command
 from flax_transformer.data import token_cache
 from flax_transformer.data.pipeline import TokenizePair
-from flax_transformer.errors import ConfigError
+from flax_transformer.errors import ConfigError, ShardingConfigError
 from flax_transformer.training import init_from
 from flax_transformer.training.config_checks import check_config
+from flax_transformer.training.sharding import make_mesh
+from flax_transformer.training.steps import Trainer
 from flax_transformer.workdir import Workdir, read_run
 
 sys.path.insert(0, str(ROOT))
@@ -160,6 +162,34 @@ def test_training_tokenizes_sources_and_targets_each_with_its_side(fine_tuned_ma
               token_cache.load_or_build(pairs, tokenizer, cache_dir=tmp_path)[1]):
     np.testing.assert_array_equal(ids["inputs"], source)
     np.testing.assert_array_equal(ids["targets"], target)
+
+
+@pytest.mark.devices(8)
+def test_the_start_is_the_source_parameters_sharded_over_a_mesh(fine_tuned_marian, tmp_path):
+  """The imported model's parameters placed on a 2 x 4 mesh (data, fsdp: the `embed`
+  dimension split 4 ways), as the trainer's shardings say, unchanged; the optimizer state
+  new. Its vocabulary of 511 does not split over a tensor axis of 2: refused, named."""
+  imported = fine_tuned_marian[0]
+  config = config_from(imported)
+  fine_tuning = init_from.resolve(config, Workdir(tmp_path / "new"))
+  config.mesh.update({"data": 2, "fsdp": 2, "tensor": 2})
+  with pytest.raises(ShardingConfigError, match=r"\['decoder'\]\['final_logits_bias'\] \[511\]"
+                     r": its dimension of 511 does not split over mesh axes tensor"):
+    Trainer(fine_tuning.model_config, config, make_mesh(config.mesh))
+  config.mesh.update({"data": 2, "fsdp": 4, "tensor": 1})
+  trainer = Trainer(fine_tuning.model_config, config, make_mesh(config.mesh))
+  state = init_from.initial_state(trainer, fine_tuning)
+  assert int(state.step) == 0
+  leaves = jax.tree_util.tree_leaves(state.params)
+  shardings = jax.tree_util.tree_leaves(trainer.state_shardings.params)
+  expected = jax.tree_util.tree_leaves(final_params(imported)[1])
+  assert len(leaves) == len(shardings) == len(expected)
+  for leaf, sharding, theirs in zip(leaves, shardings, expected):
+    assert leaf.sharding.is_equivalent_to(sharding, leaf.ndim)
+    np.testing.assert_array_equal(np.asarray(leaf), np.asarray(theirs))
+  assert any(not leaf.sharding.is_fully_replicated for leaf in leaves)
+  moments = jax.tree_util.tree_leaves(state.opt_state)
+  assert moments and all(not np.asarray(m).any() for m in moments)  # Adam's, and its count.
 
 
 @pytest.mark.parametrize("run", ["fine_tuned", "fine_tuned_marian"])

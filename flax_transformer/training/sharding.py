@@ -73,6 +73,23 @@ def logical_shardings(abstract_tree: Any, mesh: Mesh, rules: Sequence[tuple[str,
   return nn.logical_to_mesh_sharding(specs, mesh, [tuple(r) for r in rules])
 
 
+def check_even_splits(abstract_tree: Any, shardings: Any) -> None:
+  """Refuses a mesh that splits some array's dimension unevenly (jax places none such):
+  e.g. a model vocabulary of 511 (an imported model's) over a tensor axis of 2.
+  abstract_tree: arrays or ShapeDtypeStructs; shardings: NamedShardings, the same tree."""
+  leaves = jax.tree_util.tree_leaves_with_path(abstract_tree)
+  for (path, leaf), sharding in zip(leaves, jax.tree_util.tree_leaves(shardings)):
+    for size, axes in zip(leaf.shape, sharding.spec):
+      axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+      parts = math.prod(sharding.mesh.shape[a] for a in axes)
+      if size % parts:
+        raise ShardingConfigError(
+            f"parameter {jax.tree_util.keystr(path)} {list(leaf.shape)}: its dimension of "
+            f"{size} does not split over mesh axes {'x'.join(axes)} ({parts} devices); choose "
+            "config.mesh sizes that divide it, or map its logical axis to None in "
+            "config.logical_axis_rules")
+
+
 def check_divisible(batch_rows: int, mesh: Mesh, key: str = "batch_tokens",
                     micro_batches: int = 1) -> None:
   """Refuses a global batch that does not split evenly over the data-parallel devices,

@@ -170,6 +170,7 @@ class Trainer:
 
     boxed = jax.eval_shape(self._boxed_init, self.key(0))
     self.state_shardings = sharding_lib.logical_shardings(boxed, mesh, self.rules)
+    sharding_lib.check_even_splits(nn.unbox(boxed).params, self.state_shardings.params)
     self.abstract_state = jax.tree_util.tree_map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
         nn.unbox(boxed), self.state_shardings)
