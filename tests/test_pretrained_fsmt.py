@@ -151,6 +151,8 @@ def refusal(tmp_path: Path, change) -> str:
      "do_lower_case='yes' has no equivalent"),
     (lambda f: edit_json(f / "tokenizer_config.json", unk_token="<UNK>"),
      "unk_token='<UNK>' has no equivalent"),
+    (lambda f: edit_json(f / "tokenizer_config.json", added_tokens_decoder={
+        "404": {"content": "<2de>", "special": True}}), "only the special tokens"),
     (lambda f: (f / "merges.txt").unlink(), "merges.txt not found"),
     (lambda f: (f / "model.safetensors").rename(f / "pytorch_model.bin"),
      "has pytorch_model.bin but no model.safetensors"),
@@ -162,8 +164,8 @@ def refusal(tmp_path: Path, change) -> str:
                          str(f / "model.safetensors")),
      "tensors with no place in the model: ['extra']"),
 ], ids=["ffn_dims", "activation", "encoder_decoder", "unknown_field", "alias", "langs",
-        "vocab_size", "pad_id", "lower_case", "unk_token", "merges", "torch_only", "positions",
-        "extra_tensor"])
+        "vocab_size", "pad_id", "lower_case", "unk_token", "added_token", "merges", "torch_only",
+        "positions", "extra_tensor"])
 def test_what_has_no_equivalent_is_refused_naming_it(tmp_path, change, message):
   assert message in refusal(tmp_path, change)
 

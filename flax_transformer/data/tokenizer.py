@@ -13,7 +13,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Container, Iterable, Sequence
 
 import numpy as np
 import sentencepiece as spm
@@ -97,13 +97,13 @@ class Tokenizer:
     return self._sp.decode(trim(ids))
 
 
-def trim(ids: Iterable[int]) -> list[int]:
-  """Ids up to (not including) the first EOS, padding removed."""
+def trim(ids: Iterable[int], drop: Container[int] = (PAD_ID,)) -> list[int]:
+  """Ids up to (not including) the first EOS, those in `drop` (padding) removed."""
   out = []
   for i in np.asarray(ids).tolist():
     if i == EOS_ID:
       break
-    if i != PAD_ID:
+    if i not in drop:
       out.append(i)
   return out
 

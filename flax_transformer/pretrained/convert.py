@@ -169,6 +169,43 @@ def must_be_int(minimum: int) -> Rule:
       value >= minimum) else f"an integer >= {minimum}"
 
 
+# activation_function (transformers' ACT2FN names) -> TransformerConfig.activation.
+ACTIVATIONS = {"swish": "swish", "silu": "swish", "gelu": "gelu", "relu": "relu",
+               "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+TRAINING_ONLY = "training only (dropout, layer drop, initialisation): not the function"
+# The fields MarianConfig and FSMTConfig (BART's family) share, as `check_fields` reads
+# them: the architecture's `model_config_from` maps those with rules.
+BART_FIELDS: dict = {
+    "d_model": must_be_int(1), "encoder_layers": must_be_int(1),
+    "decoder_layers": must_be_int(1), "encoder_ffn_dim": must_be_int(1),
+    "decoder_ffn_dim": must_be_int(1), "encoder_attention_heads": must_be_int(1),
+    "decoder_attention_heads": must_be_int(1), "max_position_embeddings": must_be_int(1),
+    "activation_function": lambda v: None if v in ACTIVATIONS else f"one of {sorted(ACTIVATIONS)}",
+    "scale_embedding": must_be(True, False), "tie_word_embeddings": must_be(True, False),
+    "pad_token_id": lambda v: None, "eos_token_id": lambda v: None,  # Checked with the vocabulary.
+    "decoder_start_token_id": lambda v: None,
+    "is_encoder_decoder": must_be(True),
+    "dropout": lambda v: None, "attention_dropout": lambda v: None,  # Fine-tuning's rates.
+    "activation_dropout": TRAINING_ONLY, "encoder_layerdrop": TRAINING_ONLY,
+    "decoder_layerdrop": TRAINING_ONLY, "init_std": TRAINING_ONLY,
+}
+
+# tokenizer_config.json fields every tokenizer here reads alike.
+TOKENIZER_GENERIC: dict = {
+    "model_max_length": "truncation is the caller's", "backend": "bookkeeping",
+    "name_or_path": "bookkeeping", "special_tokens_map_file": "bookkeeping",
+    "clean_up_tokenization_spaces": must_be(False),
+    "additional_special_tokens": must_be([], None),
+    "extra_special_tokens": must_be([], {}, None),
+}
+
+
+def training_only_notes(config: Mapping) -> list[str]:
+  """The run record's notes on nonzero training-only rates (not applied here)."""
+  return [f"{name}={config[name]}: {TRAINING_ONLY}" for name in (
+      "activation_dropout", "encoder_layerdrop", "decoder_layerdrop") if config.get(name)]
+
+
 def check_fields(config: Mapping, table: Mapping[str, Rule | str], where: Path) -> None:
   """Every field of `config` is in `table` (or GENERIC_IRRELEVANT): a rule (value -> None,
   or what this code implements) for fields that change the function, a reason for those

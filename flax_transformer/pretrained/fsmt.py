@@ -28,7 +28,6 @@ from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.layers import sinusoidal_position_encoding
 from flax_transformer.pretrained import convert
 from flax_transformer.pretrained.fsmt_tokenizer import FILES, SPECIALS, read_merges
-from flax_transformer.pretrained.marian import ACTIVATIONS, TRAINING_ONLY
 
 ARCHITECTURE = "fsmt"
 CLASSES = ("FSMTForConditionalGeneration",)
@@ -53,23 +52,10 @@ def _langs(value) -> str | None:
 # changes the function (`model_config_from` maps it), a reason where it does not. Fields of
 # every transformers config are convert.GENERIC_IRRELEVANT's.
 FIELDS: dict = {
+    **convert.BART_FIELDS,
     "langs": _langs,  # The tokenizer's Moses languages (checked equal to its own).
     "src_vocab_size": convert.must_be_int(1), "tgt_vocab_size": convert.must_be_int(1),
-    "d_model": convert.must_be_int(1), "encoder_layers": convert.must_be_int(1),
-    "decoder_layers": convert.must_be_int(1), "encoder_ffn_dim": convert.must_be_int(1),
-    "decoder_ffn_dim": convert.must_be_int(1), "encoder_attention_heads": convert.must_be_int(1),
-    "decoder_attention_heads": convert.must_be_int(1),
-    "max_position_embeddings": convert.must_be_int(1),
     **{alias: lambda v: None for alias in ALIASES},  # Checked equal to their fields.
-    "activation_function": lambda v: None if v in ACTIVATIONS else f"one of {sorted(ACTIVATIONS)}",
-    "scale_embedding": convert.must_be(True, False),
-    "tie_word_embeddings": convert.must_be(True, False),
-    "pad_token_id": lambda v: None, "eos_token_id": lambda v: None,  # Checked with the vocabulary.
-    "decoder_start_token_id": lambda v: None,
-    "is_encoder_decoder": convert.must_be(True),
-    "dropout": lambda v: None, "attention_dropout": lambda v: None,  # Fine-tuning's rates.
-    "activation_dropout": TRAINING_ONLY, "encoder_layerdrop": TRAINING_ONLY,
-    "decoder_layerdrop": TRAINING_ONLY, "init_std": TRAINING_ONLY,
     "decoder": "a legacy nested decoder config that FSMTConfig drops",
 }
 # tokenizer_config.json: what FSMTTokenizer does with each field here.
@@ -78,13 +64,12 @@ TOKENIZER_FIELDS: dict = {
     "bos_token": convert.must_be(SPECIALS[0]), "pad_token": convert.must_be(SPECIALS[1]),
     "sep_token": convert.must_be(SPECIALS[2]), "eos_token": convert.must_be(SPECIALS[2], None),
     "unk_token": convert.must_be(SPECIALS[3]),
-    "model_max_length": "truncation is the caller's", "tokenizer_class": "checked",
-    "added_tokens_decoder": "the specials, checked with the vocabulary",
-    "backend": "bookkeeping", "name_or_path": "bookkeeping",
-    "special_tokens_map_file": "bookkeeping",
-    "clean_up_tokenization_spaces": convert.must_be(False),
-    "additional_special_tokens": convert.must_be([], None),
-    "extra_special_tokens": convert.must_be([], {}, None),
+    "tokenizer_class": convert.must_be("FSMTTokenizer"),
+    # Tokens kept whole: the specials only (the text is split at them).
+    "added_tokens_decoder": lambda v: None if isinstance(v, dict) and all(
+        isinstance(t, dict) and t.get("content") in SPECIALS for t in v.values())
+    else f"only the special tokens {list(SPECIALS)}",
+    **convert.TOKENIZER_GENERIC,
 }
 
 
@@ -100,8 +85,7 @@ def import_folder(folder: Path) -> convert.Imported:
   if langs is None or ("langs" in config and config["langs"] != langs):
     raise DataError(f"{folder / 'tokenizer_config.json'}: langs={langs!r}, but config.json "
                     f"has {config.get('langs')!r} (the source and target languages)")
-  notes = [f"{name}={config[name]}: {TRAINING_ONLY}" for name in (
-      "activation_dropout", "encoder_layerdrop", "decoder_layerdrop") if config.get(name)]
+  notes = convert.training_only_notes(config)
 
   vocabs = [convert.read_vocabulary(folder, name, SPECIALS) for name in FILES[:2]]
   pad, eos = config["pad_token_id"], config["eos_token_id"]
@@ -171,7 +155,7 @@ def model_config_from(config: dict, where: Path, *, source_size: int, target_siz
         dropout_rate=config["dropout"], attention_dropout_rate=config["attention_dropout"],
         max_len=config["max_position_embeddings"], share_embeddings=shared,
         attention_bias=True, norm="post", layer_norm_epsilon=1e-5,
-        activation=ACTIVATIONS[config["activation_function"]],
+        activation=convert.ACTIVATIONS[config["activation_function"]],
         scale_embedding=config["scale_embedding"], position_layout="halves",
         position_frequencies="fairseq", position_offset=pad + 1,
         decoder_start_id=decoder_start_id)

@@ -25,7 +25,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import sacremoses
 
-from flax_transformer.data.tokenizer import EOS_ID
+from flax_transformer.data.tokenizer import EOS_ID, trim
 
 FILES = ("vocab-src.json", "vocab-tgt.json", "merges.txt")
 SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # FSMTTokenizer's bos, pad, sep (EOS), unk.
@@ -130,13 +130,8 @@ class FSMTSide:
 
   def detokenize(self, ids: Iterable[int]) -> str:
     """ids -> text; stops at the first EOS, drops the special tokens."""
-    kept = []
-    for i in np.asarray(ids).tolist():
-      if i == EOS_ID:
-        break
-      if i not in self._special:
-        kept.append(i)
-    words = "".join(p.replace(" ", "").replace("</w>", " ") for p in self.pieces(kept)).split()
+    pieces = self.pieces(trim(ids, self._special))
+    words = "".join(p.replace(" ", "").replace("</w>", " ") for p in pieces).split()
     return self._detokenizer.detokenize(words)
 
   def model_bytes(self) -> bytes:

@@ -23,31 +23,14 @@ from flax_transformer.pretrained import convert
 
 ARCHITECTURE = "marian"
 CLASSES = ("MarianMTModel",)
-ACTIVATIONS = {"swish": "swish", "silu": "swish", "gelu": "gelu", "relu": "relu",
-               "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
-TRAINING_ONLY = "training only (dropout, layer drop, initialisation): not the function"
-
 # Every MarianConfig field: a rule (value -> None, or what this code implements) where it
 # changes the function (`model_config` maps it), a reason where it does not. Fields of
 # every transformers config are convert.GENERIC_IRRELEVANT's.
 FIELDS: dict = {
+    **convert.BART_FIELDS,
     "vocab_size": convert.must_be_int(1), "decoder_vocab_size": lambda v: None,
-    "d_model": convert.must_be_int(1), "encoder_layers": convert.must_be_int(1),
-    "decoder_layers": convert.must_be_int(1), "encoder_ffn_dim": convert.must_be_int(1),
-    "decoder_ffn_dim": convert.must_be_int(1), "encoder_attention_heads": convert.must_be_int(1),
-    "decoder_attention_heads": convert.must_be_int(1),
     "num_hidden_layers": lambda v: None,  # An alias of encoder_layers (checked equal).
-    "max_position_embeddings": convert.must_be_int(1),
-    "activation_function": lambda v: None if v in ACTIVATIONS else f"one of {sorted(ACTIVATIONS)}",
-    "scale_embedding": convert.must_be(True, False),
     "share_encoder_decoder_embeddings": convert.must_be(True, False),
-    "tie_word_embeddings": convert.must_be(True, False),
-    "pad_token_id": lambda v: None, "eos_token_id": lambda v: None,  # Checked with the vocabulary.
-    "decoder_start_token_id": lambda v: None,
-    "is_encoder_decoder": convert.must_be(True),
-    "dropout": lambda v: None, "attention_dropout": lambda v: None,  # Fine-tuning's rates.
-    "activation_dropout": TRAINING_ONLY, "encoder_layerdrop": TRAINING_ONLY,
-    "decoder_layerdrop": TRAINING_ONLY, "init_std": TRAINING_ONLY,
     # Written by older transformers (BART's config fields) into OPUS-MT's config.json.
     "static_position_embeddings": convert.must_be(True),
     "normalize_before": convert.must_be(False), "normalize_embedding": convert.must_be(False),
@@ -56,16 +39,13 @@ FIELDS: dict = {
 }
 # tokenizer_config.json: what MarianTokenizer does with each field here.
 TOKENIZER_FIELDS: dict = {
+    **convert.TOKENIZER_GENERIC,
     "separate_vocabs": convert.must_be(True, False), "sp_model_kwargs": convert.must_be({}),
     "unk_token": convert.must_be("<unk>"), "eos_token": convert.must_be("</s>"),
     "pad_token": convert.must_be("<pad>"),
     "source_lang": "names a Moses punctuation normaliser MarianTokenizer never calls",
-    "target_lang": "as source_lang", "model_max_length": "truncation is the caller's",
-    "tokenizer_class": "checked", "added_tokens_decoder": "the specials, checked with the "
-    "vocabulary", "backend": "bookkeeping", "clean_up_tokenization_spaces": convert.must_be(False),
-    "name_or_path": "bookkeeping", "special_tokens_map_file": "bookkeeping",
-    "additional_special_tokens": convert.must_be([], None),
-    "extra_special_tokens": convert.must_be([], {}, None),
+    "target_lang": "as source_lang", "tokenizer_class": "checked",
+    "added_tokens_decoder": "the specials, checked with the vocabulary",
 }
 
 
@@ -81,8 +61,7 @@ def import_folder(folder: Path) -> convert.Imported:
     raise DataError(f"{folder}: tokenizer_config.json's separate_vocabs="
                     f"{tokenizer_config.get('separate_vocabs')} contradicts config.json's "
                     f"share_encoder_decoder_embeddings={shared}")
-  notes = [f"{name}={config[name]}: {TRAINING_ONLY}" for name in (
-      "activation_dropout", "encoder_layerdrop", "decoder_layerdrop") if config.get(name)]
+  notes = convert.training_only_notes(config)
 
   vocab_names = ("vocab.json",) if shared else ("vocab.json", "target_vocab.json")
   vocabs = [convert.read_vocabulary(folder, name) for name in vocab_names]
@@ -159,8 +138,8 @@ def model_config_from(config: dict, where: Path, *, shared: bool, source_size: i
         attention_dropout_rate=config.get("attention_dropout", 0.0),
         max_len=config.get("max_position_embeddings", 1024), share_embeddings=shared,
         tie_target_embedding=not shared and tied, attention_bias=True, norm="post",
-        layer_norm_epsilon=1e-5, activation=ACTIVATIONS[config.get("activation_function",
-                                                                    "gelu")],
+        layer_norm_epsilon=1e-5,
+        activation=convert.ACTIVATIONS[config.get("activation_function", "gelu")],
         scale_embedding=config.get("scale_embedding", False), position_layout="halves",
         decoder_start_id=decoder_start_id)
   except ValueError as e:

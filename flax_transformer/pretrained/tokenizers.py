@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
-from flax_transformer.data.tokenizer import EOS_ID, PAD_ID
+from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, trim
 from flax_transformer.errors import DataError
 
 SPIECE_UNDERLINE = "\u2581"
@@ -94,12 +94,7 @@ class MarianSide:
 
   def detokenize(self, ids: Iterable[int]) -> str:
     """ids -> text; stops at the first EOS."""
-    kept = []
-    for i in np.asarray(ids).tolist():
-      if i == EOS_ID:
-        break
-      if i not in self._special:
-        kept.append(self._pieces[i])
+    kept = self.pieces(trim(ids, self._special))
     return self._decoder.decode_pieces(kept).replace(SPIECE_UNDERLINE, " ").strip()
 
   def model_bytes(self) -> bytes:
