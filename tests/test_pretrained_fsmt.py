@@ -172,7 +172,8 @@ def test_what_has_no_equivalent_is_refused_naming_it(tmp_path, change, message):
 
 def test_import_model_py_then_decode_py_translate_as_transformers(tmp_path):
   """The command line: the import, then decode.py's beam 4 at transformers' length rule
-  (alpha 0, the same limit) gives generate()'s outputs; a bad folder is one line, exit 2."""
+  (alpha 0, EOS within the beam, the same limit) gives generate()'s outputs; a bad folder
+  is one line, exit 2."""
   workdir = tmp_path / "run"
   imported = subprocess.run([sys.executable, "import_model.py", f"--from={FOLDER}",
                              f"--workdir={workdir}"], cwd=ROOT, env=cpu_env(),
@@ -185,7 +186,8 @@ def test_import_model_py_then_decode_py_translate_as_transformers(tmp_path):
   sources.write_text("\n".join(REFERENCES["sources"]) + "\n", encoding="utf-8")
   decoded = subprocess.run(
       [sys.executable, "decode.py", f"--workdir={workdir}", f"--input={sources}",
-       "--beam_size=4", "--alpha=0", f"--max_extra={REFERENCES['max_extra']}"],
+       "--beam_size=4", "--alpha=0", "--eos_within_beam",
+       f"--max_extra={REFERENCES['max_extra']}"],
       cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=600)
   assert decoded.returncode == 0, decoded.stderr[-2000:]
   assert decoded.stdout.splitlines() == REFERENCES["beam4_text"]
