@@ -192,9 +192,10 @@ def test_the_start_is_the_source_parameters_sharded_over_a_mesh(fine_tuned_maria
   assert moments and all(not np.asarray(m).any() for m in moments)  # Adam's, and its count.
 
 
-@pytest.mark.parametrize("run", ["fine_tuned", "fine_tuned_marian"])
-def test_decode_and_serve_translate_with_the_result(run, request, tmp_path):
-  workdir = request.getfixturevalue(run)[0 if run == "fine_tuned" else 1]
+def test_decode_and_serve_translate_with_the_result(fine_tuned_marian, tmp_path):
+  """On the fine-tuned Marian model (its tokenizer/ and run.json entry copied from the
+  import); a run fine-tuned from a trained workdir is a workdir like any other."""
+  workdir = fine_tuned_marian[1]
   common = ["--average_last=1", "--max_extra=5", "--beam_size=2",
             f"--compilation_cache_dir={conftest.XLA_CACHE}"]
   decoded = subprocess.run([sys.executable, str(ROOT / "decode.py"), f"--workdir={workdir}",
