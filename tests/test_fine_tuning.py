@@ -1,6 +1,7 @@
-"""Fine-tuning: train.py --config.init_from=W (training/init_from.py) from the session's
-trained tiny run (conftest.trained_tiny), on Multi30k: what the run keeps of its source,
-its start, a relaunch, decode.py and serve.py on the result, and the refusals."""
+"""Fine-tuning: train.py --config.init_from=W (training/init_from.py) on Multi30k, from the
+session's trained tiny run (conftest.trained_tiny) and from the tiny Marian model of
+tests/fixtures imported by import_model.py: what the run keeps of its source, its start
+(also sharded), a relaunch, decode.py and serve.py on the result, and the refusals."""
 
 import json
 import re
@@ -50,8 +51,8 @@ def fine_tune_command(workdir, source, multi30k_dir, *overrides) -> list[str]:
 def fine_tuned(trained_tiny, multi30k_dir, tmp_path_factory):
   """(workdir, first launch's log, relaunch's log, (step, parameters) of the first launch's
   checkpoint): 10 steps at learning rate 0 (its checkpoint holds the parameters it started
-  from, unchanged), then the same command, to step 40 at the tiny run's rate: a preempted
-  job's relaunch."""
+  from, unchanged), then a relaunch with the same init_from, to step 40 at the tiny run's
+  rate (as a preempted job's)."""
   workdir = tmp_path_factory.mktemp("fine_tune") / "run"
   logs, first_checkpoint = [], None
   for overrides in (["--config.num_train_steps=10", "--config.learning_rate=0.0"],
