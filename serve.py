@@ -45,6 +45,9 @@ flags.DEFINE_integer("max_sentences", 64, "Most sentences in one request.", lowe
 flags.DEFINE_integer("max_tokens", 64, "Longest source sentence in tokens (EOS included), "
                      "capped by the model's max_len; every width up to it is compiled at start.",
                      lower_bound=1)
+flags.DEFINE_float("drain_s", 25.0, "On SIGTERM or Ctrl-C: seconds the requests in flight have "
+                   "to be answered (new ones get 503) before the server stops; a second signal "
+                   "stops it at once.", lower_bound=0.0)
 flags.DEFINE_float("body_timeout_s", 10.0, "A request whose body has not arrived within this "
                    "many seconds gets a 408.", lower_bound=0.1)
 flags.DEFINE_integer("max_batch", 64, "Most sentences searched together.", lower_bound=1)
@@ -57,6 +60,12 @@ flags.DEFINE_integer("cpu_devices", 0, "On a CPU host: devices to split each bat
                      "(0 = one per core), as decode.py.", lower_bound=0)
 flags.DEFINE_string("compilation_cache_dir", compilation.default_cache_dir(),
                     "jax's persistent compilation cache ('' = off).")
+flags.DEFINE_integer("compilation_cache_max_mb", 2048, "Cap of the compilation cache's "
+                     "entries: beyond, the least recently used are deleted (0 = no cap). Each "
+                     "new option set a request asks for adds its programs.", lower_bound=0)
+flags.DEFINE_float("alpha_step", 0.1, "A request's alpha is rounded to a multiple of this "
+                   "(0 = as sent): every distinct alpha is a program to compile and keep.",
+                   lower_bound=0.0)
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
 
@@ -76,8 +85,7 @@ def _bind(host: str, port: int) -> socket.socket:
 def main(argv):
   def work():
     try:
-      import uvicorn
-
+      from flax_transformer.serving import drain
       from flax_transformer.serving.app import Limits, make_app
       from flax_transformer.serving.batcher import Batcher
     except ImportError as e:
@@ -91,19 +99,20 @@ def main(argv):
     translator = Translator.from_workdir(FLAGS.workdir, search=search, ensemble=FLAGS.ensemble,
                                          average_last=FLAGS.average_last,
                                          checkpoint_step=FLAGS.checkpoint_step)
-    compilation.enable_cache(FLAGS.compilation_cache_dir)  # Before the first search compiles.
+    compilation.enable_cache(FLAGS.compilation_cache_dir,  # Before the first search compiles.
+                             FLAGS.compilation_cache_max_mb << 20)
     batcher = Batcher(translator, max_batch=FLAGS.max_batch, max_wait_s=FLAGS.max_wait_ms / 1000,
                       max_tokens=FLAGS.max_tokens, max_configs=FLAGS.max_configs)
     batcher.warm()
     limits = Limits(max_sentences=FLAGS.max_sentences, max_beam=FLAGS.max_beam,
-                    body_timeout_s=FLAGS.body_timeout_s)
+                    body_timeout_s=FLAGS.body_timeout_s, alpha_step=FLAGS.alpha_step)
     token = (FLAGS.token if FLAGS.token is not None else os.environ.get(TOKEN_VARIABLE)) or None
-    server = make_app(translator, batcher, workdir=FLAGS.workdir, token=token, limits=limits)
+    in_flight = drain.Drain()
+    server = make_app(translator, batcher, workdir=FLAGS.workdir, token=token, limits=limits,
+                      drain=in_flight)
     port = listening.getsockname()[1]
     print(f"Serving {FLAGS.workdir} on http://{FLAGS.host}:{port}/", flush=True)
-    config = uvicorn.Config(server, log_config=None, access_log=False,
-                            timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run(sockets=[listening])
+    drain.run(server, [listening], in_flight, FLAGS.drain_s)
 
   cli.set_cpu_devices(FLAGS.cpu_devices)
   cli.run_main(argv, work)

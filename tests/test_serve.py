@@ -14,6 +14,7 @@ import os
 import re
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -178,6 +179,11 @@ def test_a_new_option_set_compiles_without_holding_up_other_requests(server, exp
   assert status == 200 and len(answer["translations"]) == 1
   assert [a for a, _ in others] == [(200, {"translations": [e]}) for e in expected[:3]]
   assert max(t for _, t in others) < new_done, "the default requests waited for the compile"
+  # alpha on serve.py's grid (--alpha_step 0.1): 0.68 and 0.7 are one program, compiled once.
+  compiles = server.log.read_text().count("Compiling SearchConfig")
+  assert server.call("/translate", {"text": [SENTENCES[0]], "alpha": 0.68}) == (status, answer)
+  assert server.log.read_text().count("Compiling SearchConfig") == compiles
+  assert server.call("/health")[1]["limits"]["alpha_step"] == 0.1
 
 
 def test_concurrent_requests_with_different_options_equal_each_sent_alone(server):
@@ -458,3 +464,77 @@ def test_a_forced_prefix_is_routed_at_its_length_without_eos(batcher):
   assert batcher.width("A dog.", prefixes[16]) == 16
   assert batcher.width("A dog.", prefixes[17]) == 32
   assert batcher.width("A dog.", "") == batcher.width("A dog.") == 16
+
+
+def test_a_handler_cut_off_at_shutdown_answers_a_one_line_json_503(caplog):
+  """uvicorn cancels the handlers left when the drain time ends: each answers a JSON 503
+  and is counted, with no traceback (at 726c415: a plain-text 500 and one traceback each)."""
+  import asyncio
+
+  from flax_transformer.serving.drain import Drain, Gate
+
+  async def compiling(scope, receive, send):
+    await asyncio.sleep(60)
+
+  sent, drain = [], Drain()
+
+  async def send(message):
+    sent.append(message)
+
+  async def shut_down():
+    task = asyncio.ensure_future(Gate(compiling, drain)({"type": "http", "headers": []}, None,
+                                                         send))
+    await asyncio.sleep(0.01)
+    drain.start(0.0, "SIGTERM")
+    task.cancel()
+    await task  # Not cancelled: the gate answered.
+
+  asyncio.run(shut_down())
+  assert sent[0]["status"] == 503 and json.loads(sent[1]["body"]) == {
+      "error": "the server shut down before this request was answered (serve.py --drain_s)"}
+  assert (drain.at_start, drain.cut, drain.in_flight) == (1, 1, 0)
+  assert drain.summary() == ("Shut down on SIGTERM: drained 0 of the 1 request(s) in flight, "
+                             "refused 0 new one(s) with 503, cut off 1 at the 0 s drain time")
+
+
+def test_sigterm_during_a_compile_answers_the_accepted_requests_and_503s_new_ones(server,
+                                                                                 expected):
+  """Last in the module: it stops the module's server. A request whose option set is
+  compiling, and one whose body is still coming, are answered after the SIGTERM; a new
+  one gets a JSON 503 (at 726c415: a refused connection), and one log line counts them."""
+  handed = lambda: server.log.read_text().count("other requests are served meanwhile")  # noqa: E731
+  before = handed()
+  body = json.dumps({"text": [SENTENCES[2]]}).encode()
+  head = (b"POST /translate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode()
+          + b"\r\nContent-Type: application/json\r\nContent-Length: "
+          + str(len(body)).encode() + b"\r\n\r\n")
+  with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    new_options = pool.submit(server.call, "/translate", {"text": [SENTENCES[0]], "beam_size": 3})
+    deadline = time.time() + 60  # Until its options are compiling.
+    while handed() == before:
+      assert time.time() < deadline and not new_options.done(), server.log.read_text()[-3000:]
+      time.sleep(0.02)
+    held = socket.create_connection(server.url.removeprefix("http://").split(":"))
+    held.sendall(head + body[:5])  # Accepted, its body not complete: the drain waits for it.
+    time.sleep(0.2)
+    server.process.send_signal(signal.SIGTERM)
+    while "SIGTERM: answering the 2 request(s) in flight" not in server.log.read_text():
+      assert time.time() < deadline, server.log.read_text()[-3000:]
+      time.sleep(0.02)
+    refused = server.call("/translate", {"text": [SENTENCES[1]]})
+    held.sendall(body[5:])
+    held.settimeout(60)
+    reply = http.client.HTTPResponse(held)
+    reply.begin()
+    assert (reply.status, json.loads(reply.read())) == (200, {"translations": [expected[2]]})
+    held.close()
+    status, answer = new_options.result(timeout=120)
+  assert status == 200 and len(answer["translations"]) == 1
+  assert refused == (503, {"error": "the server is shutting down: send this request to another "
+                                    "server, or again later"})
+  server.process.wait(timeout=60)
+  log = server.log.read_text()
+  assert [line for line in log.splitlines() if "Shut down on SIGTERM" in line][0].endswith(
+      "drained 2 of the 2 request(s) in flight, refused 1 new one(s) with 503, cut off 0 at "
+      "the 25 s drain time"), log[-3000:]
+  assert "Traceback" not in log

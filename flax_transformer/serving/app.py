@@ -13,6 +13,7 @@ import dataclasses
 import hmac
 import json
 import logging
+import math
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -23,6 +24,7 @@ from starlette.requests import ClientDisconnect
 from flax_transformer import provenance
 from flax_transformer.errors import ConfigError
 from flax_transformer.serving.batcher import Batcher
+from flax_transformer.serving.drain import Drain, Gate
 from flax_transformer.serving.page import PAGE
 from flax_transformer.translation.translator import SearchConfig, Translator
 
@@ -32,12 +34,15 @@ log = logging.getLogger("flax_transformer.serving")
 @dataclasses.dataclass(frozen=True)
 class Limits:
   """What one request may ask for: sentences per request, body bytes, seconds to send
-  the body, beam width."""
+  the body, beam width, and the grid its alpha is rounded to (0: none). Each alpha is
+  a program to compile: on a grid, a server meets at most 10 / alpha_step + 1 of them
+  per beam width."""
 
   max_sentences: int = 64
   max_body_bytes: int = 1 << 20
   body_timeout_s: float = 10.0
   max_beam: int = 8
+  alpha_step: float = 0.1
 
 
 class RequestError(Exception):
@@ -187,10 +192,12 @@ class _Requests:
     if not 1 <= beam_size <= self.limits.max_beam:
       raise RequestError(422, f"beam_size must be in [1, {self.limits.max_beam}], got "
                               f"{beam_size}")
+    alpha, step = body.alpha, self.limits.alpha_step
+    if alpha is not None and step > 0 and math.isfinite(alpha):  # Else SearchConfig's error.
+      alpha = round(round(alpha / step) * step, 6)  # 0.30000000000000004 -> 0.3: one program.
     try:
       search = dataclasses.replace(
-          default, beam_size=beam_size,
-          alpha=default.alpha if body.alpha is None else body.alpha,
+          default, beam_size=beam_size, alpha=default.alpha if alpha is None else alpha,
           nbest=default.nbest if body.nbest is None else body.nbest)
     except ConfigError as e:  # SearchConfig's check, decode.py's too (alpha in [0, 10], ...).
       raise RequestError(422, str(e)) from None
@@ -269,11 +276,13 @@ def _add_routes(app: FastAPI, requests: _Requests, batcher: Batcher, health: dic
 
 
 def make_app(translator: Translator, batcher: Batcher, *, workdir: str, token: str | None = None,
-             limits: Limits = Limits()) -> FastAPI:
+             limits: Limits = Limits(), drain: Drain | None = None) -> FastAPI:
   """The app serving `translator`'s model through `batcher`; `token`: when set, API calls
-  need the header `Authorization: Bearer <token>`."""
+  need the header `Authorization: Bearer <token>`; `drain`: what a shutdown drains
+  (drain.run)."""
   app = FastAPI(title="flax-transformer", docs_url=None, redoc_url=None, openapi_url=None)
   app.add_middleware(CatchAll)
+  app.add_middleware(Gate, drain=drain or Drain())  # Outermost: it sees CancelledError.
   _add_error_handlers(app)
   _add_routes(app, _Requests(batcher, limits, token), batcher,
               _health(translator, batcher, workdir, limits))
