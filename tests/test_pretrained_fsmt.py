@@ -77,19 +77,23 @@ def imported_logits(folder: Path, workdir: Path, i: int = 0) -> np.ndarray:
 
 
 def test_the_output_projection_is_tied_where_transformers_ties_it(tmp_path):
-  """The output projection equal to the target embedding, absent (fairseq's tying, noted),
-  or tie_word_embeddings=True (one matrix for all three): each import computes what the
-  untied import of the same matrices computes, with one matrix fewer."""
+  """The output projection equal to the target embedding, one of the two absent (a tied
+  pair saved once: fairseq's tying, noted), or tie_word_embeddings=True (one matrix for all
+  three, saved under any one name): each import computes what the untied import of the
+  same matrices computes, with fewer matrices."""
   weights = load_file(str(FOLDER / "model.safetensors"))
   embedding = weights["model.decoder.embed_tokens.weight"]
-  # One matrix for the source and target embeddings and the projection, so that all four
-  # are the same function.
+  # One matrix for the source and target embeddings and the projection, so that all
+  # variants are the same function.
   same = dict(weights, **{"model.decoder.output_projection.weight": embedding,
                           "model.encoder.embed_tokens.weight": embedding})
-  variants = {"untied": same, "equal": same,
-              "absent": {k: v for k, v in same.items() if "output_projection" not in k},
-              "all": {k: v for k, v in same.items()
-                      if "output_projection" not in k and "encoder.embed_tokens" not in k}}
+
+  def without(*parts):
+    return {k: v for k, v in same.items() if not any(part in k for part in parts)}
+
+  variants = {"untied": same, "equal": same, "absent": without("output_projection"),
+              "embedding_absent": without("decoder.embed_tokens"),
+              "all": without("decoder.embed_tokens", "encoder.embed_tokens")}
   logits, records = {}, {}
   for name, tensors in variants.items():
     folder = copy_fixture(tmp_path / name)
@@ -110,12 +114,14 @@ def test_the_output_projection_is_tied_where_transformers_ties_it(tmp_path):
     logits[name] = imported_logits(folder, workdir)
   model = {name: r["model"] for name, r in records.items()}
   assert not model["untied"]["tie_target_embedding"]
-  assert model["equal"]["tie_target_embedding"] and model["absent"]["tie_target_embedding"]
+  assert all(model[name]["tie_target_embedding"] for name in ("equal", "absent",
+                                                              "embedding_absent"))
   assert model["all"]["share_embeddings"] and model["all"]["source_vocab_size"] is None
   notes = {name: " ".join(r["imported_from"]["notes"]) for name, r in records.items()}
   assert "output_projection.weight is absent" in notes["absent"]
+  assert "embed_tokens.weight is absent" in notes["embedding_absent"]
   assert "absent" not in notes["equal"]
-  for name in ("equal", "absent", "all"):
+  for name in ("equal", "absent", "embedding_absent", "all"):
     np.testing.assert_allclose(logits[name], logits["untied"], atol=1e-5, rtol=0)
   # The fixture's own projection is another matrix: tying it would change the function.
   _, target_map = id_maps(FOLDER, tmp_path / "equal" / "run")

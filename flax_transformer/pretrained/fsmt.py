@@ -38,6 +38,9 @@ DEFAULTS = {"src_vocab_size": 42024, "tgt_vocab_size": 42024, "activation_functi
             "decoder_layers": 12, "decoder_attention_heads": 16, "attention_dropout": 0.0,
             "dropout": 0.1, "decoder_start_token_id": 2, "scale_embedding": True,
             "tie_word_embeddings": False, "pad_token_id": 1, "eos_token_id": 2}
+DECODER_EMBEDDING = "model.decoder.embed_tokens.weight"
+OUTPUT = "model.decoder.output_projection.weight"
+ENCODER_EMBEDDING = "model.encoder.embed_tokens.weight"
 # FSMTConfig's attribute_map: names config.json may also hold, each equal to its field.
 ALIASES = {"num_attention_heads": "encoder_attention_heads", "hidden_size": "d_model",
            "vocab_size": "tgt_vocab_size", "num_hidden_layers": "encoder_layers"}
@@ -170,28 +173,38 @@ def _params(weights: dict, model_config: TransformerConfig, source_order: np.nda
   refused."""
   heads = model_config.num_heads
   params: dict = {"encoder": {}, "decoder": {}}
-  target = convert.take(weights, "model.decoder.embed_tokens.weight")
-  output = weights.pop("model.decoder.output_projection.weight", None)
+  # fairseq saves tied matrices once per name; a safetensors conversion keeps one name of
+  # each tied set, whichever it likes.
+  embeddings = {name: weights.pop(name) for name in (DECODER_EMBEDDING, OUTPUT, ENCODER_EMBEDDING)
+                if name in weights}
   tied, note = False, None
   if model_config.share_embeddings:  # transformers ties all three to the decoder's.
-    params["shared_embedding"] = {"embedding": target[target_order]}
-    for name in ("model.encoder.embed_tokens.weight", "model.decoder.output_projection.weight"):
-      copy = output if name.endswith("output_projection.weight") else weights.pop(name, None)
-      if copy is not None and not np.array_equal(copy, target):
-        raise DataError(f"{where}: {name} differs from the embedding tie_word_embeddings=True "
+    if not embeddings:
+      raise DataError(f"{where}: none of {DECODER_EMBEDDING}, {OUTPUT}, {ENCODER_EMBEDDING}")
+    (first, target), *copies = embeddings.items()
+    for name, copy in copies:
+      if not np.array_equal(copy, target):
+        raise DataError(f"{where}: {name} differs from {first}, which tie_word_embeddings=True "
                         "ties it to")
+    params["shared_embedding"] = {"embedding": target[target_order]}
   else:
-    source = convert.take(weights, "model.encoder.embed_tokens.weight")
-    params["source_embedding"] = {"embedding": source[source_order]}
-    params["target_embedding"] = {"embedding": target[target_order]}
-    if output is None:
+    if ENCODER_EMBEDDING not in embeddings:
+      raise DataError(f"{where}: model.safetensors has no tensor {ENCODER_EMBEDDING!r}")
+    target, output = embeddings.get(DECODER_EMBEDDING), embeddings.get(OUTPUT)
+    if target is None and output is None:
+      raise DataError(f"{where}: model.safetensors has neither {DECODER_EMBEDDING!r} nor "
+                      f"{OUTPUT!r}")
+    if target is None or output is None:
       tied = True
-      note = ("model.decoder.output_projection.weight is absent: the output projection is "
-              "the target embedding (fairseq's and transformers 4's tying)")
+      note = (f"{OUTPUT if output is None else DECODER_EMBEDDING} is absent: the output "
+              "projection is the target embedding (fairseq's and transformers 4's tying)")
+      target = output if target is None else target
     elif np.array_equal(output, target):
       tied = True
     else:
       params["decoder"]["logits"] = {"kernel": output[target_order].T}
+    params["source_embedding"] = {"embedding": embeddings[ENCODER_EMBEDDING][source_order]}
+    params["target_embedding"] = {"embedding": target[target_order]}
   rows = model_config.max_len + model_config.position_offset
   table = sinusoidal_position_encoding(rows, model_config.d_model, layout="halves",
                                        frequencies="fairseq")
