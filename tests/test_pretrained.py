@@ -214,3 +214,48 @@ def test_bad_folders_are_one_line_naming_the_problem(tmp_path):
   lines = [line for line in done.stderr.splitlines() if line.strip()]
   assert lines == [f"error: {tmp_path / 'prenorm' / 'config.json'}: normalize_before=True has "
                    "no equivalent here (only False)"], done.stderr
+
+
+def test_exports_of_an_imported_model_translate_as_it_does(tmp_path):
+  """export.py's StableHLO and CTranslate2 folders carry an imported model's tokenizer
+  (separate vocabularies here) and translate as the Translator does (greedy)."""
+  from flax_transformer.export import ct2
+  from flax_transformer.export.runner import open_model
+  from flax_transformer.export.stablehlo import export_stablehlo
+
+  folder = FIXTURES / "marian_gelu_separate"
+  importer.import_model(folder, tmp_path / "run")
+  model_config, tokenizer = read_run(tmp_path / "run")
+  params, _ = load_params(tmp_path / "run", model_config)
+  model_config = model_config.replace(max_len=32)  # Two batch widths to export, not eight.
+  texts = json.loads((folder / "references.json").read_text())["sources"][:6]
+  search = SearchConfig(beam_size=1, max_extra=8)
+  ours = Translator(model_config, params, tokenizer, search, devices=jax.devices()[:1])
+  want = ours.translate(texts)
+  assert all(want)
+  export_stablehlo(ours, tmp_path / "stablehlo", batch_tokens=128)
+  assert open_model(tmp_path / "stablehlo").translate(texts) == want
+  ct2.convert(model_config, params, tokenizer, tmp_path / "ct2",
+              search={"beam_size": 1, "alpha": 0.6, "max_extra": 8})
+  assert open_model(tmp_path / "ct2").translate(texts) == want
+
+
+def test_decode_py_scores_and_averaging_copies_an_imported_workdir(tmp_path):
+  """decode.py --score on an imported workdir gives transformers' summed log-probabilities;
+  average_checkpoints' output keeps its tokenizer."""
+  from flax_transformer.averaging import write_averaged
+
+  folder = FIXTURES / "marian_gelu_separate"
+  importer.import_model(folder, tmp_path / "run")
+  write_averaged(tmp_path / "run", tmp_path / "avg", 1)
+  ref = json.loads((folder / "references.json").read_text())
+  (tmp_path / "src").write_text("\n".join(ref["sources"][:8]) + "\n")
+  (tmp_path / "ref").write_text("\n".join(ref["targets"][:8]) + "\n")
+  done = subprocess.run([sys.executable, str(ROOT / "decode.py"), f"--workdir={tmp_path / 'avg'}",
+                         f"--input={tmp_path / 'src'}", f"--score={tmp_path / 'ref'}",
+                         "--average_last=1", "--cpu_devices=1", "--compilation_cache_dir="],
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  scores = [line.split("\t") for line in done.stdout.splitlines()]
+  np.testing.assert_allclose([float(s) for s, _ in scores], ref["log_probs"][:8], atol=1e-3)
+  assert [int(n) for _, n in scores] == [len(t) for t in ref["target_ids"][:8]]

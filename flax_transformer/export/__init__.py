@@ -33,3 +33,23 @@ def write_manifest(folder: str | Path, manifest: dict) -> dict:
   manifest = {**manifest, "files": sorted({*folder_files(folder), MANIFEST})}
   (Path(folder) / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
   return manifest
+
+
+def write_vocabulary(folder: str | Path, tokenizer) -> dict:
+  """What the runner tokenizes with, into `folder`: a trained model's vocab.model, or an
+  imported Marian model's files (pretrained.tokenizers; their kind goes into the
+  manifest: the manifest entries are returned). Other imported tokenizers are refused."""
+  folder = Path(folder)
+  spec = getattr(tokenizer, "spec", None)
+  if spec is None:
+    (folder / "vocab.model").write_bytes(tokenizer.model_bytes())
+    return {}
+  if spec.get("kind") != "marian":
+    from flax_transformer.errors import ConfigError
+    raise ConfigError(f"export: the exported runner reads sentencepiece vocabularies; this "
+                      f"imported model's tokenizer ({spec.get('kind')}) is not one: translate "
+                      "it with decode.py or serve.py")
+  for name in spec["files"]:
+    (folder / name).write_bytes((tokenizer.path / name).read_bytes())
+  return {"tokenizer": spec}
+

@@ -25,10 +25,12 @@ import numpy as np
 
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from flax_transformer.errors import ConfigError
-from flax_transformer.export import layout, write_manifest
+from flax_transformer.export import layout, write_manifest, write_vocabulary
 from flax_transformer.export.runner import CT2_FORMAT
 from flax_transformer.network.config import TransformerConfig
 
+# TransformerConfig.activation -> ctranslate2.specs.common_spec.Activation.
+CT2_ACTIVATIONS = {"relu": "RELU", "swish": "SWISH", "gelu": "GELU", "gelu_tanh": "GELUTanh"}
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16", "bfloat16")
 
 
@@ -71,7 +73,7 @@ def _set_ffn(spec, layer: layout.Layer) -> None:
 def build_spec(config: TransformerConfig, params: dict[str, Any], tokenizer: Tokenizer):
   """Our parameters in a ctranslate2.specs.TransformerSpec (vocabulary registered)."""
   _require_ctranslate2()
-  from ctranslate2.specs import transformer_spec
+  from ctranslate2.specs import common_spec, transformer_spec
 
   if config.head_dim_k * config.num_heads != config.d_model or (
       config.head_dim_k != config.head_dim_v):
@@ -81,15 +83,19 @@ def build_spec(config: TransformerConfig, params: dict[str, Any], tokenizer: Tok
   ours = layout.unpack(config, params)
   pre_norm = config.norm == "pre"
   spec = transformer_spec.TransformerSpec.from_config(
-      (config.encoder_layers, config.decoder_layers), config.num_heads, pre_norm=pre_norm)
+      (config.encoder_layers, config.decoder_layers), config.num_heads, pre_norm=pre_norm,
+      activation=getattr(common_spec.Activation, CT2_ACTIVATIONS[config.activation]))
   spec.config.layer_norm_epsilon = config.layer_norm_epsilon
   encoder, decoder = spec.encoder, spec.decoder
   encoder.embeddings[0].weight = ours.encoder.embedding
   decoder.embeddings.weight = ours.decoder.embedding
-  encoder.scale_embeddings = decoder.scale_embeddings = True  # x sqrt(d_model), section 3.4.
+  # x sqrt(d_model) (section 3.4) unless the model's config says not.
+  encoder.scale_embeddings = decoder.scale_embeddings = config.scale_embedding
   encoder.position_encodings.encodings = ours.encoder.positions
   decoder.position_encodings.encodings = ours.decoder.positions
   decoder.projection.weight = ours.logits  # The target embedding when tied.
+  if ours.logits_bias is not None:  # An imported Marian model's final_logits_bias.
+    decoder.projection.bias = ours.logits_bias
   if pre_norm:
     _set_norm(encoder.layer_norm, ours.encoder.final_norm)
     _set_norm(decoder.layer_norm, ours.decoder.final_norm)
@@ -101,12 +107,15 @@ def build_spec(config: TransformerConfig, params: dict[str, Any], tokenizer: Tok
     _set_attention(layer.attention, mine.cross_attention, CROSS_ATTENTION)
     _set_ffn(layer.ffn, mine)
 
-  pieces = tokenizer.pieces(range(tokenizer.vocab_size))
-  spec.register_source_vocabulary(pieces)
+  # Each side's pieces (one vocabulary, or an imported model's two).
+  source = tokenizer.source.pieces(range(tokenizer.source.vocab_size))
+  pieces = tokenizer.target.pieces(range(tokenizer.target.vocab_size))
+  spec.register_source_vocabulary(source)
   spec.register_target_vocabulary(pieces)
-  # Our decoder starts from id 0 and never emits it; EOS ends a sentence.
-  spec.config.decoder_start_token = pieces[PAD_ID]
-  spec.config.bos_token = pieces[PAD_ID]
+  # Our decoder starts from id 0 (embedded as decoder_start_id) and never emits 0; EOS
+  # ends a sentence.
+  spec.config.decoder_start_token = pieces[config.decoder_start_id]
+  spec.config.bos_token = pieces[config.decoder_start_id]
   spec.config.eos_token = pieces[EOS_ID]
   spec.config.unk_token = pieces[UNK_ID]
   return spec
@@ -131,11 +140,12 @@ def convert(config: TransformerConfig, params: dict[str, Any], tokenizer: Tokeni
   spec.validate()
   spec.optimize(quantization=None if quantization == "float32" else quantization)
   spec.save(str(out))
-  (out / "vocab.model").write_bytes(tokenizer.model_bytes())
+  vocabulary = write_vocabulary(out, tokenizer)
   shutil.copyfile(Path(__file__).with_name("runner.py"), out / "translate.py")
   manifest = {"format": CT2_FORMAT, "quantization": quantization, "max_len": config.max_len,
               "pad_id": PAD_ID, "eos_id": EOS_ID,
               "search": search or {"beam_size": 4, "alpha": 0.6, "max_extra": 50},
+              **vocabulary,
               **(provenance or {})}
   write_manifest(out, manifest)
   return out

@@ -34,12 +34,66 @@ def _use_cpu_cores(count: int) -> None:
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={count}".strip()
 
 
+class _SentencePieceVocabulary:
+  """A model trained here: one sentencepiece vocabulary (vocab.model) for both sides."""
+
+  def __init__(self, folder: Path):
+    import sentencepiece as spm
+
+    self.sp = spm.SentencePieceProcessor(model_file=str(folder / "vocab.model"))
+    self.source_piece = self.target_piece = self.sp.id_to_piece
+    self.target_id = self.sp.piece_to_id
+    self.encode, self.decode = self.sp.encode, self.sp.decode
+
+
+class _MarianVocabulary:
+  """An imported Marian (OPUS-MT) model's tokenizer, as transformers' MarianTokenizer:
+  sentencepiece pieces looked up in vocab.json (target_vocab.json for the targets where
+  separate; ids already the project's), a leading '>>tag<<' one token; outputs without
+  pad, EOS and unknown tokens. (flax_transformer.pretrained.tokenizers', restated: this
+  file travels without the package.)"""
+
+  def __init__(self, folder: Path, spec: dict):
+    import sentencepiece as spm
+
+    if spec.get("kind") != "marian":
+      raise SystemExit(f"error: {folder}: tokenizer kind {spec.get('kind')!r} is not one "
+                       "this runner reads")
+    separate = spec.get("separate_vocabularies")
+    self.sp = spm.SentencePieceProcessor(model_file=str(folder / "source.spm"))
+    self.vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    target = json.loads((folder / ("target_vocab.json" if separate else "vocab.json"))
+                        .read_text(encoding="utf-8"))
+    self.target_id = target.__getitem__
+    self._source_pieces = {i: piece for piece, i in self.vocab.items()}
+    self._target_pieces = {i: piece for piece, i in target.items()}
+    # transformers joins a shared vocabulary's output pieces with source.spm.
+    self._joiner = spm.SentencePieceProcessor(model_file=str(
+        folder / ("target.spm" if separate else "source.spm")))
+    self._dropped = {target["<pad>"], target["</s>"], target["<unk>"]}
+
+  def source_piece(self, i: int) -> str:
+    return self._source_pieces[i]
+
+  def target_piece(self, i: int) -> str:
+    return self._target_pieces[i]
+
+  def encode(self, line: str) -> list[int]:
+    code = []
+    if line.startswith(">>") and (end := line.find("<<")) != -1:
+      code, line = [line[:end + 2]], line[end + 2:]
+    unknown = self.vocab["<unk>"]
+    return [self.vocab.get(p, unknown) for p in code + self.sp.encode(line, out_type=str)]
+
+  def decode(self, ids: list[int]) -> str:
+    pieces = [self._target_pieces[i] for i in ids if i not in self._dropped]
+    return self._joiner.decode_pieces(pieces).replace("\u2581", " ").strip()
+
+
 class _Model:
   """What both formats share: the manifest, the vocabulary, text <-> ids."""
 
   def __init__(self, folder: Path, formats: tuple[str, ...]):
-    import sentencepiece as spm
-
     manifest_path = folder / "manifest.json"
     if not manifest_path.is_file():
       raise SystemExit(f"error: {manifest_path} not found: --model must be a folder written "
@@ -48,14 +102,16 @@ class _Model:
     if self.manifest.get("format") not in formats:
       raise SystemExit(f"error: {manifest_path}: format {self.manifest.get('format')!r}, "
                        f"expected one of {formats}")
-    self.sp = spm.SentencePieceProcessor(model_file=str(folder / "vocab.model"))
+    tokenizer = self.manifest.get("tokenizer")  # An imported model's; else vocab.model.
+    self.vocab = (_MarianVocabulary(folder, tokenizer) if tokenizer
+                  else _SentencePieceVocabulary(folder))
     self.eos_id, self.pad_id = self.manifest["eos_id"], self.manifest["pad_id"]
     self.max_len = self.manifest["max_len"]
     self.truncated = 0
 
   def ids(self, line: str) -> list[int]:
     """Source ids, EOS-terminated, cut at max_len (as decode.py)."""
-    ids = self.sp.encode(line) + [self.eos_id]
+    ids = self.vocab.encode(line) + [self.eos_id]
     if len(ids) > self.max_len:
       self.truncated += 1
       ids = ids[:self.max_len]
@@ -69,7 +125,7 @@ class _Model:
         break
       if i != self.pad_id:
         out.append(int(i))
-    text = self.sp.decode(out)
+    text = self.vocab.decode(out)
     return " ".join(text.splitlines()) if ("\n" in text or "\r" in text) else text
 
   def sorted_sources(self, lines: list[str]) -> list[tuple[int, list[int]]]:
@@ -184,13 +240,14 @@ class Ct2Runner(_Model):
     groups: dict[int, list[tuple[int, list[int]]]] = {}
     for i, ids in self.sorted_sources(lines):
       groups.setdefault(min(len(ids) + max_extra, self.max_len), []).append((i, ids))
-    pad = [self.sp.id_to_piece(self.pad_id)]
+    pad = [self.vocab.target_piece(self.pad_id)]
     pending = []  # Every group submitted before any is awaited: the workers share them.
     for longest, members in sorted(groups.items()):
       # Unpenalised scores, so its beam can stop early; its n-best is then ranked by
       # GNMT's penalty, ours (CTranslate2's own divides by length ** alpha).
       pending.append((members, self.model.translate_batch(
-          [[self.sp.id_to_piece(t) for t in ids] for _, ids in members], beam_size=beam_size,
+          [[self.vocab.source_piece(t) for t in ids] for _, ids in members],
+          beam_size=beam_size,
           num_hypotheses=beam_size, length_penalty=0, return_scores=True,
           max_decoding_length=longest - 1,  # Tokens before a forced EOS.
           max_batch_size=self.max_batch_size, suppress_sequences=[pad], asynchronous=True)))
@@ -199,7 +256,7 @@ class Ct2Runner(_Model):
         result = future.result()
         best = max(zip(result.hypotheses, result.scores),
                    key=lambda h: h[1] / ((5.0 + len(h[0]) + 1) / 6.0) ** alpha)  # EOS counts.
-        results[i] = self.text([self.sp.piece_to_id(p) for p in best[0]])
+        results[i] = self.text([self.vocab.target_id(p) for p in best[0]])
     return results
 
 

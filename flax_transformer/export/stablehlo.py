@@ -31,7 +31,7 @@ import numpy as np
 
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID
 from flax_transformer.errors import ConfigError
-from flax_transformer.export import write_manifest
+from flax_transformer.export import write_manifest, write_vocabulary
 from flax_transformer.export.runner import FORMAT
 from flax_transformer.translation import batching
 from flax_transformer.translation.translator import Translator, make_search_fn
@@ -68,6 +68,7 @@ def export_stablehlo(translator: Translator, out_dir: str | Path, *, batch_token
                       "(or greedy, beam_size=1) is")
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
+  vocabulary = write_vocabulary(out, translator.tokenizer)  # Refuses before the long work.
   leaves, treedef = jax.tree_util.tree_flatten(translator.params)
   search_fn = make_search_fn(translator.model_configs, search)
 
@@ -91,7 +92,6 @@ def export_stablehlo(translator: Translator, out_dir: str | Path, *, batch_token
     entries.append({"rows": rows, "width": width, "file": name})
   arrays = [np.asarray(x) for x in leaves]
   np.savez(out / "params.npz", **{f"leaf_{i}": _storable(x) for i, x in enumerate(arrays)})
-  (out / "vocab.model").write_bytes(translator.tokenizer.model_bytes())
   shutil.copyfile(Path(__file__).with_name("runner.py"), out / "translate.py")
   manifest = {
       "format": FORMAT,
@@ -107,6 +107,7 @@ def export_stablehlo(translator: Translator, out_dir: str | Path, *, batch_token
       "decode_devices": len(translator.devices),
       "batch_tokens": batch_tokens,
       "jax_version": jax.__version__,
+      **vocabulary,
       **(provenance or {}),
   }
   return write_manifest(out, manifest)

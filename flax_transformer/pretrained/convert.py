@@ -290,7 +290,7 @@ def bart_decoder_layer(weights: dict, prefix: str, heads: int) -> dict:
 def check_tree(params: Any, model_config: TransformerConfig) -> None:
   """The converted tree is exactly the one `model_config` builds (names and shapes), so a
   checkpoint of it loads wherever the config's model does."""
-  from flax_transformer.averaging import abstract_params
+  from flax_transformer.network.model import abstract_params
   want = {jax.tree_util.keystr(p): leaf.shape
           for p, leaf in jax.tree_util.tree_flatten_with_path(abstract_params(model_config))[0]}
   have = {jax.tree_util.keystr(p): np.shape(leaf)

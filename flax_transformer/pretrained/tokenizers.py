@@ -170,4 +170,6 @@ def load(directory, spec: dict) -> PairTokenizer:
   kind = spec.get("kind") if isinstance(spec, dict) else None
   if kind not in KINDS:
     raise DataError(f"run.json: tokenizer kind {kind!r} is not one of {sorted(KINDS)}")
-  return KINDS[kind](directory, spec)
+  tokenizer = KINDS[kind](directory, spec)
+  tokenizer.spec = dict(spec)  # What an export records of it (export.write_vocabulary).
+  return tokenizer
