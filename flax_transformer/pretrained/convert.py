@@ -78,9 +78,8 @@ class Imported:
   notes: list[str] = dataclasses.field(default_factory=list)
 
 
-def read_config(folder: Path, architecture: str, classes: tuple[str, ...]) -> dict:
-  """config.json of `folder`, checked to be `architecture` (its model_type) and one of
-  `classes` (its architectures, where given)."""
+def read_config_json(folder: Path) -> dict:
+  """config.json of the transformers folder `folder`, as a dict."""
   path = folder / "config.json"
   if not folder.is_dir():
     raise DataError(f"--from={folder}: not a directory")
@@ -93,6 +92,14 @@ def read_config(folder: Path, architecture: str, classes: tuple[str, ...]) -> di
     raise DataError(f"{path}: not JSON ({e})") from None
   if not isinstance(config, dict):
     raise DataError(f"{path}: not a JSON object")
+  return config
+
+
+def read_config(folder: Path, architecture: str, classes: tuple[str, ...]) -> dict:
+  """config.json of `folder`, checked to be `architecture` (its model_type) and one of
+  `classes` (its architectures, where given)."""
+  path = folder / "config.json"
+  config = read_config_json(folder)
   if config.get("model_type") != architecture:
     raise DataError(f"{path}: model_type {config.get('model_type')!r} is not {architecture!r}")
   named = config.get("architectures") or []
@@ -285,6 +292,30 @@ def bart_decoder_layer(weights: dict, prefix: str, heads: int) -> dict:
           "cross_attention_block": layer_norm(weights, f"{prefix}.encoder_attn_layer_norm"),
           "ffn": bart_ffn(weights, prefix),
           "ffn_block": layer_norm(weights, f"{prefix}.final_layer_norm")}
+
+
+def bart_layers(weights: dict, model_config: TransformerConfig, params: dict) -> None:
+  """Every encoder and decoder layer of `weights` (BART's names) into `params`' sides."""
+  for side, count, layer in (("encoder", model_config.encoder_layers, bart_encoder_layer),
+                             ("decoder", model_config.decoder_layers, bart_decoder_layer)):
+    for i in range(count):
+      params[side][f"layer_{i}"] = layer(weights, f"model.{side}.layers.{i}",
+                                         model_config.num_heads)
+
+
+def check_positions(weights: dict, table: np.ndarray, where: Path, *, atol: float,
+                    what: str) -> None:
+  """Takes each side's stored position table out of `weights`; one that is not `table` (on
+  the rows both have, within `atol`) is refused: the model computes `table`'s (`what`)."""
+  for side in ("encoder", "decoder"):
+    name = f"model.{side}.embed_positions.weight"
+    stored = weights.pop(name, None)
+    if stored is None:
+      continue
+    rows = min(len(stored), len(table))
+    if stored.shape[1:] != table.shape[1:] or not np.allclose(stored[:rows], table[:rows],
+                                                                atol=atol):
+      raise DataError(f"{where}: {name} is not {what}")
 
 
 def check_tree(params: Any, model_config: TransformerConfig) -> None:

@@ -4,7 +4,6 @@ conversion, the workdir written (`convert.write_workdir`)."""
 from __future__ import annotations
 
 import importlib
-import json
 from pathlib import Path
 
 from flax_transformer.errors import DataError
@@ -19,19 +18,10 @@ ARCHITECTURES = {"marian": "flax_transformer.pretrained.marian",
 def import_folder(folder: str | Path) -> convert.Imported:
   """The converted model of a transformers folder (not written anywhere)."""
   folder = Path(folder)
-  config_path = folder / "config.json"
-  if not folder.is_dir():
-    raise DataError(f"--from={folder}: not a directory")
-  if not config_path.is_file():
-    raise DataError(f"{config_path} not found: a transformers model folder has config.json, "
-                    "model.safetensors and its tokenizer's files")
-  try:
-    model_type = json.loads(config_path.read_text()).get("model_type")
-  except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
-    raise DataError(f"{config_path}: not a JSON object ({e})") from None
+  model_type = convert.read_config_json(folder).get("model_type")
   if model_type not in ARCHITECTURES:
-    raise DataError(f"{config_path}: model_type {model_type!r} is not one this importer "
-                    f"converts ({', '.join(sorted(ARCHITECTURES))})")
+    raise DataError(f"{folder / 'config.json'}: model_type {model_type!r} is not one this "
+                    f"importer converts ({', '.join(sorted(ARCHITECTURES))})")
   return importlib.import_module(ARCHITECTURES[model_type]).import_folder(folder)
 
 
