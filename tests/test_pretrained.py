@@ -206,6 +206,19 @@ def test_bad_folders_are_one_line_naming_the_problem(tmp_path):
     with pytest.raises(DataError, match=re.escape(expected)):
       importer.import_model(variant(name, change), tmp_path / f"{name}_run")
     assert not (tmp_path / f"{name}_run").exists()
+  # What older transformers wrote into OPUS-MT's config.json (transformers 4.9's
+  # Helsinki-NLP/opus-mt-en-de): fields that leave the function as it is.
+  importer.import_model(variant("old", edit_config(
+      _num_labels=3, add_bias_logits=False, add_final_layer_norm=False, bad_words_ids=[[510]],
+      bos_token_id=0, classif_dropout=0.0, classifier_dropout=0.0, gradient_checkpointing=False,
+      id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0}, max_length=512, num_beams=4,
+      normalize_before=False, normalize_embedding=False, num_hidden_layers=2,
+      static_position_embeddings=True, torch_dtype="float32", problem_type=None,
+      tokenizer_class=None, prefix=None, task_specific_params=None, sep_token_id=None,
+      _name_or_path="Helsinki-NLP/opus-mt-en-de", transformers_version="4.9.0.dev0")),
+      tmp_path / "old_run")
+  importer.import_model(FIXTURES / "marian_swish_shared", tmp_path / "plain_run")
+  assert read_run(tmp_path / "old_run")[0] == read_run(tmp_path / "plain_run")[0]
   # The command: one line on stderr, exit 2, no traceback.
   done = subprocess.run([sys.executable, str(ROOT / "import_model.py"),
                          f"--from={tmp_path / 'prenorm'}", f"--workdir={tmp_path / 'w'}"],

@@ -36,6 +36,8 @@ FIELDS: dict = {
     "normalize_before": convert.must_be(False), "normalize_embedding": convert.must_be(False),
     "add_final_layer_norm": convert.must_be(False), "add_bias_logits": convert.must_be(False),
     "scale_attention": convert.must_be(True),
+    "extra_pos_embeddings": "BART's offset of learned positions: Marian's are static",
+    "unk_token_id": "the tokenizer's: vocab.json's '<unk>' is taken",
 }
 # tokenizer_config.json: what MarianTokenizer does with each field here.
 TOKENIZER_FIELDS: dict = {
@@ -150,7 +152,6 @@ def _params(weights: dict, model_config: TransformerConfig, config: dict,
             source_order: np.ndarray, target_order: np.ndarray, where: Path):
   """(the parameter tree, final_logits_bias [V] permuted or None when absent or 0).
   Consumes `weights`; a tensor left over, or a tied copy that differs, is refused."""
-  heads = model_config.num_heads
   shared = model_config.share_embeddings
   params: dict = {"encoder": {}, "decoder": {}}
   if shared:
@@ -174,16 +175,9 @@ def _params(weights: dict, model_config: TransformerConfig, config: dict,
       raise DataError(f"{where}: {name} differs from the embedding it is tied to")
   table = sinusoidal_position_encoding(model_config.max_len, model_config.d_model,
                                        layout="halves")
-  for side in ("encoder", "decoder"):
-    name = f"model.{side}.embed_positions.weight"
-    if name in weights and not np.allclose(weights.pop(name), table, atol=1e-6):
-      raise DataError(f"{where}: {name} is not transformers' sinusoidal table")
-  for i in range(model_config.encoder_layers):
-    params["encoder"][f"layer_{i}"] = convert.bart_encoder_layer(
-        weights, f"model.encoder.layers.{i}", heads)
-  for i in range(model_config.decoder_layers):
-    params["decoder"][f"layer_{i}"] = convert.bart_decoder_layer(
-        weights, f"model.decoder.layers.{i}", heads)
+  convert.check_positions(weights, table, where, atol=1e-6,
+                          what="transformers' sinusoidal table")
+  convert.bart_layers(weights, model_config, params)
   bias = weights.pop("final_logits_bias", None)
   if bias is not None:
     bias = bias.reshape(-1)
