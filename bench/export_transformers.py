@@ -199,7 +199,7 @@ def main() -> None:
                            in enumerate(zip(our_greedy, transformers_greedy)) if a != b],
       "score_max_abs_diff": max(score_diff),
       "score_mean_abs_diff": sum(score_diff) / len(score_diff),
-      "scores_within_1e-3": sum(d <= 1e-3 for d in score_diff),
+      "scores_within_0_001": sum(d <= 1e-3 for d in score_diff),
       "logit_max_abs_diff": logit_diff,
       "ctranslate2": ct2,
   }
