@@ -9,6 +9,7 @@ in a bucket, TensorStore reaches S3 through `storage.tensorstore_reaches_s3`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import zlib
@@ -23,6 +24,57 @@ from jax.experimental import multihost_utils
 from flax_transformer import collectives, storage
 from flax_transformer.errors import CheckpointError, CheckpointSaveError
 from flax_transformer.workdir import Workdir
+
+# How long a failed save's other writes get to end before they are cancelled.
+WRITES_END_S = 120.0
+
+
+def finish_every_write() -> None:
+  """Has each call of orbax's `asyncio_utils.run_sync` (which runs a save's or a
+  restore's coroutine in a fresh event loop) return only once every task the coroutine
+  started has ended, not at the first failure.
+
+  orbax (0.12) gathers an array's TensorStore writes with asyncio.gather, and the loop
+  ends when the gather raises: the other writes go on in TensorStore's threads after
+  `save` has raised, into the directory a caller is removing ("Directory not empty",
+  files back after the clean-up). The coroutine is wrapped so that, before returning or
+  raising, it waits for its loop's other tasks (each awaits its write), cancelling those
+  still running after WRITES_END_S. orbax-checkpoint 0.12.3 to 0.12.8 call
+  `asyncio_utils.run_sync` by that name; tests/test_private_apis.py checks it is there.
+  """
+  from orbax.checkpoint._src import asyncio_utils
+
+  run_sync = asyncio_utils.run_sync
+  if getattr(run_sync, "finishes_every_write", False):
+    return
+
+  def run_finishing(coro):
+    return run_sync(_after_every_task(coro))
+
+  run_finishing.finishes_every_write = True
+  asyncio_utils.run_sync = run_finishing
+
+
+async def _after_every_task(coro):
+  try:
+    return await coro
+  finally:
+    others = asyncio.all_tasks() - {asyncio.current_task()}
+    if others:
+      _, running = await asyncio.wait(others, timeout=WRITES_END_S)
+      for task in running:
+        task.cancel()
+      if running:
+        logging.warning("%d checkpoint writes still running after %.0f s: cancelled",
+                        len(running), WRITES_END_S)
+        await asyncio.wait(running, timeout=10)
+    for task in others:  # Retrieved: no "Task exception was never retrieved" at exit.
+      if task.done() and not task.cancelled():
+        task.exception()
+
+
+finish_every_write()
+
 
 class Checkpointer:
   """Saves and restores {'state': pytree, 'data': grain iterator} per step."""

@@ -6,7 +6,8 @@ attributes it uses: a version bump that removes one fails here, not in a user's 
   `jax._src.config.threefry_gpu_kernel_lowering` (compilation.threefry_kernel: a switch
   for one thread's compiles; `jax.config.update` would switch every thread's).
 - orbax: `tensorstore_utils.build_kvstore_tspec` (storage.tensorstore_reaches_s3 wraps it to reach
-  S3) and the gs:// spec layout the wrapper rewrites.
+  S3) and the gs:// spec layout the wrapper rewrites; `asyncio_utils.run_sync`, which
+  checkpoints.finish_every_write wraps so that a failed save's other writes end first.
 - etils: `epath.Path._backend`, which storage.as_path checks, and
   `backend.fsspec_backend.fs`, whose listings storage.drop_cached_listings drops.
 """
@@ -14,6 +15,8 @@ attributes it uses: a version bump that removes one fails here, not in a user's 
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 from conftest import ROOT, cpu_env, free_port
 
@@ -45,6 +48,30 @@ def test_orbax_builds_the_gcs_specs_the_s3_wrapper_rewrites():
   assert ocdbt["base"] == {"driver": "gcs", "bucket": "bucket", "path": "run/checkpoints/5/state"}
   plain = tensorstore_utils.build_kvstore_tspec("gs://bucket/run", "x", use_ocdbt=False)
   assert plain == {"driver": "gcs", "bucket": "bucket", "path": "run/x"}
+
+
+def test_orbax_runs_saves_through_the_run_sync_checkpoints_wraps():
+  import asyncio
+
+  from orbax.checkpoint._src import asyncio_utils
+
+  import flax_transformer.checkpoints  # noqa: F401  Wraps it.
+
+  assert asyncio_utils.run_sync.finishes_every_write
+  ended = []
+
+  async def write(seconds):
+    await asyncio.sleep(seconds)
+    ended.append(seconds)
+
+  async def save():  # As orbax's array writes: one fails, its gather raises at once.
+    async def fail():
+      raise OSError("disk full")
+    await asyncio.gather(fail(), write(0.2))
+
+  with pytest.raises(OSError, match="disk full"):
+    asyncio_utils.run_sync(save())
+  assert ended == [0.2]  # The other write ended before run_sync raised.
 
 
 def test_etils_backend_attributes_storage_uses(gcs_bucket):

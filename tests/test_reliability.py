@@ -1,5 +1,8 @@
 """Faults lose at most the work since the last checkpoint; bad input gets a clear word."""
 
+import asyncio
+import concurrent.futures
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -437,7 +440,58 @@ def test_write_averaged_failing_leaves_nothing_open_and_the_output_as_found(smal
     finally:
       resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
   assert not list((out / "empty").iterdir()) and not (out / "new").exists()
+  # The save fails at the embedding while the other arrays' writes are held (as a loaded
+  # machine holds them): they go on only after write_averaged raised, or after 2 s if it
+  # waits for them; the output must be as found once they end.
+  resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, hard))
+  try:
+    with writes_held(lambda value: value.nbytes < 100_000, release_after=2.0) as release:
+      with pytest.raises(CheckpointSaveError, match="checkpoint of step 30"):
+        try:
+          write_averaged(workdir, out / "empty", 2)
+        finally:
+          release()
+  finally:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+  assert not list((out / "empty").rglob("*"))
   assert write_averaged(workdir, out / "empty", 2) == [20, 30]  # Nothing in its way.
+
+
+@contextlib.contextmanager
+def writes_held(hold, release_after: float):
+  """orbax's array writes for which `hold(value)` is true start in threads of their own
+  (as TensorStore's do) once the block calls the release it is given, or `release_after`
+  seconds after the first; the block's end waits for them. Yields the release."""
+  from orbax.checkpoint._src.serialization import serialization
+
+  original = serialization.async_serialize_from_host
+  release, threads = threading.Event(), []
+
+  async def held_serialize(value, *args, **kwargs):
+    if not hold(value):
+      return await original(value, *args, **kwargs)
+    done = concurrent.futures.Future()
+
+    def write():
+      release.wait(release_after)
+      try:
+        done.set_result(asyncio.run(original(value, *args, **kwargs)))
+      except BaseException as e:  # noqa: BLE001  Handed to the awaiting task, if any.
+        done.set_exception(e)
+
+    threads.append(threading.Thread(target=write))
+    threads[-1].start()
+    return await asyncio.wrap_future(done)
+
+  serialization.async_serialize_from_host = held_serialize
+  try:
+    yield release.set
+  finally:
+    serialization.async_serialize_from_host = original
+    release.set()
+    for thread in threads:
+      thread.join(60)
+    assert threads, "no write was held"
 
 
 def test_average_last_below_one_is_named_by_every_entry_point(small_workdir, tmp_path_factory):
