@@ -171,7 +171,6 @@ def _params(weights: dict, model_config: TransformerConfig, source_order: np.nda
   """(the parameter tree, whether the target embedding is the output projection, a note
   or None). Consumes `weights`; a tensor left over, or a tied copy that differs, is
   refused."""
-  heads = model_config.num_heads
   params: dict = {"encoder": {}, "decoder": {}}
   # fairseq saves tied matrices once per name; a safetensors conversion keeps one name of
   # each tied set, whichever it likes.
@@ -209,20 +208,9 @@ def _params(weights: dict, model_config: TransformerConfig, source_order: np.nda
   table = sinusoidal_position_encoding(rows, model_config.d_model, layout="halves",
                                        frequencies="fairseq")
   table[pad] = 0.0  # fairseq zeroes the padding index's row (never used here).
-  for side in ("encoder", "decoder"):
-    name = f"model.{side}.embed_positions.weight"
-    stored = weights.pop(name, None)
-    if stored is not None:
-      n = min(len(stored), rows)  # torch's float32 sin and cos: within 1e-6 at 1000 rows.
-      if stored.shape[1:] != table.shape[1:] or not np.allclose(stored[:n], table[:n],
-                                                                  atol=1e-5):
-        raise DataError(f"{where}: {name} is not fairseq's sinusoidal table")
-  for i in range(model_config.encoder_layers):
-    params["encoder"][f"layer_{i}"] = convert.bart_encoder_layer(
-        weights, f"model.encoder.layers.{i}", heads)
-  for i in range(model_config.decoder_layers):
-    params["decoder"][f"layer_{i}"] = convert.bart_decoder_layer(
-        weights, f"model.decoder.layers.{i}", heads)
+  # torch's float32 sin and cos: within 1e-6 of ours at 1000 rows.
+  convert.check_positions(weights, table, where, atol=1e-5, what="fairseq's sinusoidal table")
+  convert.bart_layers(weights, model_config, params)
   if weights:
     raise DataError(f"{where}: tensors with no place in the model: {sorted(weights)[:5]}")
   return params, tied, note
