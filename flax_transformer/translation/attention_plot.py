@@ -32,10 +32,10 @@ def plot_attention(translator, source: str, translation: str, path: str) -> None
 
   tok = translator.tokenizer
   model_config, params = translator.member(0)
-  source_ids = tok.tokenize(source)[:model_config.max_len]
-  target_ids = tok.tokenize(translation)[:model_config.max_len]
+  source_ids = tok.source.tokenize(source)[:model_config.max_len]
+  target_ids = tok.target.tokenize(translation)[:model_config.max_len]
   self_attn, cross_attn = attention_maps(model_config, params, source_ids, target_ids)
-  source_labels, target_labels = tok.pieces(source_ids), tok.pieces(target_ids)
+  source_labels, target_labels = tok.source.pieces(source_ids), tok.target.pieces(target_ids)
   heads = self_attn.shape[0]
   size = max(3.0, 0.25 * len(source_labels))
   fig, axes = plt.subplots(2, heads, figsize=(size * heads, size * 2), squeeze=False)
