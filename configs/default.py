@@ -34,6 +34,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Local copy of the raw files: multi30k's .gz files; for tfds builders, the
   # downloads under their file names (WMT: the statmt.org archives), tfds's manual_dir.
   config.manual_dir = ""
+  # multi30k: a folder read in place of fetching each raw .gz file it holds; unlike
+  # manual_dir, one that lacks them is passed over (they are fetched, as the log says).
+  config.local_copy = ""
   # 'text' dataset: line-aligned files (plain or .gz), one sentence per line.
   config.train_source_file = ""
   config.train_target_file = ""

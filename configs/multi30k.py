@@ -3,8 +3,9 @@
 `--config.target_lang=fr` for EN->FR. Deviations from the paper's base model,
 for a dataset ~150x smaller than WMT14 and a CPU budget: d_model 256, d_ff
 1024, 4 heads, 3+3 layers, an 8k shared vocabulary, ~3k-token batches,
-warmup 1000. Data is read from `manual_dir` (here ../shared/data/multi30k),
-or fetched from the dataset's public repository when `manual_dir` is ''.
+warmup 1000. Data is read from `local_copy` (../shared/data/multi30k) where it holds
+the files, else fetched from the dataset's public repository (the log says which);
+`--config.manual_dir=DIR` reads DIR only.
 """
 
 from configs import default
@@ -13,7 +14,7 @@ from configs import default
 def get_config():
   config = default.get_config()
   config.dataset_name = "multi30k"
-  config.manual_dir = "../shared/data/multi30k"
+  config.local_copy = "../shared/data/multi30k"
   config.eval_split = "validation"
   config.test_split = "test_2016_flickr"
   config.source_lang = "en"

@@ -1,8 +1,9 @@
 """Shared fixtures: the real Multi30k files and a vocabulary trained on them once; the
-train.py command the tests launch and one uninterrupted reference run; buckets on
-localhost; the session's compilation cache and device count."""
+train.py command the tests launch and one uninterrupted reference run; buckets and an
+HTTP server on localhost; the session's compilation cache and device count."""
 
 import contextlib
+import http.server
 import os
 import re
 import shutil
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -104,6 +106,29 @@ def cpu_env(device_count: int = 1) -> dict:
   if device_count > 1:
     flags += f" --xla_force_host_platform_device_count={device_count}"
   return dict(os.environ, XLA_FLAGS=flags.strip())
+
+
+@contextlib.contextmanager
+def http_server(respond):
+  """A real HTTP server on localhost, in threads; `respond(handler)` answers each GET."""
+
+  class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+      respond(self)
+      self.close_connection = True
+
+    def log_message(self, *args):
+      pass
+
+  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+  threading.Thread(target=server.serve_forever, daemon=True).start()
+  try:
+    yield f"http://127.0.0.1:{server.server_address[1]}/{{file}}"
+  finally:
+    server.shutdown()
+    server.server_close()
 
 
 @contextlib.contextmanager

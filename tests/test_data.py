@@ -80,6 +80,52 @@ def test_multi30k_fetch_verifies_checksums(tmp_path, multi30k_dir):
   assert not (tmp_path / "cache2" / "val.en.gz").exists()
 
 
+def test_readme_config_reads_a_local_copy_or_fetches_the_public_files(tmp_path, monkeypatch,
+                                                                       multi30k_dir, caplog):
+  """configs/multi30k.py as the README's command runs it: beside a ../shared/data/multi30k
+  it reads that copy; on a machine without one it fetches the public files (here from a
+  server on 127.0.0.1 standing in for the repository); the log says which. A
+  --config.manual_dir the user names stays strict."""
+  from conftest import http_server
+  from configs import multi30k as multi30k_config
+
+  served = []
+
+  def respond(handler):
+    served.append(handler.path)
+    body = open(os.path.join(multi30k_dir, handler.path.rsplit("/", 1)[-1]), "rb").read()
+    handler.send_response(200)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+  config = multi30k_config.get_config()
+  config.data_dir = str(tmp_path / "data")
+  shared = tmp_path / "with" / "shared" / "data" / "multi30k"
+  shared.mkdir(parents=True)
+  for name in ("val.en.gz", "val.de.gz"):
+    os.symlink(os.path.join(multi30k_dir, name), shared / name)
+  for checkout in ("with", "without"):
+    (tmp_path / checkout / "checkout").mkdir(parents=True)
+  with http_server(respond) as url, caplog.at_level(logging.INFO):
+    monkeypatch.setattr(sources, "MULTI30K_URL", url.replace("{file}", "raw/{file}"))
+    monkeypatch.chdir(tmp_path / "with" / "checkout")
+    local = sources.load_pairs(config, "validation")
+    assert served == [] and len(local) == 1014
+    assert f"val.en.gz, val.de.gz read from the local copy {shared}" in caplog.text
+    monkeypatch.chdir(tmp_path / "without" / "checkout")
+    fetched = sources.load_pairs(config, "validation")
+    assert served == ["/raw/val.en.gz", "/raw/val.de.gz"]
+    assert list(fetched) == list(local)
+    missing = tmp_path / "without" / "shared" / "data" / "multi30k"
+    assert (f"val.en.gz, val.de.gz fetched from the public repository into "
+            f"{tmp_path / 'data' / 'multi30k'} (no local copy in {missing})") in caplog.text
+    config.manual_dir = str(tmp_path / "mine")
+    with pytest.raises(sources.DataError, match=r"mine/val\.en\.gz: no such file"):
+      sources.load_pairs(config, "validation")
+  assert len(served) == 2
+
+
 def test_tfds_translation_builder_prepared_as_array_record(tmp_path):
   """A translation builder like wmt14_translate, prepared and read without TensorFlow."""
   import tensorflow_datasets as tfds

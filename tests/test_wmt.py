@@ -4,7 +4,6 @@ statmt.org's, read back, and trained on with configs/base.py."""
 from __future__ import annotations
 
 import contextlib
-import http.server
 import importlib.util
 import json
 import multiprocessing
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import conftest
-from conftest import translation_info
+from conftest import http_server, translation_info
 from flax_transformer.data import sources
 from flax_transformer.data import wmt
 
@@ -182,29 +181,6 @@ def test_prepare_data_reports_the_prepared_splits(wmt14):
 
 
 # --- Downloads, unpacking, several processes -----------------------------------------
-
-@contextlib.contextmanager
-def http_server(respond):
-  """A real HTTP server on localhost, in threads; `respond(handler)` answers each GET."""
-
-  class Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def do_GET(self):  # noqa: N802 (http.server's name)
-      respond(self)
-      self.close_connection = True
-
-    def log_message(self, *args):
-      pass
-
-  server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-  threading.Thread(target=server.serve_forever, daemon=True).start()
-  try:
-    yield f"http://127.0.0.1:{server.server_address[1]}/{{file}}"
-  finally:
-    server.shutdown()
-    server.server_close()
-
 
 def run_together(*calls) -> list[BaseException]:
   """Runs each call in its own thread at once; the exceptions they raised."""

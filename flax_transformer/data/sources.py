@@ -151,18 +151,21 @@ def fetch_multi30k_file(file: str, cache_dir: Path, url_template: str = MULTI30K
 
 
 def multi30k(split: str, source_lang: str, target_lang: str, *, manual_dir: str = "",
-             data_dir: str = "") -> TextPairs:
+             data_dir: str = "", local_copy: str = "") -> TextPairs:
   """Multi30k task 1 pairs for `split` in 'train' | 'validation' | 'test_2016_flickr'.
 
-  Read from `manual_dir` when given, else fetched from the dataset's public
-  repository into `data_dir`/multi30k (default ~/.cache/flax_transformer).
+  Read from `manual_dir` when given (each file must be there); else from `local_copy`
+  for each file it holds; else fetched from the dataset's public repository
+  (MULTI30K_URL) into `data_dir`/multi30k (default ~/.cache/flax_transformer). One
+  log line says which.
   """
   if split not in MULTI30K_SPLITS:
     raise DataError(f"multi30k has no split {split!r}; splits: {', '.join(MULTI30K_SPLITS)}")
   for lang in (source_lang, target_lang):
     if lang not in MULTI30K_LANGS:
       raise DataError(f"multi30k has no language {lang!r}; languages: {MULTI30K_LANGS}")
-  paths = []
+  paths, local, fetched = [], [], []
+  cache = Path(data_dir or Path.home() / ".cache" / "flax_transformer") / "multi30k"
   for lang in (source_lang, target_lang):
     file = f"{MULTI30K_SPLITS[split]}.{lang}.gz"
     if manual_dir:
@@ -170,10 +173,20 @@ def multi30k(split: str, source_lang: str, target_lang: str, *, manual_dir: str 
       if not path.is_file():
         raise DataError(f"{path}: no such file (config.manual_dir={manual_dir!r} should hold "
                         f"the Multi30k raw .gz files)")
+    elif local_copy and (Path(local_copy) / file).is_file():
+      path = Path(local_copy) / file
+      local.append(file)
     else:
-      cache = Path(data_dir or Path.home() / ".cache" / "flax_transformer") / "multi30k"
-      path = fetch_multi30k_file(file, cache)
+      path = fetch_multi30k_file(file, cache, MULTI30K_URL)  # The module's, now.
+      fetched.append(file)
     paths.append(path)
+  if local:
+    logging.info("Multi30k %s: %s read from the local copy %s", split, ", ".join(local),
+                 os.path.abspath(local_copy))
+  if fetched:
+    logging.info("Multi30k %s: %s fetched from the public repository into %s (%s)", split,
+                 ", ".join(fetched), cache, f"no local copy in {os.path.abspath(local_copy)}"
+                 if local_copy else "config.local_copy unset")
   return read_parallel_files(*paths)
 
 
@@ -341,7 +354,8 @@ def load_pairs(config, split: str, dataset_name: str | None = None) -> Sequence:
   name = dataset_name or config.dataset_name
   if name == "multi30k":
     return multi30k(split, config.source_lang, config.target_lang,
-                    manual_dir=config.manual_dir, data_dir=config.data_dir)
+                    manual_dir=config.manual_dir, data_dir=config.data_dir,
+                    local_copy=config.get("local_copy", ""))
   if name == "text":
     prefix = "train" if split == config.train_split else "eval"
     src, tgt = config[f"{prefix}_source_file"], config[f"{prefix}_target_file"]
