@@ -30,7 +30,9 @@ shard as trained ones do.
 
 Tokenizer. An imported workdir keeps its tokenizer's files under
 `<workdir>/tokenizer/` (`Workdir.tokenizer_dir`) and run.json's "tokenizer" entry
-names its kind ({"kind": "marian", ...}); `tokenizers.load` builds it. Every
+names its kind and files ({"kind": "marian", "files": [...], ...}; `tokenizers.KINDS`
+maps a kind to its loader, `workdir.tokenizer_files` lists the files a copy of the
+workdir needs); `tokenizers.load` builds it, a `tokenizers.PairTokenizer`. Every
 tokenizer (the trained `data.tokenizer.Tokenizer` too) has a `source` and a
 `target` side, each with `tokenize(text) -> int32 ids + EOS`, `detokenize(ids)`,
 `pieces(ids)`, `vocab_size`; translation tokenizes sources with `source`, targets
@@ -40,4 +42,8 @@ Workdir. run.json as train.py writes it ("model", "vocab_size", "launches") plus
 "tokenizer" and "imported_from" (architecture, the folder, the sha256 of each of
 its files); the parameters as an orbax checkpoint at step 0 in the layout
 train.py saves ({'params': ...} under 'state'), so every command loads them.
+
+Search. transformers and fairseq let a beam hypothesis end only among a step's K best
+candidates: `SearchConfig(eos_within_beam=True)` (decode.py --eos_within_beam); at
+alpha=0 (length_penalty=0) the two searches then agree (tests/test_pretrained.py).
 """
