@@ -81,6 +81,9 @@ def test_a_trained_model_goes_out_and_comes_back_as_the_same_function(
   tensors = load_file(str(out / "model.safetensors"))
   assert tensors["model.shared.weight"].shape == (size, ours.d_model)
   assert not tensors["model.encoder.layers.0.self_attn.q_proj.bias"].any()  # None here.
+  from flax_transformer.cli.export import check_out
+
+  assert check_out(str(out), str(trained_tiny), overwrite=True) == out  # An export's folder.
 
   back = tmp_path / "back"
   importer.import_model(out, back)
@@ -155,6 +158,17 @@ def test_what_marian_cannot_express_is_refused(variant, message, multi30k_tokeni
   assert not (tmp_path / "hf").exists()
 
 
+def test_an_imported_fsmt_model_is_refused(tmp_path):
+  """FSMT's fairseq positions and Moses + BPE tokenizer: nothing Marian has."""
+  importer.import_model(FIXTURES / "fsmt", tmp_path / "run")
+  translator = Translator.from_workdir(tmp_path / "run", devices=jax.devices()[:1])
+  config, params = translator.member(0)
+  with pytest.raises(ConfigError, match="^--format=transformers: "):
+    marian.convert(config, params, translator.tokenizer, tmp_path / "hf",
+                   search={"beam_size": 4, "alpha": 0.6})
+  assert not (tmp_path / "hf").exists()
+
+
 def test_out_in_a_bucket_or_the_workdir_is_refused_before_loading(tmp_path):
   (tmp_path / "run").mkdir()
   for out, says in (("gs://bucket/hf", "is a bucket"), (tmp_path / "run", "is or holds")):
@@ -162,3 +176,9 @@ def test_out_in_a_bucket_or_the_workdir_is_refused_before_loading(tmp_path):
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and says in lines[0], done.stderr
+  from flax_transformer.cli.export import run_export
+
+  with pytest.raises(ConfigError, match="--quantization=int8 is CTranslate2's"):
+    run_export(workdir=str(tmp_path / "run"), out=str(tmp_path / "hf"), fmt="transformers",
+               search=SearchConfig(), batch_tokens=4096, average_last=5, checkpoint_step=None,
+               platforms=["cpu"], quantization="int8", overwrite=False)

@@ -26,6 +26,9 @@ def run_export(*, workdir: str, out: str, fmt: str, search: SearchConfig, batch_
   that folder in `out`'s place: a failure leaves a previous export whole."""
   if fmt not in FORMATS:
     raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+  if fmt == "transformers" and quantization != "float32":
+    raise ConfigError(f"--quantization={quantization} is CTranslate2's: --format=transformers "
+                      "writes float32 weights")
   target = check_out(out, workdir, overwrite)
   translator = Translator.from_workdir(workdir, search=search, average_last=average_last,
                                        checkpoint_step=checkpoint_step,
