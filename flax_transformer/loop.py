@@ -7,6 +7,7 @@ checks, cadence, progress, stop request, profiling) and `flax_transformer.evalua
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -33,6 +34,12 @@ from flax_transformer.training.profiling import Profile
 from flax_transformer.training.progress import StepMeter, log_line
 from flax_transformer.training.steps import Trainer, train_step_flops
 from flax_transformer.training.stop_request import StopRequest
+
+# Steps dispatched to the devices that may not have run yet. Dispatch runs ahead of the
+# devices until a value is fetched (the next log step's metrics: 50 steps in the README's
+# config), and a stop (SIGTERM: a preemption notice) waits for all of them; two keep the
+# devices fed while the host dispatches the next.
+STEPS_IN_FLIGHT = 2
 
 
 @dataclasses.dataclass
@@ -218,10 +225,14 @@ def train_and_evaluate(config, workdir: str, launch: dict | None = None) -> dict
     run.trainer.compile_train_step(state, batch)
     run.meter.restart(step)
     profile = Profile(config, run.workdir, step)
+    in_flight = collections.deque()  # Each dispatched step's metrics, until it has run.
     while step < config.num_train_steps:
       profile.before(step)
       state, metrics = run.trainer.train_step(state, batch)
       step += 1
+      in_flight.append(metrics)
+      if len(in_flight) > STEPS_IN_FLIGHT:  # The devices still have the others to run.
+        jax.block_until_ready(in_flight.popleft())
       profile.after(step, state)
       run.meter.add(step, metrics)
       if jax.process_count() == 1:  # Several: at the due steps below, agreed on by all.
