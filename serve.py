@@ -1,7 +1,8 @@
 """Serve a trained workdir over HTTP: python serve.py --workdir=DIR [--port 8080]
 
 POST /translate {"text": [...], "beam_size", "alpha", "nbest", "prefix"}, POST /score
-{"source": [...], "target": [...]}, GET /health, and a page at / (docs/decoding.md).
+{"source": [...], "target": [...]}, GET /health, a page at /, and LibreTranslate's API
+(POST /translate with q, source, target; GET /languages) for its clients (docs/decoding.md).
 Concurrent requests are searched together (dynamic batching); every search shape is
 compiled before the server takes requests. Needs the `serve` extra (FastAPI, uvicorn).
 """
@@ -58,6 +59,9 @@ flags.DEFINE_float("max_wait_ms", 5.0, "How long the first waiting request waits
                    "to join its batch.", lower_bound=0.0)
 flags.DEFINE_integer("cpu_devices", 0, "On a CPU host: devices to split each batch over "
                      "(0 = one per core), as decode.py.", lower_bound=0)
+flags.DEFINE_list("languages", None, "SOURCE,TARGET language codes LibreTranslate's clients "
+                  "see (GET /languages). Default: those the workdir records (its training "
+                  "config's source_lang and target_lang, or an imported FSMT model's).")
 flags.DEFINE_string("compilation_cache_dir", compilation.default_cache_dir(),
                     "jax's persistent compilation cache ('' = off).")
 flags.DEFINE_integer("compilation_cache_max_mb", 2048, "Cap of the compilation cache's "
@@ -90,8 +94,12 @@ def main(argv):
       from flax_transformer.serving.batcher import Batcher
     except ImportError as e:
       raise ConfigError(f"serve.py needs FastAPI and uvicorn ({e}): pip install -e '.[serve]'")
+    from flax_transformer import workdir as workdir_lib
     from flax_transformer.translation.translator import Translator
 
+    if FLAGS.languages is not None and len(FLAGS.languages) != 2:
+      raise ConfigError(f"--languages takes SOURCE,TARGET (two codes, as en,de), got "
+                        f"{','.join(FLAGS.languages)!r}")
     search = SearchConfig(beam_size=FLAGS.beam_size, alpha=FLAGS.alpha, max_extra=FLAGS.max_extra)
     if search.beam_size > FLAGS.max_beam:  # Else every request without a beam_size is a 422.
       raise ConfigError(f"--beam_size {search.beam_size} is over --max_beam {FLAGS.max_beam}")
@@ -108,8 +116,9 @@ def main(argv):
                     body_timeout_s=FLAGS.body_timeout_s, alpha_step=FLAGS.alpha_step)
     token = (FLAGS.token if FLAGS.token is not None else os.environ.get(TOKEN_VARIABLE)) or None
     in_flight = drain.Drain()
+    languages = tuple(FLAGS.languages or ()) or workdir_lib.language_pair(FLAGS.workdir)
     server = make_app(translator, batcher, workdir=FLAGS.workdir, token=token, limits=limits,
-                      drain=in_flight)
+                      drain=in_flight, languages=languages)
     port = listening.getsockname()[1]
     print(f"Serving {FLAGS.workdir} on http://{FLAGS.host}:{port}/", flush=True)
     drain.run(server, [listening], in_flight, FLAGS.drain_s)

@@ -8,6 +8,10 @@ mean of the passes around it); its output is the answer every request must get. 
 serve.py on the same devices, per client count: sentences/s, p50/p99 request latency,
 answers equal to the Translator's, the server's searches and RSS (sampled every 0.2 s).
 The aim (issue 60): at 64 clients, >= 70% of the whole-file throughput.
+
+--option_sets N (issue 68): N requests one after another, each with an alpha no other
+sends, to a serve.py with a fresh compilation cache (capped by --cache_max_mb); after
+each, the server's RSS and the cache's bytes (--json default results/bench/serve_option_sets.json).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import time
 from pathlib import Path
 
 from common import MULTI30K, ROOT, TreeSampler, bench_command, machine, parser, print_table, \
-    write_json
+    tree_memory, write_json
 
 AIM_CLIENTS, AIM_FRACTION = 64, 0.7
 
@@ -87,6 +91,79 @@ def load(port: int, pid: int, sentences: list[str], clients: int) -> dict:
           "rss_mb_end": rss[-1], "rss_mb_max": max(rss), "rss_samples": len(rss)}
 
 
+def start(command: list[str], log_path: Path, port: int) -> tuple[subprocess.Popen, float]:
+  """serve.py started with `command`, its output in `log_path`; returns it once /health
+  answers, and the seconds that took."""
+  started = time.perf_counter()
+  log_path.parent.mkdir(parents=True, exist_ok=True)
+  with open(log_path, "w") as log:
+    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                              env={**os.environ, "XLA_FLAGS": ""})
+  while True:
+    try:
+      if Client(port).call("GET", "/health")[0] == 200:
+        return server, time.perf_counter() - started
+    except OSError:
+      pass
+    if server.poll() is not None:
+      raise SystemExit(f"serve.py exited ({server.returncode}); see {log_path}")
+    time.sleep(0.5)
+
+
+def option_sets(args) -> None:
+  """--option_sets: the server's RSS and its compilation cache's bytes over N requests,
+  each with its own alpha (issue 68: both grew with every new option set)."""
+  import tempfile
+
+  from flax_transformer import compilation, provenance
+
+  cache = tempfile.mkdtemp(prefix="serve_option_sets_xla_")
+  command = [sys.executable, str(ROOT / "serve.py"), f"--workdir={args.workdir}",
+             f"--port={args.port}", f"--cpu_devices={args.cpu_devices}",
+             f"--max_configs={args.max_configs}", f"--compilation_cache_dir={cache}",
+             f"--compilation_cache_max_mb={args.cache_max_mb}", "--max_tokens=16",
+             "--max_batch=8"]
+  log_path = Path(args.json).with_suffix(".log")
+  server, ready_s = start(command, log_path, args.port)
+  rows, client, errors = [], Client(args.port), []
+  try:
+    for i in range(args.option_sets):
+      alpha = 10 * i / args.option_sets  # Distinct: 0, 0.02, ... (N = 500).
+      start_s = time.perf_counter()
+      status, answer = client.call("POST", "/translate", {"text": ["A dog runs."],
+                                                          "alpha": alpha})
+      if status != 200:
+        errors.append(f"{status} {answer}")
+      rss = tree_memory(server.pid)["main"]["rss"]
+      rows.append({"request": i, "alpha": alpha, "seconds": time.perf_counter() - start_s,
+                   "rss_mb": rss, "cache_bytes": compilation.cache_bytes(cache)})
+      if i % 50 == 0:
+        print(f"{i}: alpha {alpha:.2f}, RSS {rss:.0f} MiB, cache "
+              f"{rows[-1]['cache_bytes'] / 2**20:.1f} MiB", flush=True)
+    health = client.call("GET", "/health")[1]
+  finally:
+    server.terminate()
+    server.wait(timeout=60)
+  log = log_path.read_text()
+  quarter = len(rows) // 4
+  summary = {key: {"first_quarter_mean": sum(r[key] for r in rows[:quarter]) / quarter,
+                   "last_quarter_mean": sum(r[key] for r in rows[-quarter:]) / quarter,
+                   "max": max(r[key] for r in rows), "last": rows[-1][key]}
+             for key in ("rss_mb", "cache_bytes")}
+  record = {"command": bench_command(), "serve_command": " ".join(["python", "serve.py",
+                                                                    *command[2:]]),
+            "requests": len(rows), "errors": errors[:5], "error_count": len(errors),
+            "compiles": log.count("Compiling SearchConfig"),
+            "dropped": log.count("Dropped the compiled searches"),
+            "cache_entries_end": compilation.cache_entries(cache), "server_ready_s": ready_s,
+            "summary": summary, "batching": health["batching"], "rows": rows,
+            **provenance.commit(), "packages": provenance.package_versions(),
+            "machine": machine()}
+  print(json.dumps({k: record[k] for k in ("requests", "error_count", "compiles", "dropped",
+                                           "cache_entries_end", "summary")}, indent=1))
+  write_json(args.json, record)
+
+
 def main():
   flags = parser(__doc__)
   flags.set_defaults(json=str(ROOT / "results/bench/serve.json"))
@@ -98,7 +175,15 @@ def main():
   flags.add_argument("--max_wait_ms", type=float, default=5.0, help="serve.py's flag")
   flags.add_argument("--max_batch", type=int, default=64, help="serve.py's flag")
   flags.add_argument("--compilation_cache_dir", default="", help="'' = off: every compile shows")
+  flags.add_argument("--option_sets", type=int, default=0, help="N requests, each its own alpha")
+  flags.add_argument("--max_configs", type=int, default=8, help="serve.py's flag (--option_sets)")
+  flags.add_argument("--cache_max_mb", type=int, default=4, help="--option_sets: serve.py's "
+                     "--compilation_cache_max_mb")
   args = flags.parse_args()
+  if args.option_sets:
+    if args.json == str(ROOT / "results/bench/serve.json"):
+      args.json = str(ROOT / "results/bench/serve_option_sets.json")
+    return option_sets(args)
   from flax_transformer import provenance
   from flax_transformer.cli import common as cli
 
@@ -127,22 +212,8 @@ def main():
              f"--max_wait_ms={args.max_wait_ms}", f"--max_sentences={args.max_batch}",
              f"--compilation_cache_dir={args.compilation_cache_dir}"]
   log_path = Path(args.json).with_suffix(".log")
-  log_path.parent.mkdir(parents=True, exist_ok=True)
-  started = time.perf_counter()
-  with open(log_path, "w") as log:
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                              env={**os.environ, "XLA_FLAGS": ""})
+  server, ready_s = start(command, log_path, args.port)
   try:
-    while True:
-      try:
-        if Client(args.port).call("GET", "/health")[0] == 200:
-          break
-      except OSError:
-        pass
-      if server.poll() is not None:
-        raise SystemExit(f"serve.py exited ({server.returncode}); see {log_path}")
-      time.sleep(0.5)
-    ready_s = time.perf_counter() - started
     # The machine's load drifts (it is shared): the whole file is timed again after each
     # load run (the server idle meanwhile), and each run is compared with the mean of the
     # passes just before and after it.

@@ -169,6 +169,18 @@ def tokenizer_entries(record: dict) -> dict:
   return {key: record[key] for key in ("tokenizer",) if key in record}
 
 
+def language_pair(workdir: str | os.PathLike) -> tuple[str, str] | None:
+  """(source, target) language codes of a workdir's model: its last launch's data config
+  (a trained or fine-tuned run), else its imported tokenizer's `langs` (FSMT); None when
+  it records neither (a Marian import: its folder's name says, its files do not)."""
+  record = read_record(workdir) or {}
+  config = ((record.get("launches") or [{}])[-1] or {}).get("config") or {}
+  if config.get("source_lang") and config.get("target_lang"):
+    return config["source_lang"], config["target_lang"]
+  langs = (record.get("tokenizer") or {}).get("langs")
+  return (langs[0], langs[1]) if isinstance(langs, list) and len(langs) == 2 else None
+
+
 def read_run(workdir: str | Path) -> tuple[TransformerConfig, Tokenizer]:
   """The model config and vocabulary a workdir was trained with."""
   workdir = Workdir(workdir)

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -466,6 +467,60 @@ def test_a_forced_prefix_is_routed_at_its_length_without_eos(batcher):
   assert batcher.width("A dog.", "") == batcher.width("A dog.") == 16
 
 
+LIBRETRANSLATE_BAD = [  # (what, fields, status, the one-line error)
+    ("source not the pair's", dict(q="A dog.", source="fr", target="de"), 400,
+     "fr is not supported as source: this server translates en to de (GET /languages)"),
+    ("target not the pair's", dict(q="A dog.", source="en", target="fr"), 400,
+     "fr is not supported as target: this server translates en to de (GET /languages)"),
+    ("html", dict(q="<p>A dog.</p>", source="en", target="de", format="html"), 400,
+     "format 'html' is not supported: send format 'text' (plain text; this server does not "
+     "translate HTML)"),
+    ("no q", dict(source="en", target="de"), 400, "Invalid request: missing q parameter"),
+    ("no target", dict(q="A dog.", source="en"), 400, "Invalid request: missing target parameter"),
+    ("bad api_key", dict(q="A dog.", source="en", target="de", api_key="guess"), 403,
+     "Invalid API key"),
+    ("no api_key", dict(q="A dog.", source="en", target="de", api_key=""), 403,
+     "missing api_key: this server needs its token as api_key"),
+]
+
+
+def test_a_libretranslate_client_gets_the_translators_answers(server, expected):
+  """The real libretranslatepy client (a form POST /translate with api_key, GET
+  /languages) against serve.py: the pair the workdir was trained on, and the
+  Translator's translations, batched with serve.py's own requests."""
+  from libretranslatepy import LibreTranslateAPI
+
+  client = LibreTranslateAPI(server.url, api_key=TOKEN)
+  assert client.languages() == [{"code": "en", "name": "English", "targets": ["de"]},
+                                {"code": "de", "name": "German", "targets": []}]
+  assert [client.translate(s, "en", "de") for s in SENTENCES[:2]] == expected[:2]
+  assert client.translate(SENTENCES[2], "auto", "de") == expected[2]
+  # q as a list (JSON, LibreTranslate's batch form): a list back, in order.
+  assert server.call("/translate", {"q": SENTENCES, "source": "en", "target": "de",
+                                    "api_key": TOKEN}, token=None
+                     ) == (200, {"translatedText": expected})
+  for what, fields, status, error in LIBRETRANSLATE_BAD:
+    form = urllib.parse.urlencode({"api_key": TOKEN, **fields}).encode()
+    got = server.call("/translate", raw=form, token=None)
+    assert got == (status, {"error": error}), what
+  assert server.call("/languages", token=None)[0] == 200  # Open, as LibreTranslate's.
+  log = server.log.read_text()
+  assert all(any(f"{status} POST /translate" in line and error in line
+                 for line in log.splitlines()) for _, _, status, error in LIBRETRANSLATE_BAD)
+
+
+def test_the_language_pair_of_a_trained_an_imported_and_a_bare_workdir(trained_tiny, tmp_path):
+  from flax_transformer import workdir
+
+  assert workdir.language_pair(trained_tiny) == ("en", "de")
+  (tmp_path / "run.json").write_text(json.dumps(
+      {"model": {}, "launches": [], "tokenizer": {"kind": "fsmt", "langs": ["ru", "en"]}}))
+  assert workdir.language_pair(tmp_path) == ("ru", "en")
+  (tmp_path / "run.json").write_text(json.dumps({"model": {}, "launches": [],
+                                                 "tokenizer": {"kind": "marian"}}))
+  assert workdir.language_pair(tmp_path) is None
+
+
 def test_a_handler_cut_off_at_shutdown_answers_a_one_line_json_503(caplog):
   """uvicorn cancels the handlers left when the drain time ends: each answers a JSON 503
   and is counted, with no traceback (at 726c415: a plain-text 500 and one traceback each)."""
@@ -509,7 +564,9 @@ def test_sigterm_during_a_compile_answers_the_accepted_requests_and_503s_new_one
           + b"\r\nContent-Type: application/json\r\nContent-Length: "
           + str(len(body)).encode() + b"\r\n\r\n")
   with concurrent.futures.ThreadPoolExecutor(1) as pool:
-    new_options = pool.submit(server.call, "/translate", {"text": [SENTENCES[0]], "beam_size": 3})
+    # Options no other test asks for: not in the session's compilation cache.
+    new_options = pool.submit(server.call, "/translate", {"text": [SENTENCES[0]], "beam_size": 6,
+                                                          "alpha": 3.3})
     deadline = time.time() + 60  # Until its options are compiling.
     while handed() == before:
       assert time.time() < deadline and not new_options.done(), server.log.read_text()[-3000:]
@@ -521,8 +578,8 @@ def test_sigterm_during_a_compile_answers_the_accepted_requests_and_503s_new_one
     while "SIGTERM: answering the 2 request(s) in flight" not in server.log.read_text():
       assert time.time() < deadline, server.log.read_text()[-3000:]
       time.sleep(0.02)
+    held.sendall(body[5:])  # Within --body_timeout_s; the compile holds the drain open.
     refused = server.call("/translate", {"text": [SENTENCES[1]]})
-    held.sendall(body[5:])
     held.settimeout(60)
     reply = http.client.HTTPResponse(held)
     reply.begin()

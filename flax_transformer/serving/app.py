@@ -1,4 +1,5 @@
-"""The HTTP API (FastAPI): /translate, /score, /health, and the page at /.
+"""The HTTP API (FastAPI): /translate, /score, /health, the page at /, and LibreTranslate's
+/translate and /languages (libretranslate.py).
 
 Every bad request gets a 4xx whose JSON body is {"error": "<one line>"} and one log
 line naming it. Bodies are read with a deadline, searches run on the batcher's
@@ -23,8 +24,10 @@ from starlette.requests import ClientDisconnect
 
 from flax_transformer import provenance
 from flax_transformer.errors import ConfigError
+from flax_transformer.serving import libretranslate
 from flax_transformer.serving.batcher import Batcher
 from flax_transformer.serving.drain import Drain, Gate
+from flax_transformer.serving.errors import RequestError
 from flax_transformer.serving.page import PAGE
 from flax_transformer.translation.translator import SearchConfig, Translator
 
@@ -43,14 +46,6 @@ class Limits:
   body_timeout_s: float = 10.0
   max_beam: int = 8
   alpha_step: float = 0.1
-
-
-class RequestError(Exception):
-  """A bad request: its HTTP status and the one line that says what was wrong."""
-
-  def __init__(self, status: int, message: str):
-    super().__init__(message)
-    self.status = status
 
 
 class _Disconnected(Exception):
@@ -144,13 +139,21 @@ class _Requests:
   async def parse(self, request: Request, schema: type[BaseModel]):
     """The request's body as `schema`, once its token is checked."""
     self.check_token(request)
+    return self.validate(await self.read(request), schema)
+
+  async def read(self, request: Request) -> bytes:
+    """The request's body, within its size and its deadline."""
     seconds = self.limits.body_timeout_s
     try:
-      body = await asyncio.wait_for(self._body(request), seconds)
+      return await asyncio.wait_for(self._body(request), seconds)
     except ClientDisconnect:
       raise _Disconnected() from None
     except asyncio.TimeoutError:
       raise RequestError(408, f"body not received within {seconds:g} s") from None
+
+  @staticmethod
+  def validate(body: bytes, schema: type[BaseModel]):
+    """`body` (JSON) as `schema`."""
     try:
       data = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError) as e:  # Recursion: nested deep.
@@ -239,7 +242,12 @@ def _add_error_handlers(app: FastAPI) -> None:
     return JSONResponse({"error": str(error.detail)}, status_code=error.status_code)
 
 
-def _add_routes(app: FastAPI, requests: _Requests, batcher: Batcher, health: dict) -> None:
+def _add_routes(app: FastAPI, requests: _Requests, batcher: Batcher, health: dict,
+                languages: tuple[str, str] | None) -> None:
+  face = libretranslate.LibreTranslate(
+      languages, requests.token, requests.check_sentences,
+      lambda sentences: batcher.translate(sentences, batcher.default_search))
+
   @app.get("/", response_class=HTMLResponse)
   async def page():
     return PAGE
@@ -249,9 +257,18 @@ def _add_routes(app: FastAPI, requests: _Requests, batcher: Batcher, health: dic
     requests.check_token(request)
     return {**health, "batching": dict(batcher.stats)}
 
+  @app.get("/languages")
+  async def get_languages():  # Open, as LibreTranslate's: it names the pair only.
+    return face.languages()
+
   @app.post("/translate")
   async def translate(request: Request):
-    body = await requests.parse(request, TranslateRequest)
+    raw = await requests.read(request)
+    fields = libretranslate.fields_of(raw)  # A LibreTranslate client's request?
+    if fields is not None:
+      return await face.translate(request, fields)
+    requests.check_token(request)
+    body = requests.validate(raw, TranslateRequest)
     requests.check_sentences("text", body.text)
     search = requests.search_of(body)
     if body.prefix is not None:
@@ -276,14 +293,15 @@ def _add_routes(app: FastAPI, requests: _Requests, batcher: Batcher, health: dic
 
 
 def make_app(translator: Translator, batcher: Batcher, *, workdir: str, token: str | None = None,
-             limits: Limits = Limits(), drain: Drain | None = None) -> FastAPI:
+             limits: Limits = Limits(), drain: Drain | None = None,
+             languages: tuple[str, str] | None = None) -> FastAPI:
   """The app serving `translator`'s model through `batcher`; `token`: when set, API calls
   need the header `Authorization: Bearer <token>`; `drain`: what a shutdown drains
-  (drain.run)."""
+  (drain.run); `languages`: the (source, target) pair LibreTranslate's clients see."""
   app = FastAPI(title="flax-transformer", docs_url=None, redoc_url=None, openapi_url=None)
   app.add_middleware(CatchAll)
   app.add_middleware(Gate, drain=drain or Drain())  # Outermost: it sees CancelledError.
   _add_error_handlers(app)
   _add_routes(app, _Requests(batcher, limits, token), batcher,
-              _health(translator, batcher, workdir, limits))
+              _health(translator, batcher, workdir, limits), languages)
   return app
