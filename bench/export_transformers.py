@@ -11,7 +11,8 @@ the project's venv, whose suite must not need them); the project's own Python
 - token ids: MarianTokenizer's (mapped back through vocab.json) against ours;
 - greedy: transformers' generate (num_beams=1, the longest output our search allows:
   source tokens + max_extra, at most max_len, EOS forced there) against decode.py
-  --beam_size=1, line for line;
+  --beam_size=1, line for line; beam 4 too, at the length rule both have (the sum of
+  log-probabilities: length_penalty=0 there, --alpha=0 --eos_within_beam here);
 - scores: transformers' summed log-probabilities of the references against decode.py
   --score (both natural log, EOS included);
 - logits: the largest |difference| from ours, teacher-forced on the references, as
@@ -112,6 +113,11 @@ def main() -> None:
   run(args.python, "decode.py", f"--workdir={args.workdir}", f"--input={tmp / 'src.en'}",
       f"--output={tmp / 'greedy.de'}", "--beam_size=1", f"--max_extra={MAX_EXTRA}",
       "--nointeractive")
+  # Beam 4 at the length rule both have: the sum of log-probabilities (alpha 0 here,
+  # length_penalty 0 there), a hypothesis ending only among a step's best beam_size.
+  run(args.python, "decode.py", f"--workdir={args.workdir}", f"--input={tmp / 'src.en'}",
+      f"--output={tmp / 'beam.de'}", "--beam_size=4", "--alpha=0", "--eos_within_beam",
+      f"--max_extra={MAX_EXTRA}", "--nointeractive")
   run(args.python, "decode.py", f"--workdir={args.workdir}", f"--input={tmp / 'src.en'}",
       f"--score={tmp / 'ref.de'}", f"--output={tmp / 'scores.tsv'}", "--nointeractive")
   mine = common.run_child([args.python, __file__, f"--workdir={args.workdir}", "--ours",
@@ -134,8 +140,9 @@ def main() -> None:
   # The longest output our search allows each source (EOS included).
   longest = [min(x.shape[1] + MAX_EXTRA, mine["max_len"]) for x in inputs]
 
-  def greedy() -> list[str]:
-    return [tokenizer.decode(model.generate(input_ids=x, num_beams=1, do_sample=False,
+  def greedy(beams: int = 1) -> list[str]:
+    return [tokenizer.decode(model.generate(input_ids=x, num_beams=beams, do_sample=False,
+                                            length_penalty=0.0, early_stopping=False,
                                             max_length=n + 1)[0],  # The start token first.
                              skip_special_tokens=True) for x, n in zip(inputs, longest)]
 
@@ -154,7 +161,7 @@ def main() -> None:
             logits.numpy()[:, from_ours] - our_logits[f"pair_{i}"]).max()))
       log_probs = torch.log_softmax(logits, -1)
       scores.append(float(log_probs.gather(1, y[0][:, None]).sum()))
-  transformers_greedy = greedy()
+  transformers_greedy, transformers_beam = greedy(), greedy(beams=4)
 
   def ct2_translate(folder: Path, beam: int, pad: bool) -> list[str]:
     """CTranslate2's best translation of each source, searched as our Ct2Runner does
@@ -197,6 +204,8 @@ def main() -> None:
       "greedy_equal_lines": sum(a == b for a, b in zip(transformers_greedy, our_greedy)),
       "greedy_differing": [{"line": i + 1, "ours": a, "transformers": b} for i, (a, b)
                            in enumerate(zip(our_greedy, transformers_greedy)) if a != b],
+      "beam_4_alpha_0_equal_lines": sum(a == b for a, b in zip(
+          transformers_beam, (tmp / "beam.de").read_text().splitlines())),
       "score_max_abs_diff": max(score_diff),
       "score_mean_abs_diff": sum(score_diff) / len(score_diff),
       "scores_within_0_001": sum(d <= 1e-3 for d in score_diff),
