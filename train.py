@@ -37,6 +37,7 @@ def main(argv):
   cli.run_main(argv, lambda: cli.run_training(
       FLAGS.config, FLAGS.workdir, launch=launch, coordinator_address=FLAGS.coordinator_address,
       num_processes=FLAGS.num_processes, process_id=FLAGS.process_id))
+  cli.exit_without_teardown()  # Training ended (a stop by SIGTERM too) and all is closed.
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ attributes it uses: a version bump that removes one fails here, not in a user's 
 - orbax: `tensorstore_utils.build_kvstore_tspec` (storage.tensorstore_reaches_s3 wraps it to reach
   S3) and the gs:// spec layout the wrapper rewrites; `asyncio_utils.run_sync`, which
   checkpoints.finish_every_write wraps so that a failed save's other writes end first.
+- CPython: `threading._shutdown` and `atexit._run_exitfuncs`, which
+  cli.exit_without_teardown runs before os._exit (what Python's own exit runs first).
 - etils: `epath.Path._backend`, which storage.as_path checks, and
   `backend.fsspec_backend.fs`, whose listings storage.drop_cached_listings drops.
 """
@@ -72,6 +74,25 @@ def test_orbax_runs_saves_through_the_run_sync_checkpoints_wraps():
   with pytest.raises(OSError, match="disk full"):
     asyncio_utils.run_sync(save())
   assert ended == [0.2]  # The other write ended before run_sync raised.
+
+
+def test_train_py_exits_with_pythons_exit_work_done():
+  """exit_without_teardown in a child: a non-daemon thread is joined, an executor's idle
+  worker ends, atexit handlers run, buffered output is written, exit status 0."""
+  script = textwrap.dedent("""
+      import atexit, concurrent.futures, sys, threading, time
+      from flax_transformer.cli import common
+      threading.Thread(target=lambda: (time.sleep(0.5), print("joined"))).start()
+      concurrent.futures.ThreadPoolExecutor(1).submit(lambda: None).result()
+      atexit.register(lambda: print("atexit ran"))
+      sys.stdout.write("buffered ")
+      common.exit_without_teardown()
+      print("not reached")
+      """)
+  result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=cpu_env(),
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout == "buffered joined\natexit ran\n"
 
 
 def test_etils_backend_attributes_storage_uses(gcs_bucket):
