@@ -65,8 +65,9 @@ flags.DEFINE_list("languages", None, "SOURCE,TARGET language codes LibreTranslat
 flags.DEFINE_string("compilation_cache_dir", compilation.default_cache_dir(),
                     "jax's persistent compilation cache ('' = off).")
 flags.DEFINE_integer("compilation_cache_max_mb", 2048, "Cap of the compilation cache's "
-                     "entries: beyond, the least recently used are deleted (0 = no cap). Each "
-                     "new option set a request asks for adds its programs.", lower_bound=0)
+                     "entries, kept in its own folder DIR/serve: beyond, the least recently "
+                     "used are deleted (0 = no cap, DIR itself). Each new option set a request "
+                     "asks for adds its programs.", lower_bound=0)
 flags.DEFINE_float("alpha_step", 0.1, "A request's alpha is rounded to a multiple of this "
                    "(0 = as sent): every distinct alpha is a program to compile and keep.",
                    lower_bound=0.0)
@@ -107,8 +108,10 @@ def main(argv):
     translator = Translator.from_workdir(FLAGS.workdir, search=search, ensemble=FLAGS.ensemble,
                                          average_last=FLAGS.average_last,
                                          checkpoint_step=FLAGS.checkpoint_step)
-    compilation.enable_cache(FLAGS.compilation_cache_dir,  # Before the first search compiles.
-                             FLAGS.compilation_cache_max_mb << 20)
+    cache_dir = FLAGS.compilation_cache_dir
+    if cache_dir and FLAGS.compilation_cache_max_mb:  # jax's eviction needs every writer capped.
+      cache_dir = os.path.join(cache_dir, "serve")
+    compilation.enable_cache(cache_dir, FLAGS.compilation_cache_max_mb << 20)  # Before compiles.
     batcher = Batcher(translator, max_batch=FLAGS.max_batch, max_wait_s=FLAGS.max_wait_ms / 1000,
                       max_tokens=FLAGS.max_tokens, max_configs=FLAGS.max_configs)
     batcher.warm()

@@ -58,9 +58,11 @@ def enable_cache(directory: str, max_bytes: int = 0) -> str | None:
   """Turns on jax's persistent compilation cache in `directory` ('' = off).
 
   `max_bytes` > 0 caps the directory's entries: beyond, jax deletes the least
-  recently used (its LRU cache, which needs `filelock`). Compiles before this call
-  are not cached (jax decides once whether to use its cache, so the decision is
-  reset here). Returns the directory in use, or None.
+  recently used (its LRU cache, which needs `filelock`; it cannot evict, and so
+  writes nothing, while the folder holds an entry an uncapped process wrote: give a
+  capped cache a folder of its own). Compiles before this call are not cached (jax
+  decides once whether to use its cache, so the decision is reset here). Returns the
+  directory in use, or None.
   """
   global _cache_dir
   if not directory:
@@ -69,8 +71,6 @@ def enable_cache(directory: str, max_bytes: int = 0) -> str | None:
   if _cache_dir == path:
     return path
   Path(path).mkdir(parents=True, exist_ok=True)
-  if max_bytes > 0:
-    _stamp_access_times(Path(path))
   jax.config.update("jax_compilation_cache_max_size", max_bytes if max_bytes > 0 else -1)
   jax.config.update("jax_compilation_cache_dir", path)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
@@ -80,19 +80,9 @@ def enable_cache(directory: str, max_bytes: int = 0) -> str | None:
   return path
 
 
-def _stamp_access_times(path: Path) -> None:
-  """Gives each entry an uncapped process wrote its last-access file (jax's LRU cache reads
-  one per entry when it evicts, and an uncapped cache writes none), its mtime."""
-  for entry in path.glob("*-cache"):
-    stamp = entry.with_name(entry.name.removesuffix("-cache") + "-atime")
-    if not stamp.exists():
-      with contextlib.suppress(OSError):  # Evicted meanwhile by another process.
-        stamp.write_bytes(entry.stat().st_mtime_ns.to_bytes(8, "little"))
-
-
 def cache_bytes(directory: str) -> int:
-  """Bytes of the compiled executables stored in a cache directory."""
-  return sum(p.stat().st_size for p in Path(directory).glob("*-cache"))
+  """Bytes of the compiled executables stored in a cache directory and its subdirectories."""
+  return sum(p.stat().st_size for p in Path(directory).rglob("*-cache"))
 
 
 def cache_entries(directory: str) -> int:

@@ -573,7 +573,9 @@ def test_sigterm_during_a_compile_answers_the_accepted_requests_and_503s_new_one
       time.sleep(0.02)
     held = socket.create_connection(server.url.removeprefix("http://").split(":"))
     held.sendall(head + body[:5])  # Accepted, its body not complete: the drain waits for it.
-    time.sleep(0.2)
+    while server.call("/health")[1]["in_flight"] < 2:
+      assert time.time() < deadline, server.log.read_text()[-3000:]
+      time.sleep(0.02)
     server.process.send_signal(signal.SIGTERM)
     while "SIGTERM: answering the 2 request(s) in flight" not in server.log.read_text():
       assert time.time() < deadline, server.log.read_text()[-3000:]

@@ -243,7 +243,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def _add_routes(app: FastAPI, requests: _Requests, batcher: Batcher, health: dict,
-                languages: tuple[str, str] | None) -> None:
+                languages: tuple[str, str] | None, drain: Drain) -> None:
   face = libretranslate.LibreTranslate(
       languages, requests.token, requests.check_sentences,
       lambda sentences: batcher.translate(sentences, batcher.default_search))
@@ -255,7 +255,8 @@ def _add_routes(app: FastAPI, requests: _Requests, batcher: Batcher, health: dic
   @app.get("/health")
   async def get_health(request: Request):
     requests.check_token(request)
-    return {**health, "batching": dict(batcher.stats)}
+    # In flight: requests the server has begun to read and not yet answered, this one aside.
+    return {**health, "batching": dict(batcher.stats), "in_flight": drain.in_flight - 1}
 
   @app.get("/languages")
   async def get_languages():  # Open, as LibreTranslate's: it names the pair only.
@@ -300,8 +301,9 @@ def make_app(translator: Translator, batcher: Batcher, *, workdir: str, token: s
   (drain.run); `languages`: the (source, target) pair LibreTranslate's clients see."""
   app = FastAPI(title="flax-transformer", docs_url=None, redoc_url=None, openapi_url=None)
   app.add_middleware(CatchAll)
-  app.add_middleware(Gate, drain=drain or Drain())  # Outermost: it sees CancelledError.
+  drain = drain or Drain()
+  app.add_middleware(Gate, drain=drain)  # Outermost: it sees CancelledError.
   _add_error_handlers(app)
   _add_routes(app, _Requests(batcher, limits, token), batcher,
-              _health(translator, batcher, workdir, limits), languages)
+              _health(translator, batcher, workdir, limits), languages, drain)
   return app
