@@ -43,7 +43,6 @@ def main():
   args = parser.parse_args()
 
   import jax
-  from sacrebleu.metrics import BLEU
 
   from flax_transformer import provenance
   from flax_transformer.cli.translate import score
@@ -71,13 +70,13 @@ def main():
   start = time.time()
   hypotheses = translator.translate(sources)
   decode_s = time.time() - start
-  # decode.py's scores (cased, detokenized) and signatures.
-  (_, bleu, bleu_signature), (_, chrf, chrf_signature) = score(hypotheses, references,
-                                                                ["bleu", "chrf"])
+  # decode.py's scores (cased and lowercased, detokenized) and signatures.
+  (_, bleu, bleu_signature), (_, bleu_lowercase, _), (_, chrf, chrf_signature) = score(
+      hypotheses, references, ["bleu", "chrf"])
   result = {
       "pair": f"{src}-{tgt}", "split": "test_2016_flickr",
       "bleu": bleu, "bleu_signature": bleu_signature,
-      "bleu_lowercase": BLEU(lowercase=True).corpus_score(hypotheses, [references]).score,
+      "bleu_lowercase": bleu_lowercase,
       "chrf": chrf, "chrf_signature": chrf_signature,
       "steps": sum(r[-1]["step"] for r in all_records),
       "train_wall_s": sum(r[-1]["wall_s"] for r in all_records),

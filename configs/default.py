@@ -71,9 +71,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Evaluation and BLEU batches take at most this many row widths, so at most this
   # many compiled shapes each (every compile is logged, with its time).
   config.eval_max_shapes = 4
-  # Input pipeline: processes forming training batches (-1 = one per 4 cores on hosts
-  # of 8+ cores, else 0 = in this process), and batches placed on the devices ahead
-  # of the step that uses them (0 = none).
+  # Input pipeline: processes forming training batches (-1 = one per 2 cores, at most 8,
+  # on hosts of 8+ cores, else 0 = in this process; pipeline.auto_workers), and batches
+  # placed on the devices ahead of the step that uses them (0 = none).
   config.data_workers = -1
   config.prefetch_batches = 2
   # Corpora of more than 1M pairs are tokenized once into a memory-mapped cache here

@@ -554,6 +554,13 @@ def test_decode_cli_scores_with_reference(workdir, decoded_val):
   assert len((folder / "out.de").read_text().splitlines()) == 9
   stderr = result.stderr.decode()
   assert "BLEU = " in stderr and "nrefs:1|case:mixed" in stderr and "CHRF = " in stderr
+  # Lowercased BLEU too (how Multi30k papers report it), sacreBLEU's with its signature.
+  from sacrebleu.metrics import BLEU
+
+  hyps, refs = ((folder / name).read_text().splitlines() for name in ("out.de", "ref.de"))
+  lowercased = BLEU(lowercase=True).corpus_score(hyps, [refs]).score
+  printed = re.search(r"^BLEU lowercased = ([\d.]+) .*case:lc", stderr, re.M)
+  assert printed and float(printed[1]) == round(lowercased, 2), stderr[-2000:]
   bad = decode(workdir, f"--input={inputs}", f"--reference={inputs}x")
   assert bad.returncode == 2 and b"does not exist" in bad.stderr
 

@@ -219,8 +219,8 @@ def test_every_named_results_path_exists(copy):
       "results/x_1/a_*.json", "results/x_1/b_*.json", "results/x_2/a_*.json",
       "results/x_2/b_*.json"]
   # A path the layout moved, named in a doc as it was.
-  edit(copy / "README.md", "`results/ci/", "`results/scaling.json`, `results/ci/")
-  assert missing_results(copy) == ["README.md: results/scaling.json"]
+  edit(copy / "docs/provenance.md", "`results/ci/", "`results/scaling.json`, `results/ci/")
+  assert missing_results(copy) == ["docs/provenance.md: results/scaling.json"]
 
 
 def test_each_run_folder_has_the_page_its_record_renders(copy):

@@ -82,14 +82,17 @@ def output_lines(index: int, hyps: Sequence[tuple[str, float]], nbest: int) -> l
 
 def score(hypotheses: Sequence[str], references: Sequence[str], metrics: Sequence[str],
           tokenize: str | None = None) -> list[tuple[str, float, str]]:
-  """(name, score, sacrebleu signature) per metric, detokenized text in."""
-  makers = {"bleu": lambda: BLEU(tokenize=tokenize) if tokenize else BLEU(),
-            "chrf": CHRF, "ter": TER}
+  """(name, score, sacrebleu signature) per metric, detokenized text in. BLEU comes
+  twice: cased, then lowercased ('bleu lowercased'), as Multi30k papers report it."""
+  bleu = {"tokenize": tokenize} if tokenize else {}
+  makers = {"bleu": [("bleu", lambda: BLEU(**bleu)),
+                     ("bleu lowercased", lambda: BLEU(lowercase=True, **bleu))],
+            "chrf": [("chrf", CHRF)], "ter": [("ter", TER)]}
   out = []
-  for name in metrics:
-    metric = makers[name]()
+  for label, make in (entry for name in metrics for entry in makers[name]):
+    metric = make()
     result = metric.corpus_score(list(hypotheses), [list(references)])
-    out.append((name, result.score, str(metric.get_signature())))
+    out.append((label, result.score, str(metric.get_signature())))
   return out
 
 
@@ -138,7 +141,8 @@ def run_decode(*, workdir: str, input_path: str, output_path: str, reference: st
   if references is not None:
     best = [hyps[0][0] for hyps in results]
     for name, value, signature in score(best, references, metrics, sacrebleu_tokenize):
-      print(f"{name.upper()} = {value:.2f}  ({signature})", file=sys.stderr)
+      print(f"{name.upper().replace('LOWERCASED', 'lowercased')} = {value:.2f}  ({signature})",
+            file=sys.stderr)
   if attention_plot:
     from flax_transformer.translation.attention_plot import plot_attention  # matplotlib.
 

@@ -426,6 +426,12 @@ class Translator:
                    compilation_cache_dir: str | None = None) -> "Translator":
     """The model of a training workdir, its checkpoints averaged (paper: last 5 or 20).
 
+    average_last: 1 (the newest checkpoint alone) here, where decode.py, serve.py and
+    export.py pass their `--average_last` (default 5, the paper's base-model recipe).
+    The class is what those tools build on: it loads what its caller names, and reading
+    and averaging more checkpoints (each a full copy of the parameters in memory, 20
+    for the paper's big model) is a choice of recipe the caller makes. Pass
+    `average_last=5` to get decode.py's model.
     ensemble: more workdirs whose models vote with this one's (same vocabulary);
     average_last and checkpoint_step apply to each. `checkpoint_steps` of the
     result: per member, the steps averaged. compile_for (with compile_prefixes):
