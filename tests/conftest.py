@@ -393,7 +393,8 @@ def pytest_unconfigure(config):
 
 # The files whose tests take longest (about 100 to 450 CPU seconds each on 2 cores), run
 # first: pytest-xdist hands out whole files in this order, so the last to finish are short.
-LONGEST_FIRST = ("test_training.py", "test_decoding.py", "test_bench_accelerator.py",
+LONGEST_FIRST = ("test_training.py", "test_decoding.py", "test_doc_blocks.py",
+                 "test_bench_accelerator.py",
                  "test_export.py", "test_reliability.py", "test_wmt.py", "test_recipe.py",
                  "test_model.py", "test_storage.py", "test_serve.py", "test_fine_tuning.py",
                  "test_scoring.py")
