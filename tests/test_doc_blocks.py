@@ -32,13 +32,15 @@ BLOCK = re.compile(r"(?:^(?P<above>[^\n]*)\n)?^(?P<indent> *)```(?P<lang>bash|py
                    r"(?P<body>.*?)^(?P=indent)```", re.S | re.M)
 MARKER = re.compile(r"<!-- not run: (.+?) -->")
 
+# A block of a script's flags, [optional] and ALTERNATIVE|S: test_every_flag_of_a_synopsis_exists.
+SYNOPSIS = "the flags' synopsis, not a command"
 # Every block that does not run here, and why: (doc, why), in the docs' order.
 NOT_RUN = [
     ("README.md", "makes a venv and installs from PyPI; the suite runs in a venv so made"),
     ("README.md", "runs the whole suite, of which this test is a part"),
     ("docs/accelerators.md", "needs a GPU and jax's CUDA wheels"),
     ("docs/accelerators.md", "needs WMT14 (wmt14.md) and a GPU"),
-    ("docs/decoding.md", "the flags' synopsis, not a command"),
+    ("docs/decoding.md", SYNOPSIS),
     ("docs/decoding.md", "needs serve.py running; tests/test_serve.py runs this client against it"),
     ("docs/decoding.md", "needs torch, transformers and ctranslate2 (a venv of their own) and "
      "an 800-step Multi30k model"),
@@ -49,7 +51,7 @@ NOT_RUN = [
      "fixtures against their files"),
     ("docs/pretrained.md", "needs facebook/wmt19-en-de from the Hugging Face hub"),
     ("docs/provenance.md", "runs the suite once per mutant"),
-    ("docs/training.md", "the flags' synopsis, not a command"),
+    ("docs/training.md", SYNOPSIS),
     ("docs/wmt14.md", "downloads WMT14 (gigabytes) and trains the paper's base model"),
 ]
 
@@ -167,6 +169,29 @@ def fresh_clone(folder: Path, multi30k_dir: str) -> tuple[Path, dict]:
 def test_every_marker_is_listed():
   """The blocks that do not run are those NOT_RUN lists, each with its reason."""
   assert [(b["doc"], b["marker"]) for b in blocks() if b["marker"]] == NOT_RUN
+
+
+def test_every_flag_of_a_synopsis_exists():
+  """A synopsis does not run, but each `--flag` it names is one its script defines
+  (`--helpfull`), and `--config.KEY` a key of the default config."""
+  import ml_collections
+
+  sys.path.insert(0, str(ROOT))
+  from configs import default
+
+  keys = {k for k, _ in ml_collections.ConfigDict(default.get_config()).items()}
+  missing = []
+  for block in (b for b in blocks() if b["marker"] == SYNOPSIS):
+    script = re.search(r"\bpython\s+(\w+\.py)", block["code"])[1]
+    helpfull = subprocess.run([sys.executable, str(ROOT / script), "--helpfull"], env=cpu_env(),
+                              capture_output=True, text=True, timeout=120).stdout
+    defined = set(re.findall(r"^\s+--(?:\[no\])?(\w+)", helpfull, re.M))
+    assert "workdir" in defined, helpfull[-2000:]
+    for flag in re.findall(r"--([\w.]+)", block["code"]):
+      name, _, key = flag.partition(".")
+      if (name not in defined) or (key and key.upper() != "KEY" and key.split(".")[0] not in keys):
+        missing.append(f"{block['doc']}:{block['line']}: --{flag}")
+  assert missing == []
 
 
 BASH = [b for b in blocks() if b["lang"] == "bash" and not b["marker"]]
