@@ -169,6 +169,32 @@ def test_what_has_no_equivalent_is_refused_naming_it(tmp_path, change, message):
   assert message in refusal(tmp_path, change)
 
 
+def test_a_wmt19_length_position_table_from_torch_is_fairseqs(tmp_path):
+  """WMT19's tables have 1026 rows. transformers computes their frequencies with torch's
+  float32 exp, at times an ulp from numpy's, so row r's angles drift by up to r ulps
+  (6.1e-5 at row 710 of transformers 5.24's 1026 x 1024 table): such a table is
+  fairseq's and imports; another layout of the same size is refused."""
+  def with_positions(folder: Path, table: np.ndarray) -> Path:
+    edit_json(folder / "config.json", max_position_embeddings=1024)
+    weights = load_file(str(folder / "model.safetensors"))
+    for side in ("encoder", "decoder"):
+      weights[f"model.{side}.embed_positions.weight"] = table
+    save_file(weights, str(folder / "model.safetensors"))
+    return folder
+
+  half = 16  # The fixture's d_model is 32.
+  step = np.float32(np.log(10000.0) / (half - 1))
+  frequencies = np.nextafter(np.exp(np.arange(half, dtype=np.float32) * -step), np.float32(0))
+  angle = np.arange(1026, dtype=np.float32)[:, None] * frequencies[None]
+  table = np.concatenate([np.sin(angle), np.cos(angle)], 1).astype(np.float32)
+  table[1] = 0.0  # The padding row.
+  imported = importer.import_folder(with_positions(copy_fixture(tmp_path / "torch"), table))
+  assert imported.model_config.max_len == 1024
+  interleaved = np.stack([np.sin(angle), np.cos(angle)], 2).reshape(1026, 32)
+  with pytest.raises(DataError, match="embed_positions.weight is not fairseq's"):
+    importer.import_folder(with_positions(copy_fixture(tmp_path / "other"), interleaved))
+
+
 def test_import_model_py_then_decode_py_translate_as_transformers(tmp_path):
   """The command line: the import, then decode.py's beam 4 at transformers' length rule
   (alpha 0, EOS within the beam, the same limit) gives generate()'s outputs."""

@@ -303,18 +303,20 @@ def bart_layers(weights: dict, model_config: TransformerConfig, params: dict) ->
                                          model_config.num_heads)
 
 
-def check_positions(weights: dict, table: np.ndarray, where: Path, *, atol: float,
+def check_positions(weights: dict, table: np.ndarray, where: Path, *, atol,
                     what: str) -> None:
   """Takes each side's stored position table out of `weights`; one that is not `table` (on
-  the rows both have, within `atol`) is refused: the model computes `table`'s (`what`)."""
+  the rows both have, within `atol`: a float, or one per row [rows, 1]) is refused: the
+  model computes `table`'s (`what`)."""
   for side in ("encoder", "decoder"):
     name = f"model.{side}.embed_positions.weight"
     stored = weights.pop(name, None)
     if stored is None:
       continue
     rows = min(len(stored), len(table))
+    tolerance = np.broadcast_to(np.asarray(atol, np.float64), (len(table), 1))[:rows]
     if stored.shape[1:] != table.shape[1:] or not np.allclose(stored[:rows], table[:rows],
-                                                                atol=atol):
+                                                                atol=tolerance):
       raise DataError(f"{where}: {name} is not {what}")
 
 
