@@ -229,6 +229,29 @@ def test_bad_folders_are_one_line_naming_the_problem(tmp_path):
                    "no equivalent here (only False)"], done.stderr
 
 
+def test_a_shared_embedding_under_any_of_its_tied_names_imports_the_same(tmp_path):
+  """Generic safetensors converters keep one of the four tied names, whichever they like
+  (transformers loads each with the same logits); a tied copy that differs is refused."""
+  from safetensors.numpy import load_file, save_file
+
+  from flax_transformer.errors import DataError
+  from flax_transformer.pretrained import marian
+
+  original = FIXTURES / "marian_swish_shared"
+  weights = load_file(original / "model.safetensors")
+  embedding = weights.pop("model.shared.weight")
+  folder = tmp_path / "lm_head_only"
+  shutil.copytree(original, folder)
+  save_file({**weights, "lm_head.weight": embedding}, folder / "model.safetensors")
+  jax.tree.map(np.testing.assert_array_equal, marian.import_folder(folder).params,
+               marian.import_folder(original).params)
+  save_file({**weights, "lm_head.weight": embedding,
+             "model.decoder.embed_tokens.weight": embedding + 1}, folder / "model.safetensors")
+  with pytest.raises(DataError, match=re.escape("lm_head.weight differs from "
+                                                "model.decoder.embed_tokens.weight")):
+    marian.import_folder(folder)
+
+
 def test_exports_of_an_imported_model_translate_as_it_does(tmp_path):
   """export.py's StableHLO and CTranslate2 folders carry an imported model's tokenizer
   (separate vocabularies here) and translate as the Translator does (greedy)."""

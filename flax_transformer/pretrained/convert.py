@@ -254,6 +254,21 @@ def take(weights: Mapping[str, np.ndarray], name: str) -> np.ndarray:
   return weights.pop(name) if isinstance(weights, dict) else weights[name]
 
 
+def take_tied(weights: dict, names: tuple[str, ...], where: Path, why: str) -> np.ndarray:
+  """The one matrix `names` are tied to, from whichever of them `weights` holds (a
+  safetensors conversion keeps one name of each tied set, whichever it likes; fairseq and
+  older transformers save every one): all are popped, and one that differs from the first
+  present is refused, `why` saying what ties them."""
+  present = [name for name in names if name in weights]
+  if not present:
+    raise DataError(f"{where}: model.safetensors has none of {', '.join(names)}")
+  first, matrix = present[0], weights.pop(present[0])
+  for name in present[1:]:
+    if not np.array_equal(weights.pop(name), matrix):
+      raise DataError(f"{where}: {name} differs from {first}, which {why} ties it to")
+  return matrix
+
+
 def bart_attention(weights: dict, prefix: str, heads: int) -> dict:
   """q/k/v/out_proj of a BART-family attention -> this project's MultiHeadAttention
   params (kernels [D, N, H] and [N, H, D]; heads split as transformers' view does)."""

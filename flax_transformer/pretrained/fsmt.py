@@ -172,21 +172,14 @@ def _params(weights: dict, model_config: TransformerConfig, source_order: np.nda
   or None). Consumes `weights`; a tensor left over, or a tied copy that differs, is
   refused."""
   params: dict = {"encoder": {}, "decoder": {}}
-  # fairseq saves tied matrices once per name; a safetensors conversion keeps one name of
-  # each tied set, whichever it likes.
-  embeddings = {name: weights.pop(name) for name in (DECODER_EMBEDDING, OUTPUT, ENCODER_EMBEDDING)
-                if name in weights}
   tied, note = False, None
   if model_config.share_embeddings:  # transformers ties all three to the decoder's.
-    if not embeddings:
-      raise DataError(f"{where}: none of {DECODER_EMBEDDING}, {OUTPUT}, {ENCODER_EMBEDDING}")
-    (first, target), *copies = embeddings.items()
-    for name, copy in copies:
-      if not np.array_equal(copy, target):
-        raise DataError(f"{where}: {name} differs from {first}, which tie_word_embeddings=True "
-                        "ties it to")
+    target = convert.take_tied(weights, (DECODER_EMBEDDING, OUTPUT, ENCODER_EMBEDDING), where,
+                               "tie_word_embeddings=True")
     params["shared_embedding"] = {"embedding": target[target_order]}
   else:
+    embeddings = {name: weights.pop(name) for name in (DECODER_EMBEDDING, OUTPUT, ENCODER_EMBEDDING)
+                  if name in weights}
     if ENCODER_EMBEDDING not in embeddings:
       raise DataError(f"{where}: model.safetensors has no tensor {ENCODER_EMBEDDING!r}")
     target, output = embeddings.get(DECODER_EMBEDDING), embeddings.get(OUTPUT)

@@ -23,6 +23,10 @@ from flax_transformer.pretrained import convert
 
 ARCHITECTURE = "marian"
 CLASSES = ("MarianMTModel",)
+SHARED = "model.shared.weight"
+ENCODER_EMBEDDING = "model.encoder.embed_tokens.weight"
+DECODER_EMBEDDING = "model.decoder.embed_tokens.weight"
+OUTPUT = "lm_head.weight"
 # Every MarianConfig field: a rule (value -> None, or what this code implements) where it
 # changes the function (`model_config` maps it), a reason where it does not. Fields of
 # every transformers config are convert.GENERIC_IRRELEVANT's.
@@ -154,25 +158,20 @@ def _params(weights: dict, model_config: TransformerConfig, config: dict,
   Consumes `weights`; a tensor left over, or a tied copy that differs, is refused."""
   shared = model_config.share_embeddings
   params: dict = {"encoder": {}, "decoder": {}}
-  if shared:
-    embedding = convert.take(weights, "model.shared.weight")
-    copies = ["model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight",
-              "lm_head.weight"]
-    params["shared_embedding"] = {"embedding": embedding[target_order]}
-    target = embedding
+  if shared:  # transformers ties all four names to one matrix.
+    target = convert.take_tied(weights, (SHARED, ENCODER_EMBEDDING, DECODER_EMBEDDING, OUTPUT),
+                               where, "share_encoder_decoder_embeddings=True")
+    params["shared_embedding"] = {"embedding": target[target_order]}
   else:
-    source = convert.take(weights, "model.encoder.embed_tokens.weight")
-    target = convert.take(weights, "model.decoder.embed_tokens.weight")
+    source = convert.take(weights, ENCODER_EMBEDDING)
+    if model_config.tie_target_embedding:
+      target = convert.take_tied(weights, (DECODER_EMBEDDING, OUTPUT), where,
+                                 "tie_word_embeddings=True")
+    else:
+      target = convert.take(weights, DECODER_EMBEDDING)
+      params["decoder"]["logits"] = {"kernel": convert.take(weights, OUTPUT)[target_order].T}
     params["source_embedding"] = {"embedding": source[source_order]}
     params["target_embedding"] = {"embedding": target[target_order]}
-    copies = ["lm_head.weight"]
-    if not model_config.tie_target_embedding:
-      copies = []
-      params["decoder"]["logits"] = {
-          "kernel": convert.take(weights, "lm_head.weight")[target_order].T}
-  for name in copies:  # Tied copies some savers write: they must be the same matrix.
-    if name in weights and not np.array_equal(weights.pop(name), target):
-      raise DataError(f"{where}: {name} differs from the embedding it is tied to")
   table = sinusoidal_position_encoding(model_config.max_len, model_config.d_model,
                                        layout="halves")
   convert.check_positions(weights, table, where, atol=1e-6,
