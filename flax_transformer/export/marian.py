@@ -72,6 +72,7 @@ from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from flax_transformer.errors import ConfigError
 from flax_transformer.export import layout, write_manifest
 from flax_transformer.network.config import TransformerConfig
+from flax_transformer.network.layers import sinusoidal_position_encoding
 
 FORMAT = "flax_transformer.transformers/1"
 LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default, which Marian's layers keep.
@@ -89,13 +90,6 @@ MAPPED = {"vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v", "num_layer
 NOT_COMPUTED = {"dtype", "param_dtype", "deterministic", "decode", "share_beam_cache",
                 "attention_implementation"}
 ACTIVATIONS = {"relu": "relu", "swish": "swish", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}
-
-
-def marian_positions(rows: int, d_model: int) -> np.ndarray:
-  """float32 [rows, d_model]: transformers' MarianSinusoidalPositionalEmbedding table."""
-  pos = np.arange(rows, dtype=np.float64)[:, None]
-  angle = pos / np.power(10000.0, 2 * (np.arange(d_model) // 2) / d_model)[None]
-  return np.concatenate([np.sin(angle[:, 0::2]), np.cos(angle[:, 1::2])], 1).astype(np.float32)
 
 
 def check(config: TransformerConfig) -> None:
@@ -125,7 +119,7 @@ def permutation(config: TransformerConfig, model: layout.Model) -> np.ndarray:
   """int [D]: Marian's model-dimension index j holds our index perm[j]; the one under
   which both our position tables are Marian's, or ConfigError."""
   d = config.d_model
-  theirs = marian_positions(config.max_len, d)
+  theirs = sinusoidal_position_encoding(config.max_len, d, layout="halves")  # transformers'.
   halves = np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])
   for perm in (halves, np.arange(d)):
     if all(np.allclose(stack.positions[:, perm], theirs, rtol=0, atol=1e-5)

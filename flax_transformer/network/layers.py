@@ -25,7 +25,10 @@ def sinusoidal_position_encoding(max_len: int, d_model: int, *, layout: str = "i
   them; frequencies 'fairseq' uses pos / 10000^(i/(d_model/2 - 1)) (see TransformerConfig).
   """
   pos = np.arange(max_len, dtype=np.float64)[:, None]
-  if frequencies == "fairseq":  # fairseq's float32 arithmetic, so the tables agree to the bit.
+  # fairseq's float32 arithmetic. transformers' tables come from torch's float32 exp, at
+  # times an ulp from numpy's: row r then differs by up to r ulps of the angle (6.1e-5 at
+  # row 710 of a 1026 x 1024 table; within 7.6e-6 at 130 rows).
+  if frequencies == "fairseq":
     half = d_model // 2
     step = np.float32(np.log(10000.0) / (half - 1))
     inverse = np.exp(np.arange(half, dtype=np.float32) * -step)

@@ -22,6 +22,7 @@ import numpy as np
 from flax_transformer import storage
 from flax_transformer.errors import ConfigError, DataError
 from flax_transformer.network.config import TransformerConfig
+from flax_transformer.pretrained import tokenizers
 from flax_transformer.workdir import TOKENIZER_DIR, Workdir, read_record, record_run
 
 # How to make model.safetensors of a folder that has only torch's pickle.
@@ -145,15 +146,7 @@ def read_vocabulary(folder: Path, name: str, specials=("<pad>", "</s>", "<unk>")
                     ) -> dict[str, int]:
   """A vocabulary file (piece -> id, ids 0..n-1 each once, with every one of `specials`),
   or a DataError naming its problem."""
-  vocab = read_json(folder, name)
-  if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
-    raise DataError(f"{folder / name}: not a JSON object of piece -> integer id")
-  if sorted(vocab.values()) != list(range(len(vocab))):
-    raise DataError(f"{folder / name}: ids are not 0..{len(vocab) - 1}, each once")
-  for piece in specials:
-    if piece not in vocab:
-      raise DataError(f"{folder / name}: no {piece!r} piece")
-  return vocab
+  return tokenizers.vocabulary_ids(folder / name, read_json(folder, name), specials)
 
 
 def file_hashes(folder: Path) -> dict[str, str]:

@@ -131,19 +131,27 @@ def load_marian(directory, spec: dict) -> PairTokenizer:
   return PairTokenizer(source, target, directory)
 
 
-def check_vocabulary(path, vocab) -> dict[str, int]:
-  """A piece -> id table with ids 0..n-1, '<pad>' 0, '</s>' 1 and an '<unk>', or a
-  DataError naming `path`'s problem."""
+def vocabulary_ids(path, vocab, specials) -> dict[str, int]:
+  """`vocab` if it is a piece -> id table with ids 0..n-1, each once, and every one of
+  `specials`; else a DataError naming `path`'s problem."""
   if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
     raise DataError(f"{path}: not a JSON object of piece -> integer id")
   if sorted(vocab.values()) != list(range(len(vocab))):
     raise DataError(f"{path}: ids are not 0..{len(vocab) - 1}, each once")
+  for piece in specials:
+    if piece not in vocab:
+      raise DataError(f"{path}: no {piece!r} piece")
+  return vocab
+
+
+def check_vocabulary(path, vocab) -> dict[str, int]:
+  """A piece -> id table with ids 0..n-1, '<pad>' 0, '</s>' 1 and an '<unk>' (an imported
+  workdir's), or a DataError naming `path`'s problem."""
+  vocabulary_ids(path, vocab, ("<pad>", "</s>", "<unk>"))
   for piece, wanted in (("<pad>", PAD_ID), ("</s>", EOS_ID)):
-    if vocab.get(piece) != wanted:
-      raise DataError(f"{path}: {piece!r} has id {vocab.get(piece)}, the project needs "
+    if vocab[piece] != wanted:
+      raise DataError(f"{path}: {piece!r} has id {vocab[piece]}, the project needs "
                       f"{wanted} (import_model.py writes it so)")
-  if "<unk>" not in vocab:
-    raise DataError(f"{path}: no '<unk>' piece")
   return vocab
 
 
