@@ -1,12 +1,12 @@
 """transformers' MarianMTModel and CTranslate2's converter on a model exported here.
 
-  /work/hfvenv/bin/python bench/export_transformers.py --workdir=W \\
+  python bench/export_transformers.py --workdir=W \\
       --json=results/bench/export_transformers.json
 
-Runs under a Python with torch, transformers, sentencepiece and ctranslate2 (never
-the project's venv, whose suite must not need them); the project's own Python
-(--python) runs export.py, decode.py and our model's logits. On the first
---sentences of Multi30k's test 2016:
+Runs under a Python with torch, transformers, sentencepiece and ctranslate2 (pip install
+torch transformers sentencepiece ctranslate2; never the project's venv, whose suite must
+not need them); the project's own Python (--python) runs export.py, decode.py and our
+model's logits. On the first --sentences of Multi30k's test 2016:
 - export.py --format=transformers, loaded by MarianMTModel and MarianTokenizer;
 - token ids: MarianTokenizer's (mapped back through vocab.json) against ours;
 - greedy: transformers' generate (num_beams=1, the longest output our search allows:

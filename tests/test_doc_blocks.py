@@ -47,8 +47,8 @@ NOT_RUN = [
     ("docs/multi_host.md", "needs a TPU VM slice and a GCS bucket"),
     ("docs/multi_host.md", "needs a SLURM cluster of GPU nodes and an S3 bucket"),
     ("docs/pretrained.md", "needs Helsinki-NLP/opus-mt-en-de from the Hugging Face hub"),
-    ("docs/pretrained.md", "needs torch and transformers (/work/hfvenv); the suite checks the "
-     "fixtures against their files"),
+    ("docs/pretrained.md", "needs torch and transformers (a venv of their own); the suite checks "
+     "the fixtures against their files"),
     ("docs/pretrained.md", "needs facebook/wmt19-en-de from the Hugging Face hub"),
     ("docs/provenance.md", "runs the suite once per mutant"),
     ("docs/training.md", SYNOPSIS),
