@@ -111,6 +111,9 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
   compilation.enable_cache(config.compilation_cache_dir)
   process_index, process_count = jax.process_index(), jax.process_count()
   mesh = sharding_lib.make_mesh(config.mesh)
+  # A fine-tuning run's model is known already: a mesh that cannot hold it (an imported
+  # model's odd vocabulary over a tensor axis) is refused before run.json or tokenizer/.
+  trainer = fine_tuning and Trainer(fine_tuning.model_config, config, mesh)
   dp_size = sharding_lib.data_parallel_size(mesh)
   train_batching = data_lib.train_batching(config, dp_size, process_count)
   global_rows = train_batching.rows * process_count
@@ -122,7 +125,7 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
   train_pairs = load_pairs(config, config.train_split)
   logging.info("Training pairs: %d (%s)", len(train_pairs), config.dataset_name)
   tokenizer, model_config = _vocabulary(config, workdir, train_pairs, launch, fine_tuning)
-  trainer = Trainer(model_config, config, mesh)
+  trainer = trainer or Trainer(model_config, config, mesh)
   trainer.compile_train_step_ahead(train_batching.abstract_batch(process_count,
                                                                  trainer.batch_sharding))
   # This host's rows of a training batch, or a global batch every host holds (evaluation,

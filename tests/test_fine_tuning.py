@@ -3,6 +3,7 @@ session's trained tiny run (conftest.trained_tiny) and from the tiny Marian mode
 tests/fixtures imported by import_model.py: what the run keeps of its source, its start
 (also sharded), a relaunch, decode.py and serve.py on the result, and the refusals."""
 
+import ast
 import json
 import re
 import shutil
@@ -177,6 +178,17 @@ def test_the_start_is_the_source_parameters_sharded_over_a_mesh(fine_tuned_maria
   with pytest.raises(ShardingConfigError, match=r"\['decoder'\]\['final_logits_bias'\] \[511\]"
                      r": its dimension of 511 does not split over mesh axes tensor"):
     Trainer(fine_tuning.model_config, config, make_mesh(config.mesh))
+  # docs/pretrained.md's rules: the default ones with `vocab` on no mesh axis.
+  flags = {re.search(r'--config\.logical_axis_rules="(.*?)"', (ROOT / doc).read_text())[1]
+           for doc in ("docs/training.md",)}
+  assert len(flags) == 1, flags
+  rules = ast.literal_eval(flags.pop())
+  assert [r for r in rules if r[0] != "vocab"] == [
+      tuple(r) for r in config.logical_axis_rules if r[0] != "vocab"]
+  assert ("vocab", None) in rules and len(rules) == len(config.logical_axis_rules)
+  with config.unlocked():
+    config.logical_axis_rules = rules
+  Trainer(fine_tuning.model_config, config, make_mesh(config.mesh))
   config.mesh.update({"data": 2, "fsdp": 4, "tensor": 1})
   trainer = Trainer(fine_tuning.model_config, config, make_mesh(config.mesh))
   state = init_from.initial_state(trainer, fine_tuning)
@@ -191,6 +203,27 @@ def test_the_start_is_the_source_parameters_sharded_over_a_mesh(fine_tuned_maria
   assert any(not leaf.sharding.is_fully_replicated for leaf in leaves)
   moments = jax.tree_util.tree_leaves(state.opt_state)
   assert moments and all(not np.asarray(m).any() for m in moments)  # Adam's, and its count.
+
+
+def test_an_imported_workdir_is_refused_before_anything_is_written(fine_tuned_marian,
+                                                                   multi30k_dir, tmp_path):
+  """Its vocabulary of 511 over a tensor axis of 2: one line, and no run.json or tokenizer/
+  in the new workdir; train.py on the imported workdir itself: one line that says to use
+  --config.init_from, before a vocabulary is trained into it."""
+  imported, workdir = fine_tuned_marian[0], tmp_path / "run"
+  done = subprocess.run(fine_tune_command(workdir, imported, multi30k_dir,
+                                          "--config.mesh.data=1", "--config.mesh.tensor=2"),
+                        env=cpu_env(2), capture_output=True, text=True)
+  assert done.returncode == 2, done.stderr[-3000:]
+  assert "its dimension of 511 does not split over mesh axes tensor" in (
+      done.stderr.strip().splitlines()[-1])
+  assert not Workdir(workdir).run_file.exists() and not Workdir(workdir).tokenizer_dir.exists()
+  before = sorted(p.name for p in Path(imported).iterdir())
+  with pytest.raises(ConfigError, match=re.escape(
+      f"{imported} holds a model import_model.py imported; fine-tune it into a new --workdir "
+      f"with --config.init_from={imported}")):
+    init_from.resolve(config_from(None), Workdir(imported))
+  assert sorted(p.name for p in Path(imported).iterdir()) == before
 
 
 def test_decode_and_serve_translate_with_the_result(fine_tuned_marian, tmp_path):

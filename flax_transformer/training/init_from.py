@@ -64,6 +64,9 @@ def resolve(config, workdir: Workdir, overrides: Mapping | None = None) -> FineT
   recorded = (record or {}).get("init_from")
   asked = str(Workdir(config.init_from)) if config.init_from else None
   if asked is None and recorded is None:
+    if record is not None and "imported_from" in record:  # Before a vocabulary is trained.
+      raise ConfigError(f"{workdir} holds a model import_model.py imported; fine-tune it into "
+                        f"a new --workdir with --config.init_from={workdir}")
     return None
   own_steps = _steps(workdir)
   if asked is not None:
