@@ -42,6 +42,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.train_target_file = ""
   config.eval_source_file = ""
   config.eval_target_file = ""
+  # Put before every source text of training and evaluation, before tokenizing: a
+  # multilingual model's target-language tag ('>>fra<< ', OPUS-MT), as its users type it
+  # at decoding. '' = none.
+  config.source_prefix = ""
 
   # --- Vocabulary (one sentencepiece model shared by source and target) ---
   config.vocab_path = ""  # Existing .model file; '' = train one into the workdir.

@@ -21,7 +21,9 @@ import conftest
 from conftest import ROOT, TRAINED_TINY_CHECKPOINTS, cpu_env, final_params, train_command
 from flax_transformer.data import token_cache
 from flax_transformer.data.pipeline import TokenizePair
+from flax_transformer.data.sources import load_pairs
 from flax_transformer.errors import ConfigError, ShardingConfigError
+from flax_transformer.pretrained import importer
 from flax_transformer.training import init_from
 from flax_transformer.training.config_checks import check_config
 from flax_transformer.training.sharding import make_mesh
@@ -164,6 +166,35 @@ def test_training_tokenizes_sources_and_targets_each_with_its_side(fine_tuned_ma
               token_cache.load_or_build(pairs, tokenizer, cache_dir=tmp_path)[1]):
     np.testing.assert_array_equal(ids["inputs"], source)
     np.testing.assert_array_equal(ids["targets"], target)
+
+
+def test_source_prefix_puts_the_target_language_tag_before_every_training_source(tmp_path):
+  """config.source_prefix (a multilingual model's '>>deu<< '): every source, of training
+  and evaluation, in memory and in the token cache (a key of its own), starts with the
+  tag's one token; the targets are as they were."""
+  imported = tmp_path / "imported"
+  importer.import_model(ROOT / "tests/fixtures/marian_swish_shared", imported)
+  _, tokenizer = read_run(imported)
+  tag = json.loads((Workdir(imported).tokenizer_dir / "vocab.json").read_text())[">>deu<<"]
+  (tmp_path / "a.en").write_text("A dog runs in the park.\nTwo men talk.\n")
+  (tmp_path / "a.de").write_text("Ein Hund rennt im Park.\nZwei Männer reden.\n")
+  config = config_from(None, dataset_name="text", source_prefix=">>deu<< ")
+  for side in ("train", "eval"):
+    config[f"{side}_source_file"], config[f"{side}_target_file"] = (
+        str(tmp_path / "a.en"), str(tmp_path / "a.de"))
+  plain = config_from(None, **{k: config[k] for k in (
+      "dataset_name", "train_source_file", "train_target_file")})
+  untagged = load_pairs(plain, plain.train_split)
+  caches = set()
+  for pairs in (load_pairs(config, config.train_split), load_pairs(config, config.eval_split)):
+    cached = token_cache.load_or_build(pairs, tokenizer, cache_dir=tmp_path / "cache")
+    caches.add(cached.folder)
+    for i, (source, target) in enumerate(untagged):
+      for ids in (TokenizePair(tokenizer)(pairs[i]), cached[i]):
+        assert ids["inputs"][0] == tag and tag not in tokenizer.source.tokenize(source)
+        np.testing.assert_array_equal(ids["inputs"][1:], tokenizer.source.tokenize(source))
+        np.testing.assert_array_equal(ids["targets"], tokenizer.target.tokenize(target))
+  assert token_cache.load_or_build(untagged, tokenizer, tmp_path / "cache").folder not in caches
 
 
 @pytest.mark.devices(8)

@@ -353,15 +353,38 @@ def load_pairs(config, split: str, dataset_name: str | None = None) -> Sequence:
   """
   name = dataset_name or config.dataset_name
   if name == "multi30k":
-    return multi30k(split, config.source_lang, config.target_lang,
-                    manual_dir=config.manual_dir, data_dir=config.data_dir,
-                    local_copy=config.get("local_copy", ""))
-  if name == "text":
+    pairs = multi30k(split, config.source_lang, config.target_lang,
+                     manual_dir=config.manual_dir, data_dir=config.data_dir,
+                     local_copy=config.get("local_copy", ""))
+  elif name == "text":
     prefix = "train" if split == config.train_split else "eval"
     src, tgt = config[f"{prefix}_source_file"], config[f"{prefix}_target_file"]
     if not src or not tgt:
       raise DataError(f"dataset_name='text' needs config.{prefix}_source_file and "
                       f"config.{prefix}_target_file")
-    return read_parallel_files(src, tgt)
-  return TfdsPairs(name, split, config.source_lang, config.target_lang, config.data_dir,
-                   manual_dir=config.manual_dir)
+    pairs = read_parallel_files(src, tgt)
+  else:
+    pairs = TfdsPairs(name, split, config.source_lang, config.target_lang, config.data_dir,
+                      manual_dir=config.manual_dir)
+  source_prefix = config.get("source_prefix", "")
+  return SourcePrefixed(pairs, source_prefix) if source_prefix else pairs
+
+
+class SourcePrefixed(Sequence):
+  """`pairs` with `prefix` before every source text (`config.source_prefix`: a multilingual
+  model's target-language tag). Its identity, part of the token cache's key, names it."""
+
+  def __init__(self, pairs: Sequence, prefix: str):
+    self.pairs, self.prefix = pairs, prefix
+    self.name = getattr(pairs, "name", "corpus")
+    self.identity = {"pairs": getattr(pairs, "identity", None), "source_prefix": prefix}
+
+  def __len__(self):
+    return len(self.pairs)
+
+  def __getitem__(self, i):
+    source, target = self.pairs[i]
+    return self.prefix + source, target
+
+  def __getitems__(self, indices):
+    return [(self.prefix + s, t) for s, t in read_pairs(self.pairs, indices)]
