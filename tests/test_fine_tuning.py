@@ -211,7 +211,7 @@ def test_the_start_is_the_source_parameters_sharded_over_a_mesh(fine_tuned_maria
     Trainer(fine_tuning.model_config, config, make_mesh(config.mesh))
   # docs/pretrained.md's rules: the default ones with `vocab` on no mesh axis.
   flags = {re.search(r'--config\.logical_axis_rules="(.*?)"', (ROOT / doc).read_text())[1]
-           for doc in ("docs/training.md",)}
+           for doc in ("docs/training.md", "docs/pretrained.md")}
   assert len(flags) == 1, flags
   rules = ast.literal_eval(flags.pop())
   assert [r for r in rules if r[0] != "vocab"] == [
