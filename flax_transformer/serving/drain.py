@@ -5,7 +5,9 @@ uvicorn alone stops listening at once (a new client meets a refused connection) 
 cancels what is left after its graceful timeout: a cancelled handler answered a
 plain-text 500 and logged a traceback (CancelledError is no Exception). Here a handler
 cut off at the drain's end answers a JSON 503, and one log line counts what the drain
-answered, refused and cut off. A second signal ends the drain at once.
+answered, refused and cut off. A second signal ends the drain at once. serve.py exits 0
+after a drain that answered every request in flight; one that cut some off, or a second
+signal, ends it by the signal (143 for SIGTERM, as uvicorn alone).
 """
 
 from __future__ import annotations
@@ -106,7 +108,9 @@ class DrainingServer(uvicorn.Server):
     if self.drain.draining:  # A second signal: stop now.
       self.drain.deadline = time.monotonic()
       return super().handle_exit(sig, frame)
-    getattr(self, "_captured_signals", []).append(sig)  # uvicorn raises it again once stopped.
+    # Not uvicorn's _captured_signals, which it raises again once stopped (exit 143 after
+    # a clean drain): shutdown() records it only if the drain cut requests off.
+    self.sig = sig
     self.drain.start(self.drain_s, signal.Signals(sig).name)
 
   async def on_tick(self, counter: int) -> bool:
@@ -118,6 +122,8 @@ class DrainingServer(uvicorn.Server):
     await super().shutdown(sockets)
     await asyncio.sleep(0.1)  # The cancelled handlers answer their 503s.
     log.info("%s", self.drain.summary())
+    if self.drain.cut:  # Not clean: the process ends by its signal (143 for SIGTERM).
+      self._captured_signals.append(self.sig)
 
 
 def run(app, sockets, drain: Drain, drain_s: float) -> None:
