@@ -13,6 +13,7 @@ if __name__ == "__main__":  # First: glibc reads malloc settings at start, JAX n
   host_allocator.reexec_with_reusable_malloc()
 
 import errno
+import math
 import os
 import socket
 
@@ -21,7 +22,7 @@ from absl import app, flags
 from flax_transformer import compilation
 from flax_transformer.cli import common as cli
 from flax_transformer.errors import ConfigError
-from flax_transformer.translation.translator import SearchConfig
+from flax_transformer.translation.translator import MAX_ALPHA, SearchConfig
 
 SEARCH = SearchConfig()
 
@@ -68,9 +69,10 @@ flags.DEFINE_integer("compilation_cache_max_mb", 2048, "Cap of the compilation c
                      "entries, kept in its own folder DIR/serve: beyond, the least recently "
                      "used are deleted (0 = no cap, DIR itself). Each new option set a request "
                      "asks for adds its programs.", lower_bound=0)
-flags.DEFINE_float("alpha_step", 0.1, "A request's alpha is rounded to a multiple of this "
-                   "(0 = as sent): every distinct alpha is a program to compile and keep.",
-                   lower_bound=0.0)
+flags.DEFINE_float("alpha_step", 0.1, "A request's alpha is rounded half up to a multiple of "
+                   f"this, at most {MAX_ALPHA:g} (0 = as sent): every distinct alpha is a "
+                   "program to compile and keep. --alpha must be on this grid.",
+                   lower_bound=0.0, upper_bound=MAX_ALPHA)
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
 
@@ -87,17 +89,31 @@ def _bind(host: str, port: int) -> socket.socket:
     raise ConfigError(f"--host {host} --port {port}: the address {reason}") from None
 
 
+def _check_floats(on_grid) -> None:
+  """What absl's bounds let through: nan (no comparison fails) and inf; an --alpha off
+  --alpha_step's grid (a request sending the default alpha would get another)."""
+  for name in ("alpha", "alpha_step", "drain_s", "body_timeout_s", "max_wait_ms"):
+    if not math.isfinite(FLAGS[name].value):
+      raise ConfigError(f"--{name} must be a finite number, got {FLAGS[name].value}")
+  rounded = on_grid(FLAGS.alpha, FLAGS.alpha_step)
+  if rounded != FLAGS.alpha:
+    raise ConfigError(f"--alpha {FLAGS.alpha:g} is off --alpha_step {FLAGS.alpha_step:g}'s grid "
+                      f"(a request's alpha {FLAGS.alpha:g} would be searched as {rounded:g}): "
+                      "give an --alpha on it, or another --alpha_step (0: alphas as sent)")
+
+
 def main(argv):
   def work():
     try:
       from flax_transformer.serving import drain
-      from flax_transformer.serving.app import Limits, make_app
+      from flax_transformer.serving.app import Limits, make_app, on_grid
       from flax_transformer.serving.batcher import Batcher
     except ImportError as e:
       raise ConfigError(f"serve.py needs FastAPI and uvicorn ({e}): pip install -e '.[serve]'")
     from flax_transformer import workdir as workdir_lib
     from flax_transformer.translation.translator import Translator
 
+    _check_floats(on_grid)
     if FLAGS.languages is not None and len(FLAGS.languages) != 2:
       raise ConfigError(f"--languages takes SOURCE,TARGET (two codes, as en,de), got "
                         f"{','.join(FLAGS.languages)!r}")

@@ -181,10 +181,15 @@ def test_a_new_option_set_compiles_without_holding_up_other_requests(server, exp
   assert status == 200 and len(answer["translations"]) == 1
   assert [a for a, _ in others] == [(200, {"translations": [e]}) for e in expected[:3]]
   assert max(t for _, t in others) < new_done, "the default requests waited for the compile"
-  # alpha on serve.py's grid (--alpha_step 0.1): 0.68 and 0.7 are one program, compiled once.
+  assert answer["alpha"] == 0.7  # The alpha searched with, when the request sends one.
+  # alpha on serve.py's grid (--alpha_step 0.1): 0.68, 0.65 (half up) and 0.7 are one
+  # program, compiled once; the default's alpha sent explicitly is the default's.
   compiles = server.log.read_text().count("Compiling SearchConfig")
-  assert server.call("/translate", {"text": [SENTENCES[0]], "alpha": 0.68}) == (status, answer)
+  for alpha in (0.68, 0.65):
+    assert server.call("/translate", {"text": [SENTENCES[0]], "alpha": alpha}) == (status, answer)
   assert server.log.read_text().count("Compiling SearchConfig") == compiles
+  assert server.call("/translate", {"text": [SENTENCES[0]], "alpha": SEARCH.alpha}) == (
+      200, {"translations": expected[:1], "alpha": SEARCH.alpha})
   assert server.call("/health")[1]["limits"]["alpha_step"] == 0.1
 
 
@@ -205,6 +210,40 @@ def test_concurrent_requests_with_different_options_equal_each_sent_alone(server
     together = list(pool.map(one, bodies))
   assert together == alone
   assert server.stats()["requests"] - before["requests"] == len(bodies)
+
+
+def test_a_requests_alpha_is_rounded_half_up_on_a_decimal_grid_within_0_10():
+  """At 8795e60 halves went down (0.25 -> 0.2: float division and round's ties to even),
+  0.15's grid took 10 to 10.05 (a 422), and 50's took every alpha to 0."""
+  from flax_transformer.serving.app import on_grid
+
+  cases = {(0.25, 0.1): 0.3, (0.35, 0.1): 0.4, (0.65, 0.1): 0.7, (0.68, 0.1): 0.7,
+           (0.3, 0.1): 0.3, (0.6, 0.1): 0.6, (0.07, 0.05): 0.05, (0.075, 0.05): 0.1,
+           (10, 0.15): 10.0, (9.9, 0.15): 9.9, (10, 10): 10.0, (4.9, 10): 0.0, (5, 10): 10.0,
+           (0.123, 0): 0.123, (10.5, 0.1): 10.5, (-0.5, 0.1): -0.5}  # Refused by SearchConfig.
+  assert {case: on_grid(*case) for case in cases} == cases
+
+
+def test_serve_py_refuses_a_nan_flag_and_an_alpha_off_its_grid_in_one_line(tmp_path):
+  """Before anything is loaded (the workdir does not exist). At 8795e60 nan passed every
+  float flag's bounds, --alpha_step had no upper one, and --alpha=0.65 served a request
+  that sent 0.65 with 0.6."""
+  refused = {"--alpha_step=nan": "--alpha_step must be a finite number, got nan",
+             "--drain_s=nan": "--drain_s must be a finite number, got nan",
+             "--max_wait_ms=inf": "--max_wait_ms must be a finite number, got inf",
+             "--alpha_step=50": "50.0 is not a number in the range [0.0, 10.0]",
+             "--alpha=0.65": "--alpha 0.65 is off --alpha_step 0.1's grid (a request's alpha "
+                             "0.65 would be searched as 0.7)"}
+  runs = {flag: subprocess.Popen([sys.executable, str(ROOT / "serve.py"),
+                                  f"--workdir={tmp_path / 'none'}", flag],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cpu_env())
+          for flag in refused}
+  stderr = {flag: text.decode().strip() for flag, text in
+            conftest.stderr_of_each(runs, timeout=120).items()}
+  assert [runs[flag].returncode for flag in runs] == [2] * len(runs), stderr
+  for flag, words in refused.items():
+    assert stderr[flag].startswith("error: ") and words in stderr[flag], (flag, stderr[flag])
+    assert "Traceback" not in stderr[flag] and "none" not in stderr[flag], stderr[flag]
 
 
 BAD = [  # (what, request arguments, status, words of the one-line error)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import decimal
 import hmac
 import json
 import logging
-import math
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -29,7 +29,7 @@ from flax_transformer.serving.batcher import Batcher
 from flax_transformer.serving.drain import Drain, Gate
 from flax_transformer.serving.errors import RequestError
 from flax_transformer.serving.page import PAGE
-from flax_transformer.translation.translator import SearchConfig, Translator
+from flax_transformer.translation.translator import MAX_ALPHA, SearchConfig, Translator
 
 log = logging.getLogger("flax_transformer.serving")
 
@@ -37,15 +37,27 @@ log = logging.getLogger("flax_transformer.serving")
 @dataclasses.dataclass(frozen=True)
 class Limits:
   """What one request may ask for: sentences per request, body bytes, seconds to send
-  the body, beam width, and the grid its alpha is rounded to (0: none). Each alpha is
-  a program to compile: on a grid, a server meets at most 10 / alpha_step + 1 of them
-  per beam width."""
+  the body, beam width, and the grid its alpha is rounded to (0: none; on_grid). Each
+  alpha is a program to compile: on a grid, a server meets at most 10 / alpha_step + 2
+  of them per beam width."""
 
   max_sentences: int = 64
   max_body_bytes: int = 1 << 20
   body_timeout_s: float = 10.0
   max_beam: int = 8
   alpha_step: float = 0.1
+
+
+def on_grid(alpha: float, step: float) -> float:
+  """`alpha` rounded half up to a multiple of `step`, in decimal (0.25 -> 0.3 and 0.35 ->
+  0.4 on 0.1's grid, where float division rounds them down), then capped at MAX_ALPHA
+  (10 on 0.15's grid: 10.05 -> 10). As given if `step` is 0 or `alpha` is outside [0,
+  MAX_ALPHA] or nan: SearchConfig refuses those."""
+  if not step or not 0 <= alpha <= MAX_ALPHA:
+    return alpha
+  grid = decimal.Decimal(repr(step))
+  steps = (decimal.Decimal(repr(alpha)) / grid).quantize(1, rounding=decimal.ROUND_HALF_UP)
+  return min(float(steps * grid), MAX_ALPHA)
 
 
 class _Disconnected(Exception):
@@ -195,9 +207,7 @@ class _Requests:
     if not 1 <= beam_size <= self.limits.max_beam:
       raise RequestError(422, f"beam_size must be in [1, {self.limits.max_beam}], got "
                               f"{beam_size}")
-    alpha, step = body.alpha, self.limits.alpha_step
-    if alpha is not None and step > 0 and math.isfinite(alpha):  # Else SearchConfig's error.
-      alpha = round(round(alpha / step) * step, 6)  # 0.30000000000000004 -> 0.3: one program.
+    alpha = None if body.alpha is None else on_grid(body.alpha, self.limits.alpha_step)
     try:
       search = dataclasses.replace(
           default, beam_size=beam_size, alpha=default.alpha if alpha is None else alpha,
@@ -279,6 +289,8 @@ def _add_routes(app: FastAPI, requests: _Requests, batcher: Batcher, health: dic
                                min(batcher.max_tokens, batcher.max_len - 1))
     found = await asyncio.wrap_future(batcher.translate(body.text, search, body.prefix))
     answer = {"translations": [hyps[0][0] for hyps in found]}
+    if body.alpha is not None:  # The alpha searched with: the request's, on the grid.
+      answer["alpha"] = search.alpha
     if search.nbest > 1:
       answer["nbest"] = [[{"text": text, "score": score} for text, score in hyps]
                          for hyps in found]
