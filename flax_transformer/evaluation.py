@@ -89,22 +89,29 @@ class Evaluation:
     return dict(batch_tokens=self.config.eval_batch_tokens, max_length=self.max_len,
                 row_multiple=self.dp_size, max_widths=self.config.eval_max_shapes)
 
-  def __call__(self, params, due: WorkDue) -> dict[str, float]:
+  def __call__(self, params, due: WorkDue, stop=lambda: False) -> dict[str, float]:
+    """The due evaluations' metrics. `stop()` (a SIGTERM: a preemption notice) is asked
+    before each part and between BLEU batches; once true, the rest is dropped."""
     out = {}
-    if due.eval:
+    if due.eval and not stop():
       out.update(evaluate(self.trainer, params, (self.shard_batch(b) for b in self.host_batches)))
-    if due.bleu:
-      out.update(self.bleu(params, ""))
-    if due.test_bleu:
-      out.update(self.bleu(params, "test_"))
+    if due.bleu and not stop():
+      out.update(self.bleu(params, "", stop))
+    if due.test_bleu and not stop():
+      out.update(self.bleu(params, "test_", stop))
     return out
 
-  def bleu(self, params, prefix: str) -> dict[str, float]:
+  def bleu(self, params, prefix: str, stop=lambda: False) -> dict[str, float]:
     sources = self._bleu_sources(prefix)
     with jax.set_mesh(self.mesh):
       hyps = translate_ids(self.search_fn, params, sources,
                            place=lambda x: self.shard_batch({"inputs": x})["inputs"],
-                           **self._search_batching())
+                           stop=stop, **self._search_batching())
+    searched = sum(h is not None for h in hyps)
+    if searched < len(sources):
+      logging.warning("%sBLEU cut short by the stop: %d of %d sentences searched; not reported",
+                      prefix, searched, len(sources))
+      return {}
     hypotheses = [self.tokenizer.target.detokenize(h[0][0]) for h in hyps]
     references = self.sets[prefix].references[:len(sources)]
     return {prefix + "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,

@@ -249,17 +249,20 @@ def train_and_evaluate(config, workdir: str, launch: dict | None = None) -> dict
       workdir_lib.check_present(run.workdir, step)
       launch_lock.check(run.lock, step, everywhere=True)
       summary = run.meter.summary(step, run.checkpointer)
-      summary.update(run.evaluation(state.params, due))
+      if due.save:  # Written (asynchronously) while evaluating: a stop then need not wait.
+        run.save(step, state)
+      summary.update(run.evaluation(state.params, due, stop=run.stop.arrived))
       summary["wall_s"] = run.meter.wall_s()
-      logging.info("%s", log_line(config, step, summary, due))
+      logging.info("%s", log_line(config, step, summary))
       run.writer.write_scalars(step, summary)
       run.writer.flush()
       last = summary
-      if due.save or run.stop.signal_name:  # A signal may arrive while logging or evaluating.
+      if run.stop.signal_name and not due.save:  # It arrived while logging or evaluating.
         launch_lock.check(run.lock, step, everywhere=True)  # Evaluating may take minutes.
         run.save(step, state)
       if run.stop.signal_name:
         logging.warning("Stopped by %s at step %d; checkpoint saved", run.stop.signal_name, step)
+        compilation.cancel_queued()  # Compiles queued ahead for later evaluations: not run.
         break
       if step < config.num_train_steps:
         # Only now: a checkpoint must hold the iterator before this batch is drawn.

@@ -3,6 +3,7 @@
 import json
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import jax
@@ -362,6 +363,61 @@ def test_sigterm_stops_within_two_steps_of_the_running_one_saves_and_exits(tmp_p
   assert Checkpointer(tmp_path, read_only=True).steps() == [stopped]
 
 
+# train.py in this process with its saves and BLEU searches watched: each save prints its
+# step; the first BLEU batch searched sends this process SIGTERM and prints the time.
+WATCHED_BLEU = """
+import os, runpy, signal, sys, time
+sys.argv = ["train.py", *sys.argv[1:]]
+sys.path.insert(0, os.getcwd())
+from flax_transformer import evaluation
+from flax_transformer.checkpoints import Checkpointer
+save, translate_ids = Checkpointer.save, evaluation.translate_ids
+def watched_save(self, step, *args, **kwargs):
+  print(f"WATCHED save {step}", file=sys.stderr, flush=True)
+  return save(self, step, *args, **kwargs)
+def watched_translate_ids(search_fn, *args, **kwargs):
+  def search(*arguments):
+    out = search_fn(*arguments)
+    if not os.environ.get("SENT"):
+      os.environ["SENT"] = "1"
+      print(f"WATCHED SIGTERM {time.time()}", file=sys.stderr, flush=True)
+      os.kill(os.getpid(), signal.SIGTERM)
+    return out
+  return translate_ids(search, *args, **kwargs)
+Checkpointer.save, evaluation.translate_ids = watched_save, watched_translate_ids
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def test_sigterm_during_the_bleu_evaluation_cuts_it_short_saves_and_exits(tmp_path,
+                                                                          multi30k_dir):
+  """Step 20 is due a checkpoint, the eval loss and a BLEU of 1014 sentences in ~40
+  batches; SIGTERM after its first batch. The save has started before the evaluation,
+  the BLEU stops at the next batch (logged, not reported), and the process exits: a
+  preemption notice (~30 s) is not spent on the evaluation. Before, the whole decode ran
+  (the README config's takes ~1 min), then the save."""
+  command = train_command(tmp_path, multi30k_dir, "--config.num_train_steps=100000",
+                          "--config.checkpoint_every_steps=20", "--config.log_every_steps=20",
+                          "--config.eval_every_steps=20", "--config.bleu_every_steps=20",
+                          "--config.num_bleu_sentences=-1", "--config.eval_batch_tokens=256",
+                          "--config.num_eval_steps=1")
+  done = subprocess.run([command[0], "-c", WATCHED_BLEU, *command[2:]], cwd=conftest.ROOT,
+                        env=cpu_env(), capture_output=True, text=True, timeout=300)
+  exited = time.time()
+  assert done.returncode == 0, done.stderr[-3000:]
+  err = done.stderr
+  assert err.index("WATCHED save 20") < err.index("WATCHED SIGTERM"), err[-3000:]
+  assert err.count("WATCHED save") == 1  # Not saved again after the evaluation.
+  searched, total = map(int, re.search(r"BLEU cut short by the stop: (\d+) of (\d+) sentences",
+                                       err).groups())
+  assert 0 < searched < total / 10, (searched, total)
+  assert "Stopped by SIGTERM at step 20" in err
+  assert exited - float(re.search(r"WATCHED SIGTERM (\S+)", err)[1]) < 20
+  assert Checkpointer(tmp_path, read_only=True).steps() == [20]
+  [record] = [r for r in read_metrics(tmp_path) if r["step"] == 20]
+  assert "eval_loss" in record and "bleu" not in record
+
+
 BAD_CONFIGS = [
     ("--config.model.d_model=30", "d_model=30 is not divisible by num_heads=4"),
     ("--config.mesh.data=3", "needs 3 devices but 1 are present"),
@@ -580,6 +636,9 @@ def test_work_due_after_names_each_cadence():
   assert work_due_after(config, 15) == WorkDue(eval=True)
   assert work_due_after(config, 20) == WorkDue(log=True, save=True)
   assert work_due_after(config, 21, stopping=True) == WorkDue(log=True, save=True)
+  # A stop (a preemption notice) drops the evaluations: the save must not wait for them.
+  assert work_due_after(config, 15, stopping=True) == WorkDue(log=True, save=True)
+  assert work_due_after(config, 30, stopping=True) == WorkDue(log=True, save=True)
   assert work_due_after(config, 30) == WorkDue(log=True, eval=True, save=True)  # 0 = never, even last.
   # By time: at a log step once the minutes have passed, never between log steps.
   config.checkpoint_every_minutes = 10

@@ -25,6 +25,8 @@ def work_due_after(config, step: int, stopping: bool = False,
                    seconds_since_save: float = 0.0) -> WorkDue:
   """What step `step` (1-based) is followed by: each cadence, the last step, a signal.
 
+  `stopping` (a signal: a preemption notice of ~30 s) logs and saves, and drops the
+  evaluations: a BLEU decode can take minutes, and the save must not wait for it.
   `checkpoint_every_minutes` (the paper saved every 10 minutes) is checked at log
   steps only: in a multi-process run every process must take the same decision,
   and process 0's clock is broadcast to the others there, not at every step.
@@ -38,7 +40,9 @@ def work_due_after(config, step: int, stopping: bool = False,
   minutes = config.checkpoint_every_minutes
   by_time = minutes > 0 and log and collectives.broadcast_from_process0(
       seconds_since_save >= 60 * minutes)
+  evaluate = not stopping
   return WorkDue(log=log or stopping,
-                 eval=every(config.eval_every_steps), bleu=every(config.bleu_every_steps),
-                 test_bleu=every(config.test_bleu_every_steps),
+                 eval=evaluate and every(config.eval_every_steps),
+                 bleu=evaluate and every(config.bleu_every_steps),
+                 test_bleu=evaluate and every(config.test_bleu_every_steps),
                  save=every(config.checkpoint_every_steps) or by_time or stopping)

@@ -13,7 +13,6 @@ import numpy as np
 
 from flax_transformer.checkpoints import Checkpointer
 from flax_transformer.errors import NonFiniteLossError
-from flax_transformer.training.cadence import WorkDue
 
 
 def format_duration(seconds: float) -> str:
@@ -90,19 +89,21 @@ class StepMeter:
     return summary
 
 
-def log_line(config, step: int, summary: dict[str, float], due: WorkDue) -> str:
+def log_line(config, step: int, summary: dict[str, float]) -> str:
+  """The log step's line; the evaluations' parts where the summary holds them (a stop may
+  cut one short)."""
   eta = (config.num_train_steps - step) * summary["step_time_s"]
   line = (f"step {step}/{config.num_train_steps} | loss {summary['loss']:.4f} | "
           f"lr {summary['learning_rate']:.2e} | {summary['tokens_per_s']:,.0f} tok/s | "
           f"{summary['step_time_s']:.3f} s/step | ETA {format_duration(eta)} | {peak_memory()}")
   if "mfu" in summary:
     line += f" | MFU {100 * summary['mfu']:.1f}%"
-  if due.eval:
+  if "eval_loss" in summary:
     line += (f" || eval loss {summary['eval_loss']:.4f} ppl {summary['eval_perplexity']:.2f}"
              f" acc {summary['eval_accuracy']:.3f}")
-  if due.bleu:
+  if "bleu" in summary:
     line += f" BLEU {summary['bleu']:.2f} chrF {summary['chrf']:.2f}"
-  if due.test_bleu:
+  if "test_bleu" in summary:
     line += (f" | {config.test_split} BLEU {summary['test_bleu']:.2f}"
              f" chrF {summary['test_chrf']:.2f}")
   return line

@@ -60,3 +60,9 @@ class StopRequest:
       logging.warning("Preemption notice (%s) reached every process: saving step %d, then "
                       "exiting", self.signal_name, step)
     return self.signal_name is not None
+
+  def arrived(self) -> bool:
+    """Whether a signal asks this process to stop now, for work that may end early
+    between its own pieces (an evaluation's batches). One process only: several must
+    stop at the same point, agreed at a step (`requested`), so for them it stays False."""
+    return not self.several and self.signal_name is not None

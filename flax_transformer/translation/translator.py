@@ -327,7 +327,8 @@ def translate_ids(search_fn, params, sources: Sequence[np.ndarray], *, batch_tok
                   max_length: int, row_multiple: int = 1, nbest: int = 1, seed: int = 0,
                   place: Callable[[np.ndarray], Any] = jnp.asarray,
                   progress=None, max_widths: int | None = None,
-                  prefixes: Sequence[np.ndarray] | None = None):
+                  prefixes: Sequence[np.ndarray] | None = None,
+                  stop: Callable[[], bool] | None = None):
   """Token ids of each source -> per source, `nbest` (ids, score) pairs, best first.
 
   Sources are sorted by length into token-budgeted batches (few compiled
@@ -336,6 +337,8 @@ def translate_ids(search_fn, params, sources: Sequence[np.ndarray], *, batch_tok
   `progress.update(n)` (a tqdm bar, say) hears of every n sentences done.
   prefixes: per source, the target ids every hypothesis starts with (no EOS;
   may be empty), searched with a program of their own per shape.
+  stop: asked before each batch; once true, the search ends there, and the sources
+  not searched yet stay None (a training run's evaluation that a SIGTERM cuts short).
   """
   results: list[Any] = [None] * len(sources)
   batches = search_batches(sources, batch_tokens=batch_tokens, max_length=max_length,
@@ -349,6 +352,8 @@ def translate_ids(search_fn, params, sources: Sequence[np.ndarray], *, batch_tok
   compile_shapes_ahead(search_fn, [(batch["inputs"].shape, functools.partial(arguments, batch, key))
                                    for batch, key in zip(batches, keys)])
   for batch, key in zip(batches, keys):
+    if stop is not None and stop():
+      break
     out = search_fn(*arguments(batch, key))
     sequences, scores = jax.device_get((out.sequences, out.scores))
     for row, index in enumerate(batch["index"]):
