@@ -3,18 +3,23 @@
 `--config.target_lang=fr` for EN->FR. Deviations from the paper's base model,
 for a dataset ~150x smaller than WMT14 and a CPU budget: d_model 256, d_ff
 1024, 4 heads, 3+3 layers, an 8k shared vocabulary, ~3k-token batches,
-warmup 1000. Data is read from `local_copy` (../shared/data/multi30k) where it holds
-the files, else fetched from the dataset's public repository (the log says which);
+warmup 1000. Data is read from `local_copy` (shared/data/multi30k beside the
+checkout, whatever the working directory) where it holds the files, else fetched from the dataset's public repository (the log says which);
 `--config.manual_dir=DIR` reads DIR only.
 """
 
+import os
+
 from configs import default
+
+# The checkout's parent: ../shared beside it, as the README says, from any working directory.
+BESIDE_CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def get_config():
   config = default.get_config()
   config.dataset_name = "multi30k"
-  config.local_copy = "../shared/data/multi30k"
+  config.local_copy = os.path.join(BESIDE_CHECKOUT, "shared", "data", "multi30k")
   config.eval_split = "validation"
   config.test_split = "test_2016_flickr"
   config.source_lang = "en"

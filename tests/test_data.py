@@ -82,12 +82,13 @@ def test_multi30k_fetch_verifies_checksums(tmp_path, multi30k_dir):
 
 def test_readme_config_reads_a_local_copy_or_fetches_the_public_files(tmp_path, monkeypatch,
                                                                        multi30k_dir, caplog):
-  """configs/multi30k.py as the README's command runs it: beside a ../shared/data/multi30k
-  it reads that copy; on a machine without one it fetches the public files (here from a
-  server on 127.0.0.1 standing in for the repository); the log says which. A
-  --config.manual_dir the user names stays strict."""
-  from conftest import http_server
-  from configs import multi30k as multi30k_config
+  """configs/multi30k.py as the README's command runs it: from a checkout beside a
+  shared/data/multi30k it reads that copy, whatever the working directory; from one
+  without it fetches the public files (here from a server on 127.0.0.1 standing in for
+  the repository); the log says which. A --config.manual_dir the user names stays strict."""
+  import runpy
+
+  from conftest import ROOT, http_server
 
   served = []
 
@@ -99,21 +100,25 @@ def test_readme_config_reads_a_local_copy_or_fetches_the_public_files(tmp_path, 
     handler.end_headers()
     handler.wfile.write(body)
 
-  config = multi30k_config.get_config()
-  config.data_dir = str(tmp_path / "data")
+  def checkout_config(checkout: str):  # configs/multi30k.py as a checkout there holds it.
+    (tmp_path / checkout / "checkout" / "configs").mkdir(parents=True)
+    copy = tmp_path / checkout / "checkout" / "configs" / "multi30k.py"
+    copy.write_text((ROOT / "configs" / "multi30k.py").read_text())
+    config = runpy.run_path(str(copy))["get_config"]()
+    config.data_dir = str(tmp_path / "data")
+    return config
+
   shared = tmp_path / "with" / "shared" / "data" / "multi30k"
   shared.mkdir(parents=True)
   for name in ("val.en.gz", "val.de.gz"):
     os.symlink(os.path.join(multi30k_dir, name), shared / name)
-  for checkout in ("with", "without"):
-    (tmp_path / checkout / "checkout").mkdir(parents=True)
+  monkeypatch.chdir(tmp_path)  # Neither checkout: the copy is found beside the config's.
   with http_server(respond) as url, caplog.at_level(logging.INFO):
     monkeypatch.setattr(sources, "MULTI30K_URL", url.replace("{file}", "raw/{file}"))
-    monkeypatch.chdir(tmp_path / "with" / "checkout")
-    local = sources.load_pairs(config, "validation")
+    local = sources.load_pairs(checkout_config("with"), "validation")
     assert served == [] and len(local) == 1014
     assert f"val.en.gz, val.de.gz read from the local copy {shared}" in caplog.text
-    monkeypatch.chdir(tmp_path / "without" / "checkout")
+    config = checkout_config("without")
     fetched = sources.load_pairs(config, "validation")
     assert served == ["/raw/val.en.gz", "/raw/val.de.gz"]
     assert list(fetched) == list(local)
