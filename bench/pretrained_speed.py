@@ -1,10 +1,10 @@
 """decode.py against transformers' generate on a model of OPUS-MT's base shape (issue 67).
 
   python bench/pretrained_speed.py --folder=workdirs/opus_base \\
-      --sentences=200 --json=results/bench/pretrained_speed.json
+      --sentences=64 --max_extra=2 --rounds=5 --json=results/bench/pretrained_speed.json
 
-Runs under a Python with torch, transformers and sentencepiece (pip install ...); the project's Python (--python) runs
-import_model.py, decode.py and the Translator. Unless --folder exists, makes the model:
+Runs under a Python with torch, transformers and sentencepiece (pip install ...); the
+project's Python (--python) runs import_model.py, decode.py and the Translator. Unless --folder exists, makes the model:
 MarianMTModel(MarianConfig) of opus-mt-en-de's shape (d_model 512, 8 heads, d_ff 2048,
 6+6 layers, swish, one shared vocabulary of 58101), random weights, save_pretrained;
 its tokenizer: unigram sentencepiece models trained on Multi30k's train (English and
