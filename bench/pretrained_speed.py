@@ -5,8 +5,9 @@
 
 Runs under a Python with torch, transformers and sentencepiece (pip install ...); the
 project's Python (--python) runs import_model.py, decode.py and the Translator. Unless
---folder exists, makes the model: MarianMTModel(MarianConfig) of opus-mt-en-de's shape (d_model 512, 8 heads, d_ff 2048,
-6+6 layers, swish, one shared vocabulary of 58101), random weights, save_pretrained;
+--folder exists, makes the model: MarianMTModel(MarianConfig) of opus-mt-en-de's shape
+(d_model 512, 8 heads, d_ff 2048, 6+6 layers, swish, one shared vocabulary of 58101),
+random weights, save_pretrained;
 its tokenizer: unigram sentencepiece models trained on Multi30k's train (English and
 German, --pieces each: a 58k-piece model cannot be learned from 29k sentences), their
 pieces in one vocab.json padded with unused pieces to 58101 ids (so the embedding and
