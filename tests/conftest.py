@@ -23,15 +23,32 @@ ROOT = Path(__file__).resolve().parents[1]
 MULTI30K = Path(os.environ.get("MULTI30K_DIR") or ROOT.parent / "shared" / "data" / "multi30k")
 
 
+def find_multi30k(local: Path, cache: Path, url: str = "", strict: bool = False) -> str:
+  """The folder the tests read Multi30k from: `local` where it holds the files, else
+  `cache` with every file fetched there once (from `url`, default the public repository),
+  checked by SHA-256, as configs/multi30k.py does. Neither (or `strict`, a folder the
+  user named, missing): the test fails, it does not skip."""
+  from flax_transformer.data import sources
+
+  if all((local / file).is_file() for file in sources.MULTI30K_SHA256):
+    return str(local)
+  if strict:
+    pytest.fail(f"Multi30k not found at {local} (MULTI30K_DIR)", pytrace=False)
+  try:
+    for file in sources.MULTI30K_SHA256:
+      sources.fetch_multi30k_file(file, cache, url or sources.MULTI30K_URL)
+  except sources.DataError as e:
+    pytest.fail(f"Multi30k: no copy at {local}, and fetching it into {cache} failed: {e}",
+                pytrace=False)
+  return str(cache)
+
+
 @pytest.fixture(scope="session")
 def multi30k_dir() -> str:
-  if not (MULTI30K / "train.en.gz").is_file():
-    message = (f"Multi30k not found at {MULTI30K}: put the data beside the checkout "
-               "(../shared/data/multi30k) to run the tests that read it")
-    if os.environ.get("CI"):  # CI has the data beside it: a missing copy is a failure.
-      pytest.fail(message)
-    pytest.skip(message)
-  return str(MULTI30K)
+  from flax_transformer.data import sources
+
+  return find_multi30k(MULTI30K, sources.multi30k_cache(),
+                       strict=bool(os.environ.get("MULTI30K_DIR")))
 
 
 @pytest.fixture(scope="session")

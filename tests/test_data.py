@@ -131,6 +131,37 @@ def test_readme_config_reads_a_local_copy_or_fetches_the_public_files(tmp_path, 
   assert len(served) == 2
 
 
+def test_the_tests_without_a_copy_beside_the_checkout_fetch_multi30k_or_fail(tmp_path,
+                                                                             multi30k_dir):
+  """conftest.find_multi30k (the multi30k_dir fixture's): no copy beside the checkout ->
+  every file fetched into the cache (here from a server on 127.0.0.1), then read from
+  there; a fetch that fails, or a MULTI30K_DIR that is missing, fails the test: no skip."""
+  from conftest import find_multi30k, http_server
+
+  def respond(handler):
+    name = handler.path.rsplit("/", 1)[-1]
+    body = open(os.path.join(multi30k_dir, name), "rb").read() if served is not None else b""
+    if served is not None:
+      served.append(name)  # Before the answer: the client may go on once it has it.
+    handler.send_response(200 if served is not None else 404)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+  served = []
+  with http_server(respond) as url:
+    found = find_multi30k(tmp_path / "none", tmp_path / "cache", url)
+    assert found == str(tmp_path / "cache") and sorted(served) == sorted(sources.MULTI30K_SHA256)
+    assert find_multi30k(tmp_path / "none", tmp_path / "cache", url) == found  # Fetched once.
+    assert len(served) == len(sources.MULTI30K_SHA256)
+    assert find_multi30k(tmp_path / "cache", tmp_path / "unused", url, strict=True) == found
+    served = None  # The repository answers 404.
+    with pytest.raises(pytest.fail.Exception, match=r"no copy at .*none, and fetching it"):
+      find_multi30k(tmp_path / "none", tmp_path / "cache2", url)
+  with pytest.raises(pytest.fail.Exception, match=r"Multi30k not found at .*none \(MULTI30K_DIR"):
+    find_multi30k(tmp_path / "none", tmp_path / "cache", url, strict=True)
+
+
 def test_tfds_translation_builder_prepared_as_array_record(tmp_path):
   """A translation builder like wmt14_translate, prepared and read without TensorFlow."""
   import tensorflow_datasets as tfds

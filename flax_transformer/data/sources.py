@@ -150,6 +150,11 @@ def fetch_multi30k_file(file: str, cache_dir: Path, url_template: str = MULTI30K
   return target
 
 
+def multi30k_cache(data_dir: str = "") -> Path:
+  """Where Multi30k's fetched files go: `data_dir`/multi30k, default ~/.cache/flax_transformer."""
+  return Path(data_dir or Path.home() / ".cache" / "flax_transformer") / "multi30k"
+
+
 def multi30k(split: str, source_lang: str, target_lang: str, *, manual_dir: str = "",
              data_dir: str = "", local_copy: str = "") -> TextPairs:
   """Multi30k task 1 pairs for `split` in 'train' | 'validation' | 'test_2016_flickr'.
@@ -165,7 +170,7 @@ def multi30k(split: str, source_lang: str, target_lang: str, *, manual_dir: str 
     if lang not in MULTI30K_LANGS:
       raise DataError(f"multi30k has no language {lang!r}; languages: {MULTI30K_LANGS}")
   paths, local, fetched = [], [], []
-  cache = Path(data_dir or Path.home() / ".cache" / "flax_transformer") / "multi30k"
+  cache = multi30k_cache(data_dir)
   for lang in (source_lang, target_lang):
     file = f"{MULTI30K_SPLITS[split]}.{lang}.gz"
     if manual_dir:
