@@ -549,6 +549,75 @@ def test_a_libretranslate_client_gets_the_translators_answers(server, expected):
                  for line in log.splitlines()) for _, _, status, error in LIBRETRANSLATE_BAD)
 
 
+def _http(server, method: str, path: str, body: bytes = b"", headers: dict | None = None
+          ) -> tuple[int, dict, dict]:
+  """(status, headers, JSON answer, or the text of another) of one request sent as given."""
+  connection = http.client.HTTPConnection(*server.url.removeprefix("http://").split(":"),
+                                          timeout=120)
+  try:
+    connection.request(method, path, body=body, headers=headers or {})
+    response = connection.getresponse()
+    data = response.read()
+    try:
+      answer = json.loads(data)
+    except ValueError:  # A preflight's "OK".
+      answer = data.decode()
+    return response.status, {k.lower(): v for k, v in response.getheaders()}, answer
+  finally:
+    connection.close()
+
+
+def test_libretranslate_cors_multipart_query_strings_auto_and_what_it_refuses(server, expected):
+  """What browser extensions and other LibreTranslate clients send besides
+  libretranslatepy's form (each refused or unanswered at 8795e60)."""
+  origin = {"Origin": "https://example.org"}
+  preflight = _http(server, "OPTIONS", "/translate", headers={
+      **origin, "Access-Control-Request-Method": "POST",
+      "Access-Control-Request-Headers": "content-type"})
+  assert preflight[0] == 200 and preflight[1]["access-control-allow-origin"] == "*", preflight
+  assert "POST" in preflight[1]["access-control-allow-methods"]
+  got = _http(server, "GET", "/languages", headers=origin)
+  assert got[1]["access-control-allow-origin"] == "*"
+  assert "access-control-allow-origin" not in _http(server, "GET", "/health", headers={
+      **origin, "Authorization": f"Bearer {TOKEN}"})[1]  # serve.py's own: same-origin.
+  fields = {"q": SENTENCES[0], "source": "en", "target": "de", "api_key": TOKEN}
+  boundary = "b0undary"
+  multipart = "".join(f'--{boundary}\r\nContent-Disposition: form-data; name="{k}"\r\n\r\n'
+                      f"{v}\r\n" for k, v in fields.items()) + f"--{boundary}--\r\n"
+  got = _http(server, "POST", "/translate", multipart.encode(), {
+      **origin, "Content-Type": f"multipart/form-data; boundary={boundary}"})
+  assert (got[0], got[2]) == (200, {"translatedText": expected[0]})
+  assert got[1]["access-control-allow-origin"] == "*"
+  query = "/translate?" + urllib.parse.urlencode(fields)
+  assert _http(server, "POST", query)[::2] == (200, {"translatedText": expected[0]})
+  detected = {"confidence": 100, "language": "en"}  # Not detected: the pair's source.
+  auto = {**fields, "source": "auto"}
+  assert server.call("/translate", auto, token=None) == (
+      200, {"translatedText": expected[0], "detectedLanguage": detected})
+  assert server.call("/translate", {**auto, "q": SENTENCES[:2]}, token=None) == (
+      200, {"translatedText": expected[:2], "detectedLanguage": [detected] * 2})
+  for what, body, status, error in [
+      ("q empty list", {**fields, "q": []}, 400, "Invalid request: missing q parameter"),
+      ("alternatives", {**fields, "alternatives": 3}, 400,
+       "alternatives is not supported: this server gives one translation per text")]:
+    assert server.call("/translate", body, token=None) == (status, {"error": error}), what
+  assert _http(server, "POST", "/detect", b"q=Hallo")[::2] == (404, {
+      "error": "this server does not detect languages: it translates en to de (send source "
+               "'auto' to /translate to take its source language)"})
+  # A token outside the body is checked before the body is read: no 408 after 2 s of
+  # waiting for 400 bytes never sent (at 8795e60 the body was read first).
+  for credential, status in [({"Authorization": "Bearer guess"}, 401), ({}, 403)]:
+    path = "/translate" if credential else "/translate?api_key=guess"
+    sock = socket.create_connection(server.url.removeprefix("http://").split(":"))
+    head = "".join(f"{k}: {v}\r\n" for k, v in {**credential, "Content-Length": 400}.items())
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\n{head}\r\n".encode())
+    sock.settimeout(30)
+    reply = http.client.HTTPResponse(sock)
+    reply.begin()
+    assert reply.status == status, (credential, reply.status, reply.read())
+    sock.close()
+
+
 def test_the_language_pair_of_a_trained_an_imported_and_a_bare_workdir(trained_tiny, tmp_path):
   from flax_transformer import workdir
 

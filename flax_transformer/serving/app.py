@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import decimal
-import hmac
 import json
 import logging
 
@@ -24,7 +23,7 @@ from starlette.requests import ClientDisconnect
 
 from flax_transformer import provenance
 from flax_transformer.errors import ConfigError
-from flax_transformer.serving import libretranslate
+from flax_transformer.serving import auth, libretranslate
 from flax_transformer.serving.batcher import Batcher
 from flax_transformer.serving.drain import Drain, Gate
 from flax_transformer.serving.errors import RequestError
@@ -127,13 +126,8 @@ class _Requests:
     self.batcher, self.limits, self.token = batcher, limits, token
 
   def check_token(self, request: Request) -> None:
-    if self.token is None:
-      return
-    scheme, _, value = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not value:
-      raise RequestError(401, "missing bearer token (header 'Authorization: Bearer <token>')")
-    if not hmac.compare_digest(value.strip().encode(), self.token.encode()):
-      raise RequestError(401, "bad bearer token")
+    auth.check(self.token, auth.bearer(request), 401,
+               "missing bearer token (header 'Authorization: Bearer <token>')", "bad bearer token")
 
   async def _body(self, request: Request) -> bytes:
     most = self.limits.max_body_bytes
@@ -274,11 +268,18 @@ def _add_routes(app: FastAPI, requests: _Requests, batcher: Batcher, health: dic
 
   @app.post("/translate")
   async def translate(request: Request):
+    # A token outside the body (a bearer header, for either API, or LibreTranslate's
+    # api_key in the query string) is checked before the body is read; only one inside
+    # it (LibreTranslate's api_key) waits for the body.
+    if auth.bearer(request) is not None:
+      requests.check_token(request)
+    checked = auth.bearer(request) is not None or face.check_query_key(request)
     raw = await requests.read(request)
-    fields = libretranslate.fields_of(raw)  # A LibreTranslate client's request?
+    fields = await libretranslate.fields_of(request, raw)  # A LibreTranslate request?
     if fields is not None:
-      return await face.translate(request, fields)
-    requests.check_token(request)
+      return await face.translate(fields, key_checked=checked)
+    if not checked:
+      requests.check_token(request)
     body = requests.validate(raw, TranslateRequest)
     requests.check_sentences("text", body.text)
     search = requests.search_of(body)
@@ -295,6 +296,10 @@ def _add_routes(app: FastAPI, requests: _Requests, batcher: Batcher, health: dic
       answer["nbest"] = [[{"text": text, "score": score} for text, score in hyps]
                          for hyps in found]
     return answer
+
+  @app.post("/detect")
+  async def detect():  # Not LibreTranslate's 404 page: a line saying why.
+    face.detect()
 
   @app.post("/score")
   async def score(request: Request):
@@ -314,7 +319,8 @@ def make_app(translator: Translator, batcher: Batcher, *, workdir: str, token: s
   app = FastAPI(title="flax-transformer", docs_url=None, redoc_url=None, openapi_url=None)
   app.add_middleware(CatchAll)
   drain = drain or Drain()
-  app.add_middleware(Gate, drain=drain)  # Outermost: it sees CancelledError.
+  app.add_middleware(Gate, drain=drain)  # Outside the handlers: it sees CancelledError.
+  app.add_middleware(libretranslate.Cors)  # Outermost: the 503s of a drain get its headers.
   _add_error_handlers(app)
   _add_routes(app, _Requests(batcher, limits, token), batcher,
               _health(translator, batcher, workdir, limits), languages, drain)

@@ -1,24 +1,27 @@
 """LibreTranslate's API on serve.py, for the clients that speak it (libretranslatepy, browser
 extensions, office plug-ins, apps with a "LibreTranslate URL" setting).
 
-POST /translate with `q` (a string or a list of strings), `source` (or "auto"), `target`,
-`format` ("text"; "html" is refused) and `api_key` (serve.py's token), as a form or as
-JSON -> {"translatedText": a string or a list}; GET /languages -> the workdir's pair. A
-body with `text` instead of `q` is serve.py's own /translate (app.py). Both go through
+POST /translate with `q` (a string or a list of strings), `source` (or "auto": no
+detection, the pair's source is taken), `target`, `format` ("text"; "html" is refused)
+and `api_key` (serve.py's token), as JSON, a form (urlencoded or multipart) or the query
+string -> {"translatedText": a string or a list}; GET /languages -> the workdir's pair.
+A body with `text` instead of `q` is serve.py's own /translate (app.py). Both go through
 the one batcher, with the server's default search. Errors: {"error": one line}, with
-LibreTranslate's status codes (400 a bad request or an unsupported language, 403 a bad
-api_key).
+LibreTranslate's status codes (400 a bad request or an unsupported language or option,
+403 a bad api_key, 404 /detect). Any origin may call these routes (CORS), as
+LibreTranslate's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import urllib.parse
 
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 
+from flax_transformer.serving import auth
 from flax_transformer.serving.errors import RequestError
 
 # Names /languages gives the codes of the pairs people train most; others show their code.
@@ -27,23 +30,53 @@ NAMES = {"ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "
          "ko": "Korean", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian",
          "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese"}
 FIELDS = {"q", "source", "target"}  # Any of them, and no `text`: a LibreTranslate request.
+ROUTES = ("/translate", "/languages", "/detect")
 
 
-def fields_of(body: bytes) -> dict | None:
-  """A LibreTranslate request's fields (a JSON object or a form with `q`, `source` or
-  `target` and no `text`), or None for any other body (serve.py's own /translate reads
-  it). Told apart by the body, not its Content-Type: curl -d and urllib send JSON as a
-  form too."""
-  try:
-    data = json.loads(body)
-  except (ValueError, UnicodeDecodeError, RecursionError):
+class Cors:
+  """ASGI middleware: LibreTranslate's routes answer any origin, preflights included, as
+  LibreTranslate's (flask-cors' defaults), so web pages and browser extensions can call
+  them; the others (/score, /health, the page) stay same-origin."""
+
+  def __init__(self, app):
+    self.app = app
+    self.cors = CORSMiddleware(app, allow_origins=["*"], allow_methods=["GET", "POST"],
+                               allow_headers=["*"])
+
+  async def __call__(self, scope, receive, send):
+    chosen = self.cors if scope["type"] == "http" and scope["path"] in ROUTES else self.app
+    await chosen(scope, receive, send)
+
+
+async def fields_of(request: Request, body: bytes) -> dict | None:
+  """A LibreTranslate request's fields (`q`, `source` or `target` and no `text`), or
+  None for any other (serve.py's own /translate reads it). As LibreTranslate: a JSON
+  body's, or else the form's (urlencoded or multipart) and the query string's, the
+  query's first. A JSON body is told by parsing it, not by its Content-Type: curl -d
+  and urllib send JSON as a form."""
+  if request.headers.get("content-type", "").startswith("multipart/form-data"):
+    data = {**await _multipart(request, body), **request.query_params}
+  else:
     try:
-      data = {key: values[-1] for key, values in
-              urllib.parse.parse_qs(body.decode("utf-8"), keep_blank_values=True).items()}
-    except (UnicodeDecodeError, ValueError):
-      return None
+      data = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+      try:
+        form = urllib.parse.parse_qs(body.decode("utf-8"), keep_blank_values=True)
+      except (UnicodeDecodeError, ValueError):
+        return None
+      data = {**{key: values[-1] for key, values in form.items()}, **request.query_params}
   ours = not isinstance(data, dict) or "text" in data or not FIELDS & data.keys()
   return None if ours else data
+
+
+async def _multipart(request: Request, body: bytes) -> dict:
+  """A multipart form's text fields (files left out), parsed by Starlette (python-multipart)
+  from `body`, already read within the server's limits."""
+  async def replay():
+    return {"type": "http.request", "body": body, "more_body": False}
+
+  form = await Request(request.scope, replay).form()
+  return {key: value for key, value in form.multi_items() if isinstance(value, str)}
 
 
 class LibreTranslate:
@@ -63,17 +96,21 @@ class LibreTranslate:
     return [{"code": source, "name": NAMES.get(source, source), "targets": [target]},
             {"code": target, "name": NAMES.get(target, target), "targets": []}]
 
-  def _check_key(self, request: Request, fields: dict) -> None:
-    if self.token is None:
-      return
-    key = fields.get("api_key")
-    scheme, _, value = request.headers.get("authorization", "").partition(" ")
-    if not key and scheme.lower() == "bearer":
-      key = value.strip()
-    if not isinstance(key, str) or not key:
-      raise RequestError(403, "missing api_key: this server needs its token as api_key")
-    if not hmac.compare_digest(key.encode(), self.token.encode()):
-      raise RequestError(403, "Invalid API key")
+  def check_key(self, key) -> None:
+    auth.check(self.token, key, 403, "missing api_key: this server needs its token as api_key",
+               "Invalid API key")
+
+  def check_query_key(self, request: Request) -> bool:
+    """Checks an api_key in the query string, before the body is read: whether one was."""
+    key = request.query_params.get("api_key")
+    if key is not None:
+      self.check_key(key)
+    return key is not None
+
+  def detect(self):
+    pair = "" if self.pair is None else f": it translates {self.pair[0]} to {self.pair[1]}"
+    raise RequestError(404, f"this server does not detect languages{pair} (send source "
+                            "'auto' to /translate to take its source language)")
 
   def _check_languages(self, source, target) -> None:
     for field, value in (("source", source), ("target", target)):
@@ -89,15 +126,20 @@ class LibreTranslate:
       raise RequestError(400, f"{target} is not supported as target: this server translates "
                               f"{self.pair[0]} to {self.pair[1]} (GET /languages)")
 
-  async def translate(self, request: Request, fields: dict) -> dict:
-    self._check_key(request, fields)
+  async def translate(self, fields: dict, key_checked: bool) -> dict:
+    """`key_checked`: the token was presented outside the body, and checked."""
+    if not key_checked:
+      self.check_key(fields.get("api_key"))
     q = fields.get("q")
-    if q is None or q == "":
+    if not q:  # None, "", [], as LibreTranslate.
       raise RequestError(400, "Invalid request: missing q parameter")
     sentences = [q] if isinstance(q, str) else q
     if not isinstance(sentences, list) or not all(isinstance(s, str) for s in sentences):
       raise RequestError(400, "Invalid request: q must be a string or a list of strings")
     self._check_languages(fields.get("source"), fields.get("target"))
+    if fields.get("alternatives") not in (None, 0, "", "0"):
+      raise RequestError(400, "alternatives is not supported: this server gives one "
+                              "translation per text")
     text_format = fields.get("format", "text")
     if text_format != "text":
       raise RequestError(400, f"format {text_format!r} is not supported: send format 'text' "
@@ -108,4 +150,8 @@ class LibreTranslate:
       raise RequestError(400, str(e)) from None
     found = await asyncio.wrap_future(self._translate(sentences))
     translations = [hyps[0][0] for hyps in found]
-    return {"translatedText": translations[0] if isinstance(q, str) else translations}
+    answer = {"translatedText": translations[0] if isinstance(q, str) else translations}
+    if fields["source"] == "auto":  # Not detected: the pair's one source (docs/decoding.md).
+      detected = {"confidence": 100, "language": self.pair[0]}
+      answer["detectedLanguage"] = detected if isinstance(q, str) else [detected] * len(q)
+    return answer
