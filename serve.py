@@ -71,8 +71,7 @@ flags.DEFINE_integer("compilation_cache_max_mb", 2048, "Cap of the compilation c
                      "asks for adds its programs.", lower_bound=0)
 flags.DEFINE_float("alpha_step", 0.1, "A request's alpha is rounded half up to a multiple of "
                    f"this, at most {MAX_ALPHA:g} (0 = as sent): every distinct alpha is a "
-                   "program to compile and keep. --alpha must be on this grid.",
-                   lower_bound=0.0, upper_bound=MAX_ALPHA)
+                   "program to compile and keep. --alpha must be on this grid.")
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
 
@@ -95,6 +94,9 @@ def _check_floats(on_grid) -> None:
   for name in ("alpha", "alpha_step", "drain_s", "body_timeout_s", "max_wait_ms"):
     if not math.isfinite(FLAGS[name].value):
       raise ConfigError(f"--{name} must be a finite number, got {FLAGS[name].value}")
+  if not 0 <= FLAGS.alpha_step <= MAX_ALPHA:  # Here, not absl's bounds: one line.
+    raise ConfigError(f"--alpha_step must be in (0, {MAX_ALPHA:g}], or 0 for alphas as sent, "
+                      f"got {FLAGS.alpha_step:g}")
   rounded = on_grid(FLAGS.alpha, FLAGS.alpha_step)
   if rounded != FLAGS.alpha:
     raise ConfigError(f"--alpha {FLAGS.alpha:g} is off --alpha_step {FLAGS.alpha_step:g}'s grid "

@@ -231,7 +231,9 @@ def test_serve_py_refuses_a_nan_flag_and_an_alpha_off_its_grid_in_one_line(tmp_p
   refused = {"--alpha_step=nan": "--alpha_step must be a finite number, got nan",
              "--drain_s=nan": "--drain_s must be a finite number, got nan",
              "--max_wait_ms=inf": "--max_wait_ms must be a finite number, got inf",
-             "--alpha_step=50": "50.0 is not a number in the range [0.0, 10.0]",
+             "--alpha_step=50": "--alpha_step must be in (0, 10], or 0 for alphas as sent, got 50",
+             "--alpha_step=-0.1": "--alpha_step must be in (0, 10], or 0 for alphas as sent, "
+                                  "got -0.1",
              "--alpha=0.65": "--alpha 0.65 is off --alpha_step 0.1's grid (a request's alpha "
                              "0.65 would be searched as 0.7)"}
   runs = {flag: subprocess.Popen([sys.executable, str(ROOT / "serve.py"),
@@ -242,7 +244,8 @@ def test_serve_py_refuses_a_nan_flag_and_an_alpha_off_its_grid_in_one_line(tmp_p
             conftest.stderr_of_each(runs, timeout=120).items()}
   assert [runs[flag].returncode for flag in runs] == [2] * len(runs), stderr
   for flag, words in refused.items():
-    assert stderr[flag].startswith("error: ") and words in stderr[flag], (flag, stderr[flag])
+    assert stderr[flag] == f"error: {words}" or (flag == "--alpha=0.65" and stderr[
+        flag].startswith(f"error: {words}: ")), (flag, stderr[flag])
     assert "Traceback" not in stderr[flag] and "none" not in stderr[flag], stderr[flag]
 
 
