@@ -179,6 +179,15 @@ def run_child(command: list[str], what: str, env: dict | None = None) -> dict:
   return json.loads(lines[-1][len("RESULT "):])
 
 
+def run_script(python: str, *args) -> str:
+  """`python script args...` in the checkout; its stderr (the log), or exits naming it."""
+  done = subprocess.run([python, *map(str, args)], capture_output=True, text=True, cwd=ROOT)
+  if done.returncode:
+    sys.stderr.write(done.stderr[-4000:])
+    raise SystemExit(f"{args[0]} failed (exit {done.returncode})")
+  return done.stderr
+
+
 def random_ids(vocab: int, rows: int, length: int) -> dict:
   """A batch of random ids [rows, length] a side, no padding."""
   import numpy as np

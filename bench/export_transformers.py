@@ -25,9 +25,9 @@ model's logits. On the first --sentences of Multi30k's test 2016:
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -72,15 +72,6 @@ def ours(workdir: str, pairs_file: str, logits_file: str) -> None:
                                 **provenance.commit()}))
 
 
-def run(python: str, *args) -> str:
-  done = subprocess.run([python, *map(str, args)], capture_output=True, text=True,
-                        cwd=common.ROOT)
-  if done.returncode:
-    sys.stderr.write(done.stderr[-4000:])
-    raise SystemExit(f"{args[0]} failed (exit {done.returncode})")
-  return done.stderr
-
-
 def main() -> None:
   parser = common.parser(__doc__)
   parser.add_argument("--workdir", required=True)
@@ -106,20 +97,20 @@ def main() -> None:
   (tmp / "ref.de").write_text("".join(s + "\n" for s in references))
   (tmp / "pairs.json").write_text(json.dumps(list(zip(sources, references))))
   hf, ct2_ours, ct2_theirs = tmp / "hf", tmp / "ct2", tmp / "ct2_converted"
-  export_log = run(args.python, "export.py", f"--workdir={args.workdir}", f"--out={hf}",
+  run = functools.partial(common.run_script, args.python)
+  source = f"--input={tmp / 'src.en'}"
+  export_log = run("export.py", f"--workdir={args.workdir}", f"--out={hf}",
                    "--format=transformers")
-  run(args.python, "export.py", f"--workdir={args.workdir}", f"--out={ct2_ours}",
-      "--format=ctranslate2")
-  run(args.python, "decode.py", f"--workdir={args.workdir}", f"--input={tmp / 'src.en'}",
-      f"--output={tmp / 'greedy.de'}", "--beam_size=1", f"--max_extra={MAX_EXTRA}",
-      "--nointeractive")
+  run("export.py", f"--workdir={args.workdir}", f"--out={ct2_ours}", "--format=ctranslate2")
+  run("decode.py", f"--workdir={args.workdir}", source, f"--output={tmp / 'greedy.de'}",
+      "--beam_size=1", f"--max_extra={MAX_EXTRA}", "--nointeractive")
   # Beam 4 at the length rule both have: the sum of log-probabilities (alpha 0 here,
   # length_penalty 0 there), a hypothesis ending only among a step's best beam_size.
-  run(args.python, "decode.py", f"--workdir={args.workdir}", f"--input={tmp / 'src.en'}",
-      f"--output={tmp / 'beam.de'}", "--beam_size=4", "--alpha=0", "--eos_within_beam",
-      f"--max_extra={MAX_EXTRA}", "--nointeractive")
-  run(args.python, "decode.py", f"--workdir={args.workdir}", f"--input={tmp / 'src.en'}",
-      f"--score={tmp / 'ref.de'}", f"--output={tmp / 'scores.tsv'}", "--nointeractive")
+  run("decode.py", f"--workdir={args.workdir}", source, f"--output={tmp / 'beam.de'}",
+      "--beam_size=4", "--alpha=0", "--eos_within_beam", f"--max_extra={MAX_EXTRA}",
+      "--nointeractive")
+  run("decode.py", f"--workdir={args.workdir}", source, f"--score={tmp / 'ref.de'}",
+      f"--output={tmp / 'scores.tsv'}", "--nointeractive")
   mine = common.run_child([args.python, __file__, f"--workdir={args.workdir}", "--ours",
                            str(tmp / "pairs.json"), str(tmp / "logits.npz")], "our logits")
   our_greedy = (tmp / "greedy.de").read_text().splitlines()

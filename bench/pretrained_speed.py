@@ -96,14 +96,6 @@ def make_model(folder: Path, pieces: int) -> None:
   MarianMTModel(config).save_pretrained(folder, safe_serialization=True)
 
 
-def run(python: str, *args) -> None:
-  done = subprocess.run([python, *map(str, args)], capture_output=True, text=True,
-                        cwd=common.ROOT)
-  if done.returncode:
-    sys.stderr.write(done.stderr[-4000:])
-    raise SystemExit(f"{args[0]} failed (exit {done.returncode})")
-
-
 def main() -> None:
   parser = common.parser(__doc__)
   parser.add_argument("--folder", required=True, help="the model (made here if absent)")
@@ -122,7 +114,7 @@ def main() -> None:
   if not folder.exists():
     make_model(folder, args.pieces)
   if not workdir.exists():
-    run(args.python, "import_model.py", f"--from={folder}", f"--workdir={workdir}")
+    common.run_script(args.python, "import_model.py", f"--from={folder}", f"--workdir={workdir}")
   import torch
   import transformers
   sys.path.insert(0, str(common.ROOT / "tests" / "fixtures"))
@@ -171,7 +163,7 @@ def main() -> None:
       f"--output={tmp / 'out.de'}", "--beam_size=4", "--alpha=0", "--eos_within_beam",
       f"--max_extra={args.max_extra}", "--average_last=1", "--nointeractive",
       f"--compilation_cache_dir={tmp / 'cache'}"]
-  times = common.alternating({"decode.py": lambda: run(args.python, *decode_command),
+  times = common.alternating({"decode.py": lambda: common.run_script(args.python, *decode_command),
                               "Translator": translator,
                               "transformers": transformers_generate}, args.rounds)
   child.stdin.close()
