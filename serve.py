@@ -89,9 +89,9 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def _check_floats(on_grid) -> None:
-  """What absl's bounds let through: nan (no comparison fails) and inf; an --alpha off
-  --alpha_step's grid (a request sending the default alpha would get another)."""
-  for name in ("alpha", "alpha_step", "drain_s", "body_timeout_s", "max_wait_ms"):
+  """What absl's bounds let through: nan (no comparison fails) and inf (--alpha: SearchConfig);
+  an --alpha off --alpha_step's grid (a request sending the default alpha would get another)."""
+  for name in ("alpha_step", "drain_s", "body_timeout_s", "max_wait_ms"):
     if not math.isfinite(FLAGS[name].value):
       raise ConfigError(f"--{name} must be a finite number, got {FLAGS[name].value}")
   if not 0 <= FLAGS.alpha_step <= MAX_ALPHA:  # Here, not absl's bounds: one line.
@@ -115,11 +115,12 @@ def main(argv):
     from flax_transformer import workdir as workdir_lib
     from flax_transformer.translation.translator import Translator
 
+    # The search options' one check (decode.py's and export.py's too) comes first.
+    search = SearchConfig(beam_size=FLAGS.beam_size, alpha=FLAGS.alpha, max_extra=FLAGS.max_extra)
     _check_floats(on_grid)
     if FLAGS.languages is not None and len(FLAGS.languages) != 2:
       raise ConfigError(f"--languages takes SOURCE,TARGET (two codes, as en,de), got "
                         f"{','.join(FLAGS.languages)!r}")
-    search = SearchConfig(beam_size=FLAGS.beam_size, alpha=FLAGS.alpha, max_extra=FLAGS.max_extra)
     if search.beam_size > FLAGS.max_beam:  # Else every request without a beam_size is a 422.
       raise ConfigError(f"--beam_size {search.beam_size} is over --max_beam {FLAGS.max_beam}")
     listening = _bind(FLAGS.host, FLAGS.port)
