@@ -19,7 +19,7 @@ def test_every_mutant_still_applies_to_exactly_one_place():
 
 # Mutants added since the last run of them all, each file a run of them alone
 # (bench/mutants.py --only NAME ... --json FILE); a full run takes them in again.
-ADDED_SINCE = ("mutants_issue68.json",)
+ADDED_SINCE: tuple[str, ...] = ()  # The full run at 7103696 took in mutants_issue68.json's.
 
 
 def test_the_committed_run_is_of_these_mutants_and_caught_them_all():
