@@ -67,6 +67,8 @@ def test_vocab_size_flows_into_the_model():
     ({"positional": "rotary"}, "positional must be one of"),
     ({"dropout_rate": 1.5}, "dropout_rate must be in"),
     ({"dtype": "float99"}, "dtype is not a dtype"),
+    ({"start_from_zero_embedding": True, "decoder_start_id": 2},
+     "start_from_zero_embedding starts the decoder from id 0's .* decoder_start_id=2"),
 ])
 def test_invalid_model_config_names_the_field(changes, message):
   with pytest.raises(ValueError, match=message):

@@ -132,7 +132,7 @@ def test_ctranslate2_beam_bleu_within_0_3_of_decode_py(workdir, test_2016, multi
 
 @pytest.mark.parametrize("variant", [
     {}, {"norm": "pre"}, {"positional": "learned"}, {"attention_bias": True},
-    {"share_embeddings": False}])
+    {"share_embeddings": False}, {"start_from_zero_embedding": True}])
 def test_ctranslate2_scores_every_target_token_as_our_model(variant, multi30k_tokenizer,
                                                             multi30k_dir, tmp_path):
   """Teacher-forced log-probabilities of 16 validation pairs under random weights:

@@ -52,6 +52,8 @@ def test_a_trained_model_goes_out_and_comes_back_as_the_same_function(
   assert done.returncode == 0, done.stderr[-3000:]
   warnings = [line for line in done.stderr.splitlines() if "epsilon" in line]
   assert len(warnings) == 1 and "1e-05" in warnings[0] and "1e-06" in warnings[0], done.stderr
+  # Its start token's row is trained: CTranslate2's converter (a zero start) would differ.
+  assert "start_from_zero_embedding=True" in done.stderr
   assert folder_files(out) == FILES
   assert json.loads((out / "manifest.json").read_text())["files"] == FILES
   assert (out / "source.spm").read_bytes() == (trained_tiny / "vocab.model").read_bytes()
@@ -107,6 +109,34 @@ def test_a_trained_model_goes_out_and_comes_back_as_the_same_function(
   real = np.asarray(y) != 0  # Both padded alike: the ids are the same.
   np.testing.assert_allclose(logits[1][real], logits[0][real], atol=1e-4, rtol=0)
   assert imported.translate(sentences) == original.translate(sentences)
+
+
+def test_a_model_started_from_a_zero_vector_goes_out_with_padding_rows_of_zeros(
+    trained_tiny, multi30k_dir, tmp_path, caplog):
+  """start_from_zero_embedding: row 0, which the model never reads (here the trained run's
+  row, left as it is), is written as zeros, with no warning about CTranslate2's zero start;
+  import_model.py reads the option back, and the same function."""
+  translator = Translator.from_workdir(trained_tiny, devices=jax.devices()[:1])
+  config, params = translator.member(0)
+  config = config.replace(start_from_zero_embedding=True, deterministic=True)
+  assert np.any(np.asarray(params["shared_embedding"]["embedding"])[0])
+  out = marian.convert(config, params, translator.tokenizer, tmp_path / "hf",
+                       search={"beam_size": 4, "alpha": 0.6})
+  assert not any("CTranslate2" in r.getMessage() for r in caplog.records)
+  shared = load_file(str(out / "model.safetensors"))["model.shared.weight"]
+  assert not shared[-1].any() and np.all(np.any(shared[:-1] != 0, axis=1))  # Padding last.
+  importer.import_model(out, tmp_path / "back")
+  back_config, back_params = Translator.from_workdir(
+      tmp_path / "back", devices=jax.devices()[:1]).member(0)
+  assert back_config.start_from_zero_embedding
+  rows = [translator.tokenizer.tokenize(s) for s in validation(multi30k_dir, 8)]
+  width = max(map(len, rows))
+  x = jnp.asarray(np.stack([np.pad(r, (0, width - len(r))) for r in rows]))
+  y = x[::-1]
+  logits = [np.asarray(Transformer(c.replace(deterministic=True)).apply({"params": p}, x, y))
+            for c, p in ((config, params), (back_config, back_params))]
+  real = np.asarray(y) != 0
+  np.testing.assert_allclose(logits[1][real], logits[0][real], atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("name", ["marian_swish_shared", "marian_gelu_separate"])

@@ -138,6 +138,12 @@ def test_fine_tuning_an_imported_marian_model_keeps_its_model_and_tokenizer(fine
   assert {k: v for k, v in record["model"].items() if k not in per_run} == {
       k: v for k, v in source["model"].items() if k not in per_run}
   assert record["model"]["activation"] == "swish"  # Marian's, not the paper's relu.
+  # The fixture's padding row is zeros, as OPUS-MT's: the decoder starts from a zero vector,
+  # and 30 steps leave the row at zero (a trained row would drift through the logits).
+  assert record["model"]["start_from_zero_embedding"]
+  _, params = final_params(workdir)
+  embedding = np.asarray(params["shared_embedding"]["embedding"])
+  assert not np.any(embedding[0]) and np.all(np.any(embedding[1:] != 0, axis=1))
   assert (record["tokenizer"], record["vocab_size"]) == (source["tokenizer"],
                                                          source["vocab_size"])
   names = source["tokenizer"]["files"]

@@ -96,6 +96,44 @@ def test_tied_projection_gradients_match_autodiff():
     np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+def test_start_from_zero_embedding_never_reads_row_0():
+  """start_from_zero_embedding (Marian-NMT, CTranslate2): the decoder starts from the zero
+  vector and padding's logit is 0, whatever row 0 holds; no gradient reaches the row; the
+  model is the paper's default one with row 0 zeroed; cached decoding agrees."""
+  cfg = TINY.replace(start_from_zero_embedding=True)
+  model, plain = Transformer(cfg), Transformer(TINY)
+  src = jnp.array([[5, 6, 7, 0], [9, 10, 0, 0]], jnp.int32)
+  tgt = jnp.array([[12, 13, 14, 0], [15, 16, 17, 18]], jnp.int32)
+  params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), src, tgt)["params"])
+  with_row = lambda value: {**params, "shared_embedding": {  # noqa: E731
+      "embedding": params["shared_embedding"]["embedding"].at[0].set(value)}}
+  apply = jax.jit(lambda m, p: m.apply({"params": p}, src, tgt), static_argnums=0)
+  real = np.asarray(tgt != 0)  # Logits at padded targets are never used.
+  base = np.asarray(apply(model, params))[real]
+  np.testing.assert_array_equal(np.asarray(apply(model, with_row(3.0)))[real], base)
+  np.testing.assert_array_equal(base[..., 0], 0)
+  np.testing.assert_allclose(np.asarray(apply(plain, with_row(0.0)))[real], base, atol=1e-6)
+  assert np.abs(np.asarray(apply(plain, with_row(3.0)))[real] - base).max() > 1e-2  # Can fail.
+  grads = jax.grad(lambda p: jnp.sum(real[..., None] * jnp.sin(
+      model.apply({"params": p}, src, tgt))))(params)
+  assert not np.any(grads["shared_embedding"]["embedding"][0])
+  assert np.all(np.any(grads["shared_embedding"]["embedding"][5:19] != 0, axis=1))
+
+  encoded = model.apply({"params": params}, src, method=Transformer.encode)
+  decoder = Transformer(cfg.replace(decode=True))
+  cache = init_cache(cfg, params, encoded, max_decode_len=tgt.shape[1])
+  step = jax.jit(lambda cache, previous: decoder.apply(
+      {"params": params, "cache": cache}, encoded, src, previous, method=Transformer.decode,
+      mutable=["cache"]))
+  teacher = np.asarray(apply(model, params))
+  previous = jnp.zeros((2, 1), jnp.int32)
+  for t in range(tgt.shape[1]):
+    logits, cache = step(cache, previous)
+    cache, real = cache["cache"], np.asarray(tgt[:, t] != 0)
+    np.testing.assert_allclose(np.asarray(logits)[real, 0], teacher[real, t], atol=1e-5)
+    previous = tgt[:, t : t + 1]
+
+
 @pytest.mark.parametrize("share_beam_cache", [True, False])
 def test_cached_decoding_reproduces_teacher_forcing(tiny, share_beam_cache):
   cfg, model, params, apply, src, tgt = tiny

@@ -93,6 +93,8 @@ def build_spec(config: TransformerConfig, params: dict[str, Any], tokenizer: Tok
   encoder.scale_embeddings = decoder.scale_embeddings = config.scale_embedding
   encoder.position_encodings.encodings = ours.encoder.positions
   decoder.position_encodings.encodings = ours.decoder.positions
+  # Row 0 is zeros then (`layout.unpack`); CTranslate2 says so in its own words too.
+  decoder.start_from_zero_embedding = config.start_from_zero_embedding
   decoder.projection.weight = ours.logits  # The target embedding when tied.
   if ours.logits_bias is not None:  # An imported Marian model's final_logits_bias.
     decoder.projection.bias = ours.logits_bias

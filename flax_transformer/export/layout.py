@@ -105,6 +105,12 @@ def positions(config: TransformerConfig, params: dict[str, Any], side: str) -> n
                              rows)[0])
 
 
+def _zero_row_0(matrix: np.ndarray) -> np.ndarray:
+  out = matrix.copy()
+  out[0] = 0
+  return out
+
+
 def unpack(config: TransformerConfig, params: dict[str, Any]) -> Model:
   """`params` (boxed or not) as a `Model` of float32 [out, in] arrays."""
   params = nn.unbox(params)  # Freshly initialised parameters carry their sharding axes.
@@ -116,6 +122,9 @@ def unpack(config: TransformerConfig, params: dict[str, Any]) -> Model:
   decoder = params["decoder"]
   logits = target if "logits" not in decoder else dense(decoder["logits"]).weight
   bias = decoder.get("final_logits_bias")
+  if config.start_from_zero_embedding:  # The rows the model holds at zero, as zeros.
+    zeroed = {id(m): _zero_row_0(m) for m in (source, target, logits)}  # Shared stay shared.
+    source, target, logits = (zeroed[id(m)] for m in (source, target, logits))
 
   def stack(side: str, embedding: np.ndarray, count: int) -> Stack:
     ours, decoding = params[side], side == "decoder"

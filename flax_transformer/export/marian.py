@@ -48,9 +48,12 @@ How our model becomes transformers' Marian (models/marian/modeling_marian.py, 5.
   config, as OPUS-MT's do: bad_words_ids [[V - 1]].
 - CTranslate2's converter starts the decoder from a zero vector
   (start_from_zero_embedding: OPUS-MT's padding row is zeros), where transformers
-  and we embed the start token; our start token's embedding is trained, so a
-  model converted that way is not ours at the first step (measured in the same
-  JSON). export.py --format=ctranslate2 converts our model itself.
+  embeds the start token. A model trained with start_from_zero_embedding (and an
+  imported OPUS-MT model, whose padding row is zeros) holds that row at zero, so the
+  two agree; the paper's default trains the start token's row, and a model
+  converted that way is not ours at the first step (no reparametrization moves it:
+  Marian's position table is fixed). export.py warns then; --format=ctranslate2
+  converts our model itself either way.
 - Search: num_beams is export.py's --beam_size. transformers divides a
   hypothesis's score by its length ** length_penalty, not by GNMT's
   ((5 + length) / 6) ** alpha as we do: length_penalty is set to alpha, the same
@@ -86,7 +89,7 @@ MAPPED = {"vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v", "num_layer
           "attention_bias", "positional", "norm", "layer_norm_epsilon", "dropout_rate",
           "attention_dropout_rate", "activation", "scale_embedding", "position_layout",
           "position_frequencies", "position_offset", "final_logits_bias", "source_vocab_size",
-          "tie_target_embedding", "decoder_start_id"}
+          "tie_target_embedding", "decoder_start_id", "start_from_zero_embedding"}
 NOT_COMPUTED = {"dtype", "param_dtype", "deterministic", "decode", "share_beam_cache",
                 "attention_implementation"}
 ACTIVATIONS = {"relu": "relu", "swish": "swish", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}
@@ -273,6 +276,12 @@ def convert(config: TransformerConfig, params: dict[str, Any], tokenizer, out_di
                     "marian.py), so its logits differ slightly (on a Multi30k model: "
                     "results/bench/export_transformers.json)", LAYER_NORM_EPSILON,
                     config.layer_norm_epsilon)
+  if not config.start_from_zero_embedding:
+    logging.warning("CTranslate2's converter for transformers' Marian starts the decoder from "
+                    "a zero vector, this model from its start token's trained row: what it "
+                    "converts is not this model (train with --config.model."
+                    "start_from_zero_embedding=True for one it converts exactly, or use "
+                    "--format=ctranslate2)")
   files["config.json"] = marian_config(config)
   files["generation_config.json"] = generation_config(config, search)
   # As bytes: safetensors' save_file makes its file private (0600), unlike the others.

@@ -82,6 +82,11 @@ class TransformerConfig:
   # The id the decoder embeds for its start token (the 0 shifted in before the
   # targets); fairseq starts from EOS (1). Masks still take only the real targets.
   decoder_start_id: int = 0
+  # Id 0's row (padding, the decoder's start token) held at zero on the target side, not
+  # learned: the decoder starts from the zero vector (Marian-NMT; CTranslate2's
+  # start_from_zero_embedding) and padding's logit is its bias alone, as in OPUS-MT's
+  # transformers models, whose padding row is zeros. Needs decoder_start_id=0.
+  start_from_zero_embedding: bool = False
 
   def __post_init__(self):
     problems = []
@@ -128,6 +133,9 @@ class TransformerConfig:
     if not 0 <= int(self.decoder_start_id) < self.vocab_size:
       problems.append(f"decoder_start_id must be in [0, vocab_size={self.vocab_size}), got "
                       f"{self.decoder_start_id}")
+    if self.start_from_zero_embedding and self.decoder_start_id:
+      problems.append(f"start_from_zero_embedding starts the decoder from id 0's (zero) row; "
+                      f"decoder_start_id={self.decoder_start_id} names another")
     for name in ("dtype", "param_dtype"):
       try:
         object.__setattr__(self, name, jnp.dtype(getattr(self, name)))

@@ -120,7 +120,10 @@ class Decoder(nn.Module):
 
     if cfg.decoder_start_id:  # The shifted-in 0s (pads after a target's end are masked).
       decoder_inputs = jnp.where(decoder_inputs == 0, cfg.decoder_start_id, decoder_inputs)
-    y = PositionEncoding(cfg, name="position")(self.embedding(decoder_inputs), positions)
+    embedded = self.embedding(decoder_inputs)
+    if cfg.start_from_zero_embedding:  # Row 0 is zeros: no gradient reaches it.
+      embedded = jnp.where((decoder_inputs == 0)[..., None], 0, embedded)
+    y = PositionEncoding(cfg, name="position")(embedded, positions)
     y = Dropout(cfg.dropout_rate, deterministic=cfg.deterministic)(y)
     y = nn.with_logical_constraint(y, ("batch", "length", "embed"))
     for i in range(cfg.decoder_layers):
@@ -138,6 +141,8 @@ class Decoder(nn.Module):
           kernel_init=nn.with_logical_partitioning(nn.initializers.xavier_uniform(),
                                                    ("embed", "vocab")),
           name="logits")(y)
+    if cfg.start_from_zero_embedding:  # Padding's row of the pre-softmax matrix is zeros.
+      logits = jnp.where(jnp.arange(logits.shape[-1]) == 0, 0, logits)
     if cfg.final_logits_bias:
       bias = self.param("final_logits_bias",
                         nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),

@@ -98,6 +98,11 @@ def import_folder(folder: Path) -> convert.Imported:
   weights = convert.read_weights(folder)
   params, final_bias = _params(weights, model_config, config, source_order, target_order,
                                folder / "model.safetensors")
+  if decoder_start_id == 0 and not any(np.any(row) for row in _padding_rows(params)):
+    # OPUS-MT's converter adds the padding row as zeros (Marian-NMT starts from a zero
+    # vector): held at zero, a fine-tuned model stays one CTranslate2 converts exactly.
+    model_config = model_config.replace(start_from_zero_embedding=True)
+    notes.append("the padding row is zeros: start_from_zero_embedding (held at zero)")
   if final_bias is None:
     notes.append("final_logits_bias is absent or 0: the model has none")
   else:
@@ -150,6 +155,14 @@ def model_config_from(config: dict, where: Path, *, shared: bool, source_size: i
         decoder_start_id=decoder_start_id)
   except ValueError as e:
     raise DataError(f"{where}: {e}") from None
+
+
+def _padding_rows(params: dict) -> list[np.ndarray]:
+  """The target side's rows for id 0 (padding): its embedding's and the pre-softmax
+  matrix's."""
+  embedding = params.get("shared_embedding", params.get("target_embedding"))["embedding"]
+  logits = params["decoder"].get("logits")
+  return [embedding[0]] + ([] if logits is None else [logits["kernel"][:, 0]])
 
 
 def _params(weights: dict, model_config: TransformerConfig, config: dict,
