@@ -19,7 +19,10 @@ model's logits. On the first --sentences of Multi30k's test 2016:
   loaded (LayerNorm epsilon 1e-5) and with our epsilon put into transformers' norms
   (what the reparametrization leaves: float rounding);
 - CTranslate2: ct2-transformers-converter on the folder against export.py
-  --format=ctranslate2, greedy and beam 4, the same options.
+  --format=ctranslate2, greedy and beam 4, the same options, and its greedy output
+  against decode.py's. The converter starts the decoder from a zero vector: a model
+  trained with --config.model.start_from_zero_embedding=True is what it converts;
+  for one without, transformers with the start token's row zeroed is compared too.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ def ours(workdir: str, pairs_file: str, logits_file: str) -> None:
   np.savez(logits_file, **logits)
   print("RESULT " + json.dumps({"tokens": tokens, "layer_norm_epsilon":
                                 config.layer_norm_epsilon, "max_len": config.max_len,
+                                "start_from_zero_embedding": config.start_from_zero_embedding,
                                 "checkpoint_steps": list(translator.checkpoint_steps[0]),
                                 "model": {k: v for k, v in config.to_dict().items()
                                           if k in ("d_model", "num_layers", "vocab_size")},
@@ -176,12 +180,16 @@ def main() -> None:
           a == b for a, b in zip(ct2_translate(ct2_ours, beam, pad=True), theirs))
       if beam == 1:
         converted_greedy = theirs
-    # The converter starts the decoder from zeros: transformers started so (the start
-    # token's row zeroed; padding is never emitted, so its logit is moot) against it.
-    start = model.get_decoder().embed_tokens.weight[model.config.decoder_start_token_id]
-    start.zero_()
-    ct2["greedy_equal_lines_to_transformers_with_zero_start"] = sum(
-        a == b for a, b in zip(greedy(), converted_greedy))
+    ct2["greedy_equal_lines_to_decode_py"] = sum(
+        a == b for a, b in zip(converted_greedy, our_greedy))
+    if not mine["start_from_zero_embedding"]:
+      # The converter starts the decoder from zeros, where this model embeds its start
+      # token: transformers started so (the row zeroed; padding is never emitted, so its
+      # logit is moot) against it.
+      start = model.get_decoder().embed_tokens.weight[model.config.decoder_start_token_id]
+      start.zero_()
+      ct2["greedy_equal_lines_to_transformers_with_zero_start"] = sum(
+          a == b for a, b in zip(greedy(), converted_greedy))
   score_diff = [abs(a - b) for a, b in zip(scores, our_scores)]
   record = {
       "command": common.bench_command(), "workdir": args.workdir, "sentences": len(sources),
