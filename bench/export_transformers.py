@@ -118,6 +118,7 @@ def main() -> None:
   mine = common.run_child([args.python, __file__, f"--workdir={args.workdir}", "--ours",
                            str(tmp / "pairs.json"), str(tmp / "logits.npz")], "our logits")
   our_greedy = (tmp / "greedy.de").read_text().splitlines()
+  our_beam = (tmp / "beam.de").read_text().splitlines()
   our_scores = [float(line.split("\t")[0])
                 for line in (tmp / "scores.tsv").read_text().splitlines()]
 
@@ -157,6 +158,26 @@ def main() -> None:
       log_probs = torch.log_softmax(logits, -1)
       scores.append(float(log_probs.gather(1, y[0][:, None]).sum()))
   transformers_greedy, transformers_beam = greedy(), greedy(beams=4)
+
+  def transformers_score(x, text: str) -> float:
+    y = tokenizer(text_target=text, return_tensors="pt")["input_ids"]
+    log_probs = torch.log_softmax(model(input_ids=x, labels=y).logits[0], -1)
+    return float(log_probs.gather(1, y[0][:, None]).sum())
+
+  # Where the beams differ: both hypotheses scored by both models (a near tie, or not).
+  beam_differing = []
+  for i, (a, b) in enumerate(zip(our_beam, transformers_beam)):
+    if a != b:
+      (tmp / "one.en").write_text(sources[i] + "\n" + sources[i] + "\n")
+      (tmp / "two.de").write_text(a + "\n" + b + "\n")
+      run("decode.py", f"--workdir={args.workdir}", f"--input={tmp / 'one.en'}",
+          f"--score={tmp / 'two.de'}", f"--output={tmp / 'two.tsv'}", "--nointeractive")
+      ours_scores = [float(line.split("\t")[0])
+                     for line in (tmp / "two.tsv").read_text().splitlines()]
+      beam_differing.append({"line": i + 1, "ours": a, "transformers": b,
+                             "scores_by_ours": ours_scores,
+                             "scores_by_transformers": [transformers_score(inputs[i], t)
+                                                        for t in (a, b)]})
 
   def ct2_translate(folder: Path, beam: int, pad: bool) -> list[str]:
     """CTranslate2's best translation of each source, searched as our Ct2Runner does
@@ -203,15 +224,15 @@ def main() -> None:
       "greedy_equal_lines": sum(a == b for a, b in zip(transformers_greedy, our_greedy)),
       "greedy_differing": [{"line": i + 1, "ours": a, "transformers": b} for i, (a, b)
                            in enumerate(zip(our_greedy, transformers_greedy)) if a != b],
-      "beam_4_alpha_0_equal_lines": sum(a == b for a, b in zip(
-          transformers_beam, (tmp / "beam.de").read_text().splitlines())),
+      "beam_4_alpha_0_equal_lines": sum(a == b for a, b in zip(transformers_beam, our_beam)),
+      "beam_4_differing": beam_differing,
       "score_max_abs_diff": max(score_diff),
       "score_mean_abs_diff": sum(score_diff) / len(score_diff),
       "scores_within_0_001": sum(d <= 1e-3 for d in score_diff),
       "logit_max_abs_diff": logit_diff,
       "ctranslate2": ct2,
   }
-  print(json.dumps({k: v for k, v in record.items() if k != "greedy_differing"}, indent=1))
+  print(json.dumps({k: v for k, v in record.items() if not k.endswith("_differing")}, indent=1))
   common.write_json(args.json, record)
 
 
