@@ -25,6 +25,7 @@ from flax_transformer.errors import ConfigError
 from flax_transformer.translation.translator import MAX_ALPHA, SearchConfig
 
 SEARCH = SearchConfig()
+MIN_ALPHA_STEP = 0.001
 
 flags.DEFINE_string("workdir", None, "Training workdir (checkpoints, vocab.model, run.json).")
 flags.DEFINE_list("ensemble", [], "More workdirs whose models vote with --workdir's, as in "
@@ -94,9 +95,11 @@ def _check_floats(on_grid) -> None:
   for name in ("alpha_step", "drain_s", "body_timeout_s", "max_wait_ms"):
     if not math.isfinite(FLAGS[name].value):
       raise ConfigError(f"--{name} must be a finite number, got {FLAGS[name].value}")
-  if not 0 <= FLAGS.alpha_step <= MAX_ALPHA:  # Here, not absl's bounds: one line.
-    raise ConfigError(f"--alpha_step must be in (0, {MAX_ALPHA:g}], or 0 for alphas as sent, "
-                      f"got {FLAGS.alpha_step:g}")
+  # Here, not absl's bounds: one line. Below 0.001 the grid bounds nothing, and decimal
+  # rounding runs out of digits (1e-30).
+  if FLAGS.alpha_step and not MIN_ALPHA_STEP <= FLAGS.alpha_step <= MAX_ALPHA:
+    raise ConfigError(f"--alpha_step must be in [{MIN_ALPHA_STEP:g}, {MAX_ALPHA:g}], or 0 for "
+                      f"alphas as sent, got {FLAGS.alpha_step:g}")
   rounded = on_grid(FLAGS.alpha, FLAGS.alpha_step)
   if rounded != FLAGS.alpha:
     raise ConfigError(f"--alpha {FLAGS.alpha:g} is off --alpha_step {FLAGS.alpha_step:g}'s grid "

@@ -98,7 +98,7 @@ def record_run(workdir: str | os.PathLike, model_config: TransformerConfig, voca
     _write_record(path, record)
     return
   differences = [f"model.{k}: workdir has {v!r}, config has {record['model'].get(k)!r}"
-                 for k, v in previous["model"].items()
+                 for k, v in recorded_model(previous).items()
                  if k not in MUTABLE_MODEL_FIELDS and record["model"].get(k) != v]
   if previous.get("vocab_size") != vocab_size:
     differences.append(f"vocabulary size: workdir has {previous.get('vocab_size')}, "
@@ -109,6 +109,13 @@ def record_run(workdir: str | os.PathLike, model_config: TransformerConfig, voca
   if launch:
     previous.setdefault("launches", []).append(launch)
     _write_record(path, previous)
+
+
+def recorded_model(record: dict) -> dict:
+  """A run record's model fields as its checkpoints were trained: a field added since the
+  record was written takes the value that kept the old function (attention_bias: True,
+  the biases it had before the field; any other: its default)."""
+  return {**TransformerConfig().to_dict(), "attention_bias": True, **record["model"]}
 
 
 def read_record(workdir: str | os.PathLike) -> dict | None:
@@ -191,11 +198,7 @@ def read_run(workdir: str | Path) -> tuple[TransformerConfig, Tokenizer]:
     raise FileNotFoundError(f"{run_file} not found: {workdir} is not a training workdir "
                             "(train.py writes it)")
   record = json.loads(run_file.read_text())
-  model = record["model"]
-  # Records written before `attention_bias` existed describe models trained with
-  # those biases: without this their checkpoints would not load.
-  model.setdefault("attention_bias", True)
-  model_config = TransformerConfig.from_dict(model)
+  model_config = TransformerConfig.from_dict(recorded_model(record))
   if "tokenizer" in record:  # An imported model's (import_model.py).
     from flax_transformer.pretrained import tokenizers
     return model_config, tokenizers.load(workdir.tokenizer_dir, record["tokenizer"])

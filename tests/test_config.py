@@ -78,3 +78,28 @@ def test_invalid_model_config_names_the_field(changes, message):
 def test_unknown_model_key_is_named():
   with pytest.raises(ValueError, match="Unknown model config key.*d_modle"):
     TransformerConfig.from_dict({"d_modle": 3})
+
+
+def test_a_record_older_than_a_model_field_refuses_a_resume_that_changes_it(tmp_path):
+  """run.json written before a field existed (start_from_zero_embedding; attention_bias,
+  older): its checkpoints were trained at the value that kept the old function, so a
+  resume setting the field otherwise is refused naming it, and one at it goes on."""
+  import json
+
+  from flax_transformer.errors import ConfigError
+  from flax_transformer.workdir import Workdir, read_record, record_run
+
+  config = TransformerConfig(vocab_size=16, d_model=8, d_ff=16, num_heads=2, num_layers=1,
+                             max_len=16)
+  record_run(tmp_path, config, 16)
+  record = read_record(tmp_path)
+  del record["model"]["start_from_zero_embedding"], record["model"]["attention_bias"]
+  Workdir(tmp_path).run_file.write_text(json.dumps(record))
+  with pytest.raises(ConfigError, match="model.start_from_zero_embedding: workdir has False, "
+                                        "config has True"):
+    record_run(tmp_path, config.replace(attention_bias=True, start_from_zero_embedding=True), 16)
+  with pytest.raises(ConfigError, match="model.attention_bias: workdir has True, config has "
+                                        "False"):
+    record_run(tmp_path, config, 16)
+  record_run(tmp_path, config.replace(attention_bias=True), 16, launch={"n": 2})
+  assert read_record(tmp_path)["launches"] == [{"n": 2}]

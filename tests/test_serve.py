@@ -231,9 +231,12 @@ def test_serve_py_refuses_a_nan_flag_and_an_alpha_off_its_grid_in_one_line(tmp_p
   refused = {"--alpha_step=nan": "--alpha_step must be a finite number, got nan",
              "--drain_s=nan": "--drain_s must be a finite number, got nan",
              "--max_wait_ms=inf": "--max_wait_ms must be a finite number, got inf",
-             "--alpha_step=50": "--alpha_step must be in (0, 10], or 0 for alphas as sent, got 50",
-             "--alpha_step=-0.1": "--alpha_step must be in (0, 10], or 0 for alphas as sent, "
-                                  "got -0.1",
+             "--alpha_step=50": "--alpha_step must be in [0.001, 10], or 0 for alphas as sent, "
+                                "got 50",
+             "--alpha_step=-0.1": "--alpha_step must be in [0.001, 10], or 0 for alphas as "
+                                  "sent, got -0.1",
+             "--alpha_step=1e-30": "--alpha_step must be in [0.001, 10], or 0 for alphas as "
+                                   "sent, got 1e-30",
              "--alpha=0.65": "--alpha 0.65 is off --alpha_step 0.1's grid (a request's alpha "
                              "0.65 would be searched as 0.7)"}
   runs = {flag: subprocess.Popen([sys.executable, str(ROOT / "serve.py"),
@@ -593,6 +596,15 @@ def test_libretranslate_cors_multipart_query_strings_auto_and_what_it_refuses(se
   assert got[1]["access-control-allow-origin"] == "*"
   query = "/translate?" + urllib.parse.urlencode(fields)
   assert _http(server, "POST", query)[::2] == (200, {"translatedText": expected[0]})
+  # A field given twice: its first value, the query's before the form's; format null or
+  # empty is text (LibreTranslate's request.values.get and its "if not text_format").
+  assert server.call("/translate", {**fields, "format": None}, token=None)[0] == 200
+  twice = urllib.parse.urlencode([("q", SENTENCES[1]), ("q", SENTENCES[2]), ("format", ""),
+                                  *[(k, v) for k, v in fields.items() if k != "q"]])
+  assert _http(server, "POST", "/translate?" + urllib.parse.urlencode({"q": SENTENCES[0]}),
+               twice.encode())[::2] == (200, {"translatedText": expected[0]})
+  assert _http(server, "POST", "/translate", twice.encode())[::2] == (
+      200, {"translatedText": expected[1]})
   detected = {"confidence": 100, "language": "en"}  # Not detected: the pair's source.
   auto = {**fields, "source": "auto"}
   assert server.call("/translate", auto, token=None) == (

@@ -55,28 +55,37 @@ async def fields_of(request: Request, body: bytes) -> dict | None:
   query's first. A JSON body is told by parsing it, not by its Content-Type: curl -d
   and urllib send JSON as a form."""
   if request.headers.get("content-type", "").startswith("multipart/form-data"):
-    data = {**await _multipart(request, body), **request.query_params}
+    data = _first([*request.query_params.multi_items(), *await _multipart(request, body)])
   else:
     try:
       data = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError):
       try:
-        form = urllib.parse.parse_qs(body.decode("utf-8"), keep_blank_values=True)
+        form = urllib.parse.parse_qsl(body.decode("utf-8"), keep_blank_values=True)
       except (UnicodeDecodeError, ValueError):
         return None
-      data = {**{key: values[-1] for key, values in form.items()}, **request.query_params}
+      data = _first([*request.query_params.multi_items(), *form])
   ours = not isinstance(data, dict) or "text" in data or not FIELDS & data.keys()
   return None if ours else data
 
 
-async def _multipart(request: Request, body: bytes) -> dict:
+def _first(pairs: list[tuple[str, str]]) -> dict:
+  """Each key's first value, as LibreTranslate's request.values.get gives it (the query's
+  fields before the form's)."""
+  fields: dict = {}
+  for key, value in pairs:
+    fields.setdefault(key, value)
+  return fields
+
+
+async def _multipart(request: Request, body: bytes) -> list[tuple[str, str]]:
   """A multipart form's text fields (files left out), parsed by Starlette (python-multipart)
   from `body`, already read within the server's limits."""
   async def replay():
     return {"type": "http.request", "body": body, "more_body": False}
 
   form = await Request(request.scope, replay).form()
-  return {key: value for key, value in form.multi_items() if isinstance(value, str)}
+  return [(key, value) for key, value in form.multi_items() if isinstance(value, str)]
 
 
 class LibreTranslate:
@@ -140,7 +149,7 @@ class LibreTranslate:
     if fields.get("alternatives") not in (None, 0, "", "0"):
       raise RequestError(400, "alternatives is not supported: this server gives one "
                               "translation per text")
-    text_format = fields.get("format", "text")
+    text_format = fields.get("format") or "text"  # LibreTranslate's: empty or null is text.
     if text_format != "text":
       raise RequestError(400, f"format {text_format!r} is not supported: send format 'text' "
                               "(plain text; this server does not translate HTML)")
