@@ -167,6 +167,15 @@ MUTANTS = [
     Mutant("alpha's range unchecked (decode.py, serve.py, the API)", TRANSLATOR,
            "if not 0 <= self.alpha <= MAX_ALPHA:", "if False:",
            ("tests/test_serve.py::test_bad_input_gets_a_4xx_with_one_line_and_one_log_line",)),
+    # --- A zero start vector (start_from_zero_embedding: Marian-NMT, CTranslate2) -----
+    Mutant("the zero start embeds padding's row", MODEL,
+           "embedded = jnp.where((decoder_inputs == 0)[..., None], 0, embedded)",
+           "embedded = embedded",
+           ("tests/test_model.py::test_start_from_zero_embedding_never_reads_row_0",)),
+    Mutant("padding's logit keeps its row under a zero start", MODEL,
+           "logits = jnp.where(jnp.arange(logits.shape[-1]) == 0, 0, logits)",
+           "logits = logits",
+           ("tests/test_model.py::test_start_from_zero_embedding_never_reads_row_0",)),
 ]
 
 
