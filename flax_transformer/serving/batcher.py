@@ -328,7 +328,8 @@ class Batcher:
         family.translators[key] = Translator(
             self._model.model_configs, self._params, self.tokenizer,
             dataclasses.replace(search, nbest=search.beam_size), batch_tokens=budget,
-            devices=self.devices, checkpoint_steps=self._model.checkpoint_steps)
+            devices=self.devices, checkpoint_steps=self._model.checkpoint_steps,
+            whole_batches=True)
       return family.translators[key]
 
   def _family(self, search: SearchConfig) -> _Family:

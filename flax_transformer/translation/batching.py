@@ -23,6 +23,13 @@ def batch_rows(width: int, *, batch_tokens: int, row_multiple: int = 1) -> int:
   return max(row_multiple, (batch_tokens // width) // row_multiple * row_multiple)
 
 
+def fitted_rows(needed: int, rows: int, row_multiple: int = 1) -> int:
+  """Rows for `needed` examples of a batch of at most `rows`: `row_multiple` times the
+  smallest power of two that holds them (a filler row costs as much as a real one)."""
+  per_device = -(-needed // row_multiple)
+  return min(rows, row_multiple * (1 << max(per_device - 1, 0).bit_length()))
+
+
 def bucket_widths(lengths: Sequence[int], *, max_length: int, length_multiple: int = 16,
                   max_widths: int | None = None) -> list[int]:
   """Row widths that cover `lengths`: multiples of `length_multiple`, at most `max_widths`.
@@ -43,7 +50,8 @@ def bucket_widths(lengths: Sequence[int], *, max_length: int, length_multiple: i
 
 def eval_batches(token_ids: Sequence[tuple[np.ndarray, np.ndarray]], *, batch_tokens: int,
                  max_length: int, row_multiple: int = 1, length_multiple: int = 16,
-                 max_widths: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+                 max_widths: int | None = None, fit_last: bool = False
+                 ) -> Iterator[dict[str, np.ndarray]]:
   """Every example, sorted by length into token-budgeted, padded batches.
 
   token_ids: (source ids, target ids) per example (target may be empty for
@@ -52,6 +60,9 @@ def eval_batches(token_ids: Sequence[tuple[np.ndarray, np.ndarray]], *, batch_to
   and `index` [rows] (position in `token_ids`, -1 for filler rows); rows is a
   multiple of `row_multiple` (the data-parallel size). Rows follow from the
   width, so the batches take at most `max_widths` shapes (`bucket_widths`).
+  fit_last: a width's last batch has only the rows its examples need, rounded up to
+  `row_multiple` times a power of two (`fitted_rows`), so that a short input does not
+  pay for whole batches of filler rows; a width then has up to two shapes.
   """
   truncated = 0
   lengths = []
@@ -71,6 +82,8 @@ def eval_batches(token_ids: Sequence[tuple[np.ndarray, np.ndarray]], *, batch_to
     rows = batch_rows(width, batch_tokens=batch_tokens, row_multiple=row_multiple)
     members = [i for i in order[start:start + rows] if lengths[i] <= width]
     start += len(members)
+    if fit_last:
+      rows = fitted_rows(len(members), rows, row_multiple)
     batch = {"inputs": np.zeros((rows, width), np.int32),
              "targets": np.zeros((rows, width), np.int32),
              "index": np.full((rows,), -1, np.int32)}

@@ -228,13 +228,18 @@ def batch_keys(seed: int, count: int) -> list[jax.Array]:
 
 def search_batches(sources: Sequence[np.ndarray], *, batch_tokens: int, max_length: int,
                    row_multiple: int = 1, max_widths: int | None = None,
-                   prefixes: Sequence[np.ndarray] | None = None) -> list[dict[str, np.ndarray]]:
+                   prefixes: Sequence[np.ndarray] | None = None, fit_last: bool = True
+                   ) -> list[dict[str, np.ndarray]]:
   """The host batches `translate_ids` searches: `inputs` [rows, width], `index` [rows];
-  with `prefixes` (ids without EOS, one per source), `targets` [rows, width] holds them."""
+  with `prefixes` (ids without EOS, one per source), `targets` [rows, width] holds them.
+  fit_last: each width's last batch only as large as its sentences need
+  (`batching.eval_batches`); a training run's evaluation, whose shapes are compiled
+  ahead within `eval_max_shapes`, keeps whole batches."""
   empty = np.zeros((0,), np.int32)
   pairs = list(zip(sources, prefixes if prefixes is not None else [empty] * len(sources)))
   return list(batching.eval_batches(pairs, batch_tokens=batch_tokens, max_length=max_length,
-                                    row_multiple=row_multiple, max_widths=max_widths))
+                                    row_multiple=row_multiple, max_widths=max_widths,
+                                    fit_last=fit_last))
 
 
 def shard_search_fn(search_fn: Callable[..., search_lib.SearchResult],
@@ -328,7 +333,7 @@ def translate_ids(search_fn, params, sources: Sequence[np.ndarray], *, batch_tok
                   place: Callable[[np.ndarray], Any] = jnp.asarray,
                   progress=None, max_widths: int | None = None,
                   prefixes: Sequence[np.ndarray] | None = None,
-                  stop: Callable[[], bool] | None = None):
+                  stop: Callable[[], bool] | None = None, fit_last: bool = True):
   """Token ids of each source -> per source, `nbest` (ids, score) pairs, best first.
 
   Sources are sorted by length into token-budgeted batches (few compiled
@@ -342,7 +347,8 @@ def translate_ids(search_fn, params, sources: Sequence[np.ndarray], *, batch_tok
   """
   results: list[Any] = [None] * len(sources)
   batches = search_batches(sources, batch_tokens=batch_tokens, max_length=max_length,
-                           row_multiple=row_multiple, max_widths=max_widths, prefixes=prefixes)
+                           row_multiple=row_multiple, max_widths=max_widths, prefixes=prefixes,
+                           fit_last=fit_last)
   keys = batch_keys(seed, len(batches))
 
   def arguments(batch, key):
@@ -378,9 +384,10 @@ class Translator:
   def __init__(self, model_config: Members, params, tokenizer: Tokenizer,
                search: SearchConfig = SearchConfig(), *, batch_tokens: int = 4096,
                seed: int = 0, devices: Sequence[jax.Device] | None = None,
-               checkpoint_steps: Sequence[Sequence[int]] | None = None):
+               checkpoint_steps: Sequence[Sequence[int]] | None = None,
+               whole_batches: bool = False):
     self._setup(model_config, tokenizer, search, batch_tokens=batch_tokens, seed=seed,
-                devices=devices)
+                devices=devices, whole_batches=whole_batches)
     self._set_params(params, checkpoint_steps)
 
   def _set_params(self, params, checkpoint_steps: Sequence[Sequence[int]] | None) -> None:
@@ -390,8 +397,14 @@ class Translator:
     self._placed_params = jax.device_put(self.params, self._replicated)
 
   def _setup(self, model_config: Members, tokenizer: Tokenizer, search: SearchConfig, *,
-             batch_tokens: int, seed: int, devices: Sequence[jax.Device] | None) -> None:
-    """Everything but the parameters: what compiling the searches needs."""
+             batch_tokens: int, seed: int, devices: Sequence[jax.Device] | None,
+             whole_batches: bool = False) -> None:
+    """Everything but the parameters: what compiling the searches needs.
+
+    whole_batches: every batch has the rows `batch_tokens` gives its width (serve.py's
+    batcher, whose shapes are compiled at start); False: a width's last batch has only
+    the rows its sentences need (`search_batches`' fit_last)."""
+    self.whole_batches = whole_batches
     # Normalised once: inside, a model is an ensemble of one.
     self.model_configs = tuple(c.replace(deterministic=True, decode=False)
                                for c in _members(model_config))
@@ -495,7 +508,8 @@ class Translator:
     if not sources:
       return
     batches = search_batches(sources, batch_tokens=self.batch_tokens, max_length=self.max_len,
-                             row_multiple=len(self.devices), prefixes=prefix_ids)
+                             row_multiple=len(self.devices), prefixes=prefix_ids,
+                             fit_last=not self.whole_batches)
     # The parameters set, as given (boxed, cast), else the shapes a checkpoint loads as.
     members = getattr(self, "_placed_params", None)
     if members is None:
@@ -538,7 +552,8 @@ class Translator:
     return translate_ids(self._search_fn, self._placed_params, sources,
                          batch_tokens=self.batch_tokens, max_length=self.max_len,
                          row_multiple=len(self.devices), nbest=self.search.nbest,
-                         seed=self.seed, place=self._place, progress=progress, prefixes=prefixes)
+                         seed=self.seed, place=self._place, progress=progress, prefixes=prefixes,
+                         fit_last=not self.whole_batches)
 
   def translate_nbest(self, sentences: Sequence[str], progress=None,
                       prefixes: Sequence[str] | None = None) -> list[list[tuple[str, float]]]:
@@ -601,7 +616,8 @@ class Translator:
                         f"more than the model's max_len of {self.max_len}")
     batches = list(batching.eval_batches(pairs, batch_tokens=self.batch_tokens,
                                          max_length=self.max_len,
-                                         row_multiple=len(self.devices)))
+                                         row_multiple=len(self.devices),
+                                         fit_last=not self.whole_batches))
 
     def arguments(batch):
       return self._placed_params, self._place(batch["inputs"]), self._place(batch["targets"])
