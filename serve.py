@@ -71,8 +71,9 @@ flags.DEFINE_integer("compilation_cache_max_mb", 2048, "Cap of the compilation c
                      "used are deleted (0 = no cap, DIR itself). Each new option set a request "
                      "asks for adds its programs.", lower_bound=0)
 flags.DEFINE_float("alpha_step", 0.1, "A request's alpha is rounded half up to a multiple of "
-                   f"this, at most {MAX_ALPHA:g} (0 = as sent): every distinct alpha is a "
-                   "program to compile and keep. --alpha must be on this grid.")
+                   f"this (0 = as sent, else in [{MIN_ALPHA_STEP:g}, {MAX_ALPHA:g}]), at most "
+                   f"{MAX_ALPHA:g}: every distinct alpha is a program to compile and keep. "
+                   "--alpha must be on this grid.")
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
 

@@ -53,7 +53,7 @@ def translator_stage(workdir: str, count: int, max_extra: int) -> None:
   from flax_transformer.cli import common as cli
 
   cli.set_cpu_devices(0)  # As decode.py: one device per core.
-  from flax_transformer import compilation
+  from flax_transformer import compilation, provenance
   from flax_transformer.translation.translator import SearchConfig, Translator
 
   compilation.set_default_xla_flags()
@@ -63,7 +63,8 @@ def translator_stage(workdir: str, count: int, max_extra: int) -> None:
   ids = translator.translate_nbest_ids([translator.tokenizer.source.tokenize(s) for s in texts])
   print("RESULT " + json.dumps({"pieces": [translator.tokenizer.target.pieces(h[0][0])
                                            for h in ids], "texts": translator.translate(texts),
-                                "machine": common.machine()}), flush=True)
+                                "machine": common.machine(), **provenance.commit()}),
+        flush=True)
   for _ in sys.stdin:
     translator.translate(texts)
     print("done", flush=True)
@@ -174,7 +175,8 @@ def main() -> None:
   for row in rows:
     row["vs_transformers"] = row["sentences_per_s"] / rows[-1]["sentences_per_s"]
   record = {
-      "command": common.bench_command(), "folder": str(folder), "sentences": len(texts),
+      "command": common.bench_command(), "git_commit": ours["git_commit"],
+      "git_dirty": ours["git_dirty"], "folder": str(folder), "sentences": len(texts),
       "data": "Multi30k test 2016 (EN->DE), first lines", "max_extra": args.max_extra,
       "spm_pieces": args.pieces,
       "beam": 4, "rows": rows, "generate_calls": len(calls),

@@ -1,9 +1,12 @@
 """The encoder and beam search of a trained model as serialized StableHLO (jax.export).
 
 One module per batch shape: for every row width decode.py may use (multiples of
-16 up to the model's max_len), the rows one device searches in decode.py with
-the same --batch_tokens and device count. The runner then searches each row in a
-computation of the same shape as decode.py's, so the two agree line for line.
+16 up to the model's max_len), the rows one device searches in a whole batch of
+decode.py's with the same --batch_tokens and device count. decode.py gives a width
+that its input fills less than once fewer rows (`batching.fitted_rows`); the runner
+pads to the whole batch. A row's search does not depend on the rows beside it, so
+the two agree line for line (tests/test_export.py checks it on test 2016 and on
+inputs of a few sentences).
 Parameters are arguments (params.npz), not constants: one copy on disk, shared
 by every shape.
 
@@ -40,7 +43,8 @@ LENGTH_MULTIPLE = 16  # batching.eval_batches' default: the widths decode.py com
 
 
 def shapes(max_len: int, *, batch_tokens: int, devices: int) -> list[tuple[int, int]]:
-  """(rows per device, width) of every batch decode.py may search on `devices` devices."""
+  """(rows per device, width) of every whole batch decode.py may search on `devices`
+  devices."""
   widths = range(LENGTH_MULTIPLE, batching.bucket_length(max_len, LENGTH_MULTIPLE) + 1,
                  LENGTH_MULTIPLE)
   return [(batching.batch_rows(w, batch_tokens=batch_tokens, row_multiple=devices) // devices,

@@ -50,7 +50,7 @@ def bucket_widths(lengths: Sequence[int], *, max_length: int, length_multiple: i
 
 def eval_batches(token_ids: Sequence[tuple[np.ndarray, np.ndarray]], *, batch_tokens: int,
                  max_length: int, row_multiple: int = 1, length_multiple: int = 16,
-                 max_widths: int | None = None, fit_last: bool = False
+                 max_widths: int | None = None, fit_small: bool = False
                  ) -> Iterator[dict[str, np.ndarray]]:
   """Every example, sorted by length into token-budgeted, padded batches.
 
@@ -60,9 +60,10 @@ def eval_batches(token_ids: Sequence[tuple[np.ndarray, np.ndarray]], *, batch_to
   and `index` [rows] (position in `token_ids`, -1 for filler rows); rows is a
   multiple of `row_multiple` (the data-parallel size). Rows follow from the
   width, so the batches take at most `max_widths` shapes (`bucket_widths`).
-  fit_last: a width's last batch has only the rows its examples need, rounded up to
-  `row_multiple` times a power of two (`fitted_rows`), so that a short input does not
-  pay for whole batches of filler rows; a width then has up to two shapes.
+  fit_small: a width whose examples fill less than one batch gets a batch of only the
+  rows they need, `row_multiple` times a power of two (`fitted_rows`), so that a short
+  input does not pay for a batch of filler rows; a width with more keeps whole batches,
+  so an input never compiles more shapes than without it.
   """
   truncated = 0
   lengths = []
@@ -76,14 +77,15 @@ def eval_batches(token_ids: Sequence[tuple[np.ndarray, np.ndarray]], *, batch_to
   widths = bucket_widths(lengths, max_length=max_length, length_multiple=length_multiple,
                          max_widths=max_widths)
   order = np.argsort(np.asarray(lengths), kind="stable")
-  start = 0
+  start, previous_width = 0, None
   while start < len(order):
     width = next(w for w in widths if w >= lengths[order[start]])
     rows = batch_rows(width, batch_tokens=batch_tokens, row_multiple=row_multiple)
     members = [i for i in order[start:start + rows] if lengths[i] <= width]
     start += len(members)
-    if fit_last:
+    if fit_small and width != previous_width and len(members) < rows:  # The width's only.
       rows = fitted_rows(len(members), rows, row_multiple)
+    previous_width = width
     batch = {"inputs": np.zeros((rows, width), np.int32),
              "targets": np.zeros((rows, width), np.int32),
              "index": np.full((rows,), -1, np.int32)}

@@ -228,18 +228,18 @@ def batch_keys(seed: int, count: int) -> list[jax.Array]:
 
 def search_batches(sources: Sequence[np.ndarray], *, batch_tokens: int, max_length: int,
                    row_multiple: int = 1, max_widths: int | None = None,
-                   prefixes: Sequence[np.ndarray] | None = None, fit_last: bool = True
+                   prefixes: Sequence[np.ndarray] | None = None, fit_small: bool = True
                    ) -> list[dict[str, np.ndarray]]:
   """The host batches `translate_ids` searches: `inputs` [rows, width], `index` [rows];
   with `prefixes` (ids without EOS, one per source), `targets` [rows, width] holds them.
-  fit_last: each width's last batch only as large as its sentences need
-  (`batching.eval_batches`); a training run's evaluation, whose shapes are compiled
-  ahead within `eval_max_shapes`, keeps whole batches."""
+  fit_small: a width's batch only as large as its sentences need when they fill less
+  than one (`batching.eval_batches`); a training run's evaluation, whose shapes are
+  compiled ahead within `eval_max_shapes`, keeps whole batches."""
   empty = np.zeros((0,), np.int32)
   pairs = list(zip(sources, prefixes if prefixes is not None else [empty] * len(sources)))
   return list(batching.eval_batches(pairs, batch_tokens=batch_tokens, max_length=max_length,
                                     row_multiple=row_multiple, max_widths=max_widths,
-                                    fit_last=fit_last))
+                                    fit_small=fit_small))
 
 
 def shard_search_fn(search_fn: Callable[..., search_lib.SearchResult],
@@ -333,7 +333,7 @@ def translate_ids(search_fn, params, sources: Sequence[np.ndarray], *, batch_tok
                   place: Callable[[np.ndarray], Any] = jnp.asarray,
                   progress=None, max_widths: int | None = None,
                   prefixes: Sequence[np.ndarray] | None = None,
-                  stop: Callable[[], bool] | None = None, fit_last: bool = True):
+                  stop: Callable[[], bool] | None = None, fit_small: bool = True):
   """Token ids of each source -> per source, `nbest` (ids, score) pairs, best first.
 
   Sources are sorted by length into token-budgeted batches (few compiled
@@ -348,7 +348,7 @@ def translate_ids(search_fn, params, sources: Sequence[np.ndarray], *, batch_tok
   results: list[Any] = [None] * len(sources)
   batches = search_batches(sources, batch_tokens=batch_tokens, max_length=max_length,
                            row_multiple=row_multiple, max_widths=max_widths, prefixes=prefixes,
-                           fit_last=fit_last)
+                           fit_small=fit_small)
   keys = batch_keys(seed, len(batches))
 
   def arguments(batch, key):
@@ -402,8 +402,8 @@ class Translator:
     """Everything but the parameters: what compiling the searches needs.
 
     whole_batches: every batch has the rows `batch_tokens` gives its width (serve.py's
-    batcher, whose shapes are compiled at start); False: a width's last batch has only
-    the rows its sentences need (`search_batches`' fit_last)."""
+    batcher, whose shapes are compiled at start); False: a width whose sentences fill
+    less than one batch gets only the rows they need (`search_batches`' fit_small)."""
     self.whole_batches = whole_batches
     # Normalised once: inside, a model is an ensemble of one.
     self.model_configs = tuple(c.replace(deterministic=True, decode=False)
@@ -441,7 +441,8 @@ class Translator:
                    seed: int = 0, devices: Sequence[jax.Device] | None = None,
                    compile_for: Sequence[str] | None = None,
                    compile_prefixes: Sequence[str] | None = None,
-                   compilation_cache_dir: str | None = None) -> "Translator":
+                   compilation_cache_dir: str | None = None,
+                   whole_batches: bool = False) -> "Translator":
     """The model of a training workdir, its checkpoints averaged (paper: last 5 or 20).
 
     average_last: 1 (the newest checkpoint alone) here, where decode.py, serve.py and
@@ -457,7 +458,7 @@ class Translator:
     arguments); their searches compile (`compile_ahead`) while the checkpoints
     load and average. compilation_cache_dir: the persistent compilation cache to
     enable ('' = the default location), once the arguments are checked and before
-    anything compiles; None leaves jax's as it is.
+    anything compiles; None leaves jax's as it is. whole_batches: as the constructor's.
     """
     configs, tokenizer = [], None
     paths = (workdir, *ensemble)
@@ -475,7 +476,7 @@ class Translator:
       compilation.enable_cache(compilation_cache_dir)
     translator = cls.__new__(cls)
     translator._setup(configs, tokenizer, search, batch_tokens=batch_tokens, seed=seed,
-                      devices=devices)
+                      devices=devices, whole_batches=whole_batches)
     if compile_for is not None:
       translator.compile_ahead(compile_for, compile_prefixes)
     all_params, all_steps = [], []
@@ -509,7 +510,7 @@ class Translator:
       return
     batches = search_batches(sources, batch_tokens=self.batch_tokens, max_length=self.max_len,
                              row_multiple=len(self.devices), prefixes=prefix_ids,
-                             fit_last=not self.whole_batches)
+                             fit_small=not self.whole_batches)
     # The parameters set, as given (boxed, cast), else the shapes a checkpoint loads as.
     members = getattr(self, "_placed_params", None)
     if members is None:
@@ -553,7 +554,7 @@ class Translator:
                          batch_tokens=self.batch_tokens, max_length=self.max_len,
                          row_multiple=len(self.devices), nbest=self.search.nbest,
                          seed=self.seed, place=self._place, progress=progress, prefixes=prefixes,
-                         fit_last=not self.whole_batches)
+                         fit_small=not self.whole_batches)
 
   def translate_nbest(self, sentences: Sequence[str], progress=None,
                       prefixes: Sequence[str] | None = None) -> list[list[tuple[str, float]]]:
@@ -617,7 +618,7 @@ class Translator:
     batches = list(batching.eval_batches(pairs, batch_tokens=self.batch_tokens,
                                          max_length=self.max_len,
                                          row_multiple=len(self.devices),
-                                         fit_last=not self.whole_batches))
+                                         fit_small=not self.whole_batches))
 
     def arguments(batch):
       return self._placed_params, self._place(batch["inputs"]), self._place(batch["targets"])
