@@ -123,6 +123,7 @@ def option_sets(args) -> None:
              f"--max_configs={args.max_configs}", f"--compilation_cache_dir={cache}",
              f"--compilation_cache_max_mb={args.cache_max_mb}", "--max_tokens=16",
              "--max_batch=8"]
+  code = provenance.commit()  # Before the run writes its log beside the JSON.
   log_path = Path(args.json).with_suffix(".log")
   server, ready_s = start(command, log_path, args.port)
   rows, client, errors = [], Client(args.port), []
@@ -158,7 +159,7 @@ def option_sets(args) -> None:
             "cache_entries_end": len(list(Path(cache).rglob("*-cache"))),
             "server_ready_s": ready_s,
             "summary": summary, "batching": health["batching"], "rows": rows,
-            **provenance.commit(), "packages": provenance.package_versions(),
+            **code, "packages": provenance.package_versions(),
             "machine": machine()}
   print(json.dumps({k: record[k] for k in ("requests", "error_count", "compiles", "dropped",
                                            "cache_entries_end", "summary")}, indent=1))
@@ -212,6 +213,7 @@ def main():
              f"--max_tokens={max_tokens}", f"--max_batch={args.max_batch}",
              f"--max_wait_ms={args.max_wait_ms}", f"--max_sentences={args.max_batch}",
              f"--compilation_cache_dir={args.compilation_cache_dir}"]
+  code = provenance.commit()  # Before the run writes its log beside the JSON.
   log_path = Path(args.json).with_suffix(".log")
   server, ready_s = start(command, log_path, args.port)
   try:
@@ -251,7 +253,7 @@ def main():
             "aim": {"clients": AIM_CLIENTS, "fraction_of_whole_file": AIM_FRACTION,
                     "measured": aim and aim["vs_whole_file"],
                     "met": bool(aim and aim["vs_whole_file"] >= AIM_FRACTION)},
-            **provenance.commit(), "packages": provenance.package_versions(),
+            **code, "packages": provenance.package_versions(),
             "machine": machine()}
   write_json(args.json, record)
 
