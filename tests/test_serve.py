@@ -605,6 +605,11 @@ def test_libretranslate_cors_multipart_query_strings_auto_and_what_it_refuses(se
                twice.encode())[::2] == (200, {"translatedText": expected[0]})
   assert _http(server, "POST", "/translate", twice.encode())[::2] == (
       200, {"translatedText": expected[1]})
+  # A text of several lines (a paragraph each, as browser extensions send): one input per
+  # line, the newlines and blank lines back as they came (at 1d04351: one input).
+  lines = f"{SENTENCES[0]}\n\n{SENTENCES[1]}\r\n"
+  assert server.call("/translate", {**fields, "q": [lines, " "]}, token=None) == (
+      200, {"translatedText": [f"{expected[0]}\n\n{expected[1]}\r\n", " "]})
   detected = {"confidence": 100, "language": "en"}  # Not detected: the pair's source.
   auto = {**fields, "source": "auto"}
   assert server.call("/translate", auto, token=None) == (

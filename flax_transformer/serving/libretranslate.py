@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import urllib.parse
 
 from starlette.middleware.cors import CORSMiddleware
@@ -142,9 +143,13 @@ class LibreTranslate:
     q = fields.get("q")
     if not q:  # None, "", [], as LibreTranslate.
       raise RequestError(400, "Invalid request: missing q parameter")
-    sentences = [q] if isinstance(q, str) else q
-    if not isinstance(sentences, list) or not all(isinstance(s, str) for s in sentences):
+    texts = [q] if isinstance(q, str) else q
+    if not isinstance(texts, list) or not all(isinstance(s, str) for s in texts):
       raise RequestError(400, "Invalid request: q must be a string or a list of strings")
+    # One model input per line (clients send paragraphs a line each), the newlines and
+    # blank lines kept: [line, newline, line, ...] per text.
+    parts = [re.split(r"(\r?\n)", text) for text in texts]
+    sentences = [line for text in parts for line in text[::2] if line.strip()]
     self._check_languages(fields.get("source"), fields.get("target"))
     if fields.get("alternatives") not in (None, 0, "", "0"):
       raise RequestError(400, "alternatives is not supported: this server gives one "
@@ -157,8 +162,10 @@ class LibreTranslate:
       self._check_sentences("q", sentences)
     except RequestError as e:  # LibreTranslate answers every bad request 400.
       raise RequestError(400, str(e)) from None
-    found = await asyncio.wrap_future(self._translate(sentences))
-    translations = [hyps[0][0] for hyps in found]
+    found = await asyncio.wrap_future(self._translate(sentences)) if sentences else []
+    lines = iter(hyps[0][0] for hyps in found)
+    translations = ["".join(next(lines) if i % 2 == 0 and part.strip() else part
+                            for i, part in enumerate(text)) for text in parts]
     answer = {"translatedText": translations[0] if isinstance(q, str) else translations}
     if fields["source"] == "auto":  # Not detected: the pair's one source (docs/decoding.md).
       detected = {"confidence": 100, "language": self.pair[0]}
