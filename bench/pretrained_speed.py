@@ -56,6 +56,7 @@ def translator_stage(workdir: str, count: int, max_extra: int) -> None:
   from flax_transformer import compilation, provenance
   from flax_transformer.translation.translator import SearchConfig, Translator
 
+  code = provenance.commit()  # At the start: nothing the run writes is in it.
   compilation.set_default_xla_flags()
   search = SearchConfig(beam_size=4, alpha=0.0, max_extra=max_extra, eos_within_beam=True)
   translator = Translator.from_workdir(workdir, search=search)
@@ -63,7 +64,7 @@ def translator_stage(workdir: str, count: int, max_extra: int) -> None:
   ids = translator.translate_nbest_ids([translator.tokenizer.source.tokenize(s) for s in texts])
   print("RESULT " + json.dumps({"pieces": [translator.tokenizer.target.pieces(h[0][0])
                                            for h in ids], "texts": translator.translate(texts),
-                                "machine": common.machine(), **provenance.commit()}),
+                                "machine": common.machine(), **code}),
         flush=True)
   for _ in sys.stdin:
     translator.translate(texts)

@@ -87,8 +87,7 @@ class Evaluation:
 
   def _search_batching(self) -> dict:
     return dict(batch_tokens=self.config.eval_batch_tokens, max_length=self.max_len,
-                row_multiple=self.dp_size, max_widths=self.config.eval_max_shapes,
-                fit_small=False)  # Shapes compiled ahead, at most eval_max_shapes.
+                row_multiple=self.dp_size, max_widths=self.config.eval_max_shapes)
 
   def __call__(self, params, due: WorkDue, stop=lambda: False) -> dict[str, float]:
     """The due evaluations' metrics. `stop()` (a SIGTERM: a preemption notice) is asked

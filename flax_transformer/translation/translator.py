@@ -233,8 +233,7 @@ def search_batches(sources: Sequence[np.ndarray], *, batch_tokens: int, max_leng
   """The host batches `translate_ids` searches: `inputs` [rows, width], `index` [rows];
   with `prefixes` (ids without EOS, one per source), `targets` [rows, width] holds them.
   fit_small: a width's batch only as large as its sentences need when they fill less
-  than one (`batching.eval_batches`); a training run's evaluation, whose shapes are
-  compiled ahead within `eval_max_shapes`, keeps whole batches."""
+  than one (`batching.eval_batches`: never more shapes than whole batches)."""
   empty = np.zeros((0,), np.int32)
   pairs = list(zip(sources, prefixes if prefixes is not None else [empty] * len(sources)))
   return list(batching.eval_batches(pairs, batch_tokens=batch_tokens, max_length=max_length,
