@@ -13,6 +13,7 @@ if __name__ == "__main__":  # First: glibc reads malloc settings at start, JAX n
   host_allocator.reexec_with_reusable_malloc()
 
 import errno
+import importlib.util
 import math
 import os
 import socket
@@ -114,15 +115,19 @@ def main(argv):
       from flax_transformer.serving import drain
       from flax_transformer.serving.app import Limits, make_app, on_grid
       from flax_transformer.serving.batcher import Batcher
+      if not any(importlib.util.find_spec(m) for m in ("python_multipart", "multipart")):
+        raise ImportError("No module named 'python_multipart'")  # LibreTranslate's forms.
     except ImportError as e:
-      raise ConfigError(f"serve.py needs FastAPI and uvicorn ({e}): pip install -e '.[serve]'")
+      raise ConfigError(f"serve.py needs FastAPI, uvicorn and python-multipart ({e}): "
+                        "pip install -e '.[serve]'")
     from flax_transformer import workdir as workdir_lib
     from flax_transformer.translation.translator import Translator
 
     # The search options' one check (decode.py's and export.py's too) comes first.
     search = SearchConfig(beam_size=FLAGS.beam_size, alpha=FLAGS.alpha, max_extra=FLAGS.max_extra)
     _check_floats(on_grid)
-    if FLAGS.languages is not None and len(FLAGS.languages) != 2:
+    if FLAGS.languages is not None and (len(FLAGS.languages) != 2
+                                        or not all(c.strip() for c in FLAGS.languages)):
       raise ConfigError(f"--languages takes SOURCE,TARGET (two codes, as en,de), got "
                         f"{','.join(FLAGS.languages)!r}")
     if search.beam_size > FLAGS.max_beam:  # Else every request without a beam_size is a 422.

@@ -201,6 +201,13 @@ def test_bad_folders_are_one_line_naming_the_problem(tmp_path):
       "prenorm": (edit_config(normalize_before=True), "normalize_before=True"),
       "act": (edit_config(activation_function="mish"), "activation_function='mish'"),
       "size": (edit_config(vocab_size=9), "vocab_size=9"),
+      "positions": (edit_config(max_position_embeddings=10**9),
+                    "max_position_embeddings=1000000000 has no equivalent here (at most 65536)"),
+      "tokenizer_list": (lambda f: (f / "tokenizer_config.json").write_text("[1, 2]"),
+                         "tokenizer_config.json: not a JSON object of fields"),
+      "bool_id": (lambda f: (f / "vocab.json").write_text(json.dumps(
+          {**json.loads((f / "vocab.json").read_text()), "</s>": True})),
+                  "vocab.json: not a JSON object of piece -> integer id"),
   }
   for name, (change, expected) in cases.items():
     with pytest.raises(DataError, match=re.escape(expected)):

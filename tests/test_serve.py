@@ -237,6 +237,8 @@ def test_serve_py_refuses_a_nan_flag_and_an_alpha_off_its_grid_in_one_line(tmp_p
                                   "sent, got -0.1",
              "--alpha_step=1e-30": "--alpha_step must be in [0.001, 10], or 0 for alphas as "
                                    "sent, got 1e-30",
+             "--languages=en,": "--languages takes SOURCE,TARGET (two codes, as en,de), got "
+                                "'en,'",
              "--alpha=0.65": "--alpha 0.65 is off --alpha_step 0.1's grid (a request's alpha "
                              "0.65 would be searched as 0.7)"}
   runs = {flag: subprocess.Popen([sys.executable, str(ROOT / "serve.py"),
@@ -610,6 +612,13 @@ def test_libretranslate_cors_multipart_query_strings_auto_and_what_it_refuses(se
   lines = f"{SENTENCES[0]}\n\n{SENTENCES[1]}\r\n"
   assert server.call("/translate", {**fields, "q": [lines, " "]}, token=None) == (
       200, {"translatedText": [f"{expected[0]}\n\n{expected[1]}\r\n", " "]})
+  # Lone surrogates (valid JSON, not text) in the echoed fields and the key: one line, no 500.
+  surrogate = '{"q": "A.", "source": "\\ud800", "target": "de", "api_key": "%s"}'
+  assert server.call("/translate", raw=(surrogate % TOKEN).encode(), token=None) == (
+      400, {"error": "Invalid request: source is not a language code"})
+  assert server.call("/translate", raw=(surrogate.replace('\\ud800", "target', 'en", "target')
+                                        % "\\udfff").encode(), token=None) == (
+      403, {"error": "Invalid API key"})
   detected = {"confidence": 100, "language": "en"}  # Not detected: the pair's source.
   auto = {**fields, "source": "auto"}
   assert server.call("/translate", auto, token=None) == (

@@ -172,6 +172,7 @@ def must_be_int(minimum: int) -> Rule:
 # activation_function (transformers' ACT2FN names) -> TransformerConfig.activation.
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "gelu": "gelu", "relu": "relu",
                "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+MAX_POSITIONS = 1 << 16  # A position table beyond it is a typo, not a model (memory).
 TRAINING_ONLY = "training only (dropout, layer drop, initialisation): not the function"
 # The fields MarianConfig and FSMTConfig (BART's family) share, as `check_fields` reads
 # them: the architecture's `model_config_from` maps those with rules.
@@ -179,7 +180,9 @@ BART_FIELDS: dict = {
     "d_model": must_be_int(1), "encoder_layers": must_be_int(1),
     "decoder_layers": must_be_int(1), "encoder_ffn_dim": must_be_int(1),
     "decoder_ffn_dim": must_be_int(1), "encoder_attention_heads": must_be_int(1),
-    "decoder_attention_heads": must_be_int(1), "max_position_embeddings": must_be_int(1),
+    "decoder_attention_heads": must_be_int(1),
+    "max_position_embeddings": lambda v: must_be_int(1)(v) or (
+        None if v <= MAX_POSITIONS else f"at most {MAX_POSITIONS}"),
     "activation_function": lambda v: None if v in ACTIVATIONS else f"one of {sorted(ACTIVATIONS)}",
     "scale_embedding": must_be(True, False), "tie_word_embeddings": must_be(True, False),
     "pad_token_id": lambda v: None, "eos_token_id": lambda v: None,  # Checked with the vocabulary.
@@ -210,6 +213,8 @@ def check_fields(config: Mapping, table: Mapping[str, Rule | str], where: Path) 
   """Every field of `config` is in `table` (or GENERIC_IRRELEVANT): a rule (value -> None,
   or what this code implements) for fields that change the function, a reason for those
   that do not. A field in neither, or a value a rule refuses, is a DataError naming it."""
+  if not isinstance(config, Mapping):
+    raise DataError(f"{where}: not a JSON object of fields")
   for name, value in config.items():
     rule = table.get(name, GENERIC_IRRELEVANT.get(name))
     if rule is None:

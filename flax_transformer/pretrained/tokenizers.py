@@ -134,7 +134,8 @@ def load_marian(directory, spec: dict) -> PairTokenizer:
 def vocabulary_ids(path, vocab, specials) -> dict[str, int]:
   """`vocab` if it is a piece -> id table with ids 0..n-1, each once, and every one of
   `specials`; else a DataError naming `path`'s problem."""
-  if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
+  if not isinstance(vocab, dict) or not all(
+      isinstance(i, int) and not isinstance(i, bool) for i in vocab.values()):
     raise DataError(f"{path}: not a JSON object of piece -> integer id")
   if sorted(vocab.values()) != list(range(len(vocab))):
     raise DataError(f"{path}: ids are not 0..{len(vocab) - 1}, each once")

@@ -23,5 +23,9 @@ def check(token: str | None, presented, status: int, missing: str, wrong: str) -
     return
   if not isinstance(presented, str) or not presented:
     raise RequestError(status, missing)
-  if not hmac.compare_digest(presented.encode(), token.encode()):
+  try:
+    presented_bytes = presented.encode()
+  except UnicodeEncodeError:  # JSON admits lone surrogates ("\ud800").
+    raise RequestError(status, wrong) from None
+  if not hmac.compare_digest(presented_bytes, token.encode()):
     raise RequestError(status, wrong)

@@ -126,6 +126,8 @@ class LibreTranslate:
     for field, value in (("source", source), ("target", target)):
       if not isinstance(value, str) or not value:
         raise RequestError(400, f"Invalid request: missing {field} parameter")
+      if not value.isprintable() or len(value) > 32:  # Echoed below: no lone surrogate.
+        raise RequestError(400, f"Invalid request: {field} is not a language code")
     if self.pair is None:
       raise RequestError(400, "this server's workdir records no language pair: start "
                               "serve.py with --languages=SOURCE,TARGET")
@@ -156,7 +158,8 @@ class LibreTranslate:
                               "translation per text")
     text_format = fields.get("format") or "text"  # LibreTranslate's: empty or null is text.
     if text_format != "text":
-      raise RequestError(400, f"format {text_format!r} is not supported: send format 'text' "
+      text_format = ascii(text_format)[:40]  # Echoed: valid text whatever was sent.
+      raise RequestError(400, f"format {text_format} is not supported: send format 'text' "
                               "(plain text; this server does not translate HTML)")
     try:
       self._check_sentences("q", sentences)
