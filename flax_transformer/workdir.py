@@ -28,9 +28,12 @@ from pathlib import Path
 
 import jax
 
+from flax_transformer import languages as languages_lib
 from flax_transformer import provenance, storage
 from flax_transformer.data.tokenizer import Tokenizer
-from flax_transformer.errors import ConfigError, WorkdirGoneError, WorkdirWriteError
+from flax_transformer.errors import (ConfigError, DataError, WorkdirGoneError,
+                                     WorkdirWriteError)
+from flax_transformer.languages import Languages
 from flax_transformer.network.config import TransformerConfig
 
 RUN_FILE = "run.json"
@@ -134,6 +137,10 @@ def record_launch(workdir: Workdir, model_config: TransformerConfig, vocab_size:
                     "diff in %s (launches[-1].git_diff) beside commit %s. Commit before a "
                     "run you will report.", ", ".join(code["git_dirty_files"]),
                     workdir.run_file, code["git_commit"][:7])
+  entries = dict(entries or {})
+  stated = languages_lib.from_config(launch.get("config") or {})
+  if stated is not None and "languages" not in entries:  # A run of its own: its data's.
+    entries["languages"] = stated.to_json()
   record_run(workdir, model_config, vocab_size, launch={**launch, **code}, entries=entries)
 
 
@@ -171,21 +178,31 @@ def tokenizer_files(workdir: str | os.PathLike) -> tuple[str, ...]:
 
 
 def tokenizer_entries(record: dict) -> dict:
-  """The entries of a run record that describe its tokenizer, besides `vocab_size`: what a
+  """The entries of a run record that describe its tokenizer and languages, besides
+  `vocab_size`: what a
   workdir made from it (fine-tuning) records too."""
-  return {key: record[key] for key in ("tokenizer",) if key in record}
+  return {key: record[key] for key in ("tokenizer", "languages") if key in record}
+
+
+def languages(workdir: str | os.PathLike) -> Languages:
+  """What a workdir's model translates between (languages.Languages): run.json's
+  "languages", else (a workdir written before it) its one pair: the last launch's data
+  config, an imported FSMT tokenizer's langs, an OPUS-MT vocabulary's >>xx<< tags."""
+  record = read_record(workdir) or {}
+  pieces = None
+  spec = record.get("tokenizer") or {}
+  if "languages" not in record and spec.get("kind") == "marian":
+    path = Workdir(workdir).tokenizer_dir / "vocab.json"
+    pieces = json.loads(path.read_text()) if path.is_file() else None
+  return languages_lib.from_record(record, pieces)
 
 
 def language_pair(workdir: str | os.PathLike) -> tuple[str, str] | None:
-  """(source, target) language codes of a workdir's model: its last launch's data config
-  (a trained or fine-tuned run), else its imported tokenizer's `langs` (FSMT); None when
-  it records neither (a Marian import: its folder's name says, its files do not)."""
-  record = read_record(workdir) or {}
-  config = ((record.get("launches") or [{}])[-1] or {}).get("config") or {}
-  if config.get("source_lang") and config.get("target_lang"):
-    return config["source_lang"], config["target_lang"]
-  langs = (record.get("tokenizer") or {}).get("langs")
-  return (langs[0], langs[1]) if isinstance(langs, list) and len(langs) == 2 else None
+  """(source, target) of a one-pair workdir's model; None when it states no pair or
+  knows more than one."""
+  known = languages(workdir)
+  pairs = known.pairs()
+  return pairs[0] if len(pairs) == 1 else None
 
 
 def read_run(workdir: str | Path) -> tuple[TransformerConfig, Tokenizer]:
@@ -201,5 +218,21 @@ def read_run(workdir: str | Path) -> tuple[TransformerConfig, Tokenizer]:
   model_config = TransformerConfig.from_dict(recorded_model(record))
   if "tokenizer" in record:  # An imported model's (import_model.py).
     from flax_transformer.pretrained import tokenizers
-    return model_config, tokenizers.load(workdir.tokenizer_dir, record["tokenizer"])
-  return model_config, Tokenizer(workdir.vocab_file)
+    tokenizer = tokenizers.load(workdir.tokenizer_dir, record["tokenizer"])
+  else:
+    tokenizer = Tokenizer(workdir.vocab_file)
+  check_vocabulary_sizes(model_config, tokenizer, run_file)
+  return model_config, tokenizer
+
+
+def check_vocabulary_sizes(model_config: TransformerConfig, tokenizer, run_file) -> None:
+  """DataError unless each side of `tokenizer` (`source`/`target`, or one shared
+  vocabulary) has as many pieces as the model's embedding it feeds (run.json's): files
+  of another model's tokenizer would otherwise translate into garbage, exit 0."""
+  for side, size in (("source", model_config.source_vocab), ("target", model_config.vocab_size)):
+    pieces = getattr(tokenizer, side, tokenizer).vocab_size
+    if pieces != size:
+      where = getattr(tokenizer, "path", "its files")
+      raise DataError(f"{run_file}: the model's {side} vocabulary has {size} entries but "
+                      f"the tokenizer's ({where}) has {pieces}: its files are another "
+                      "model's; import or train into a new workdir")

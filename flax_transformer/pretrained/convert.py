@@ -21,6 +21,7 @@ import numpy as np
 
 from flax_transformer import storage
 from flax_transformer.errors import ConfigError, DataError
+from flax_transformer.languages import Languages
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.pretrained import tokenizers
 from flax_transformer.workdir import TOKENIZER_DIR, Workdir, read_record, record_run
@@ -77,6 +78,7 @@ class Imported:
   tokenizer_spec: dict
   tokenizer_files: dict[str, bytes]
   notes: list[str] = dataclasses.field(default_factory=list)
+  languages: Languages = Languages()  # run.json's "languages" (flax_transformer.languages).
 
 
 def read_config_json(folder: Path) -> dict:
@@ -366,7 +368,7 @@ def write_workdir(imported: Imported, workdir: str | Path, source: Path) -> None
     storage.write_atomically(folder / name, data)
   spec = {**imported.tokenizer_spec, "files": sorted(imported.tokenizer_files)}
   record_run(workdir, imported.model_config, imported.model_config.vocab_size, entries={
-      "tokenizer": spec,
+      "tokenizer": spec, "languages": imported.languages.to_json(),
       "imported_from": {"architecture": imported.architecture, "folder": str(source.absolute()),
                         "sha256": file_hashes(source), "notes": imported.notes}})
   writer = Checkpointer(workdir, asynchronous=False)

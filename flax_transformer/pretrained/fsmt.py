@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from flax_transformer.errors import DataError
+from flax_transformer.languages import Languages
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.layers import sinusoidal_position_encoding
 from flax_transformer.pretrained import convert
@@ -125,7 +126,8 @@ def import_folder(folder: Path) -> convert.Imported:
     raise DataError(f"{folder / 'merges.txt'}: not UTF-8 text ({e})") from None
   spec = {"kind": "fsmt", "langs": list(langs),
           "do_lower_case": bool(tokenizer_config.get("do_lower_case", False))}
-  return convert.Imported(ARCHITECTURE, model_config, params, spec, files, notes)
+  return convert.Imported(ARCHITECTURE, model_config, params, spec, files, notes,
+                          Languages.one_pair(*langs))
 
 
 def model_config_from(config: dict, where: Path, *, source_size: int, target_size: int,

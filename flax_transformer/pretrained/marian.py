@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import sentencepiece as spm
 
+from flax_transformer import languages
 from flax_transformer.errors import DataError
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.layers import sinusoidal_position_encoding
@@ -119,7 +120,8 @@ def import_folder(folder: Path) -> convert.Imported:
     files[name] = json.dumps(convert.permuted_vocab(vocab, order), ensure_ascii=False,
                              indent=0).encode()
   return convert.Imported(ARCHITECTURE, model_config, params,
-                          {"kind": "marian", "separate_vocabularies": not shared}, files, notes)
+                          {"kind": "marian", "separate_vocabularies": not shared}, files, notes,
+                          languages.from_marian(source_vocab, tokenizer_config))
 
 
 def model_config_from(config: dict, where: Path, *, shared: bool, source_size: int,
