@@ -1,0 +1,76 @@
+"""format=html's parsing (flax_transformer/serving/markup.py): a page of Mastodon-like posts
+keeps its markup, its mentions, hashtags, links and emoji; what must not be translated is
+not; a malformed document comes back well-formed with all of its text (issue 78)."""
+
+from html.parser import HTMLParser
+
+from flax_transformer.serving.markup import VOID, Document
+
+# Mastodon's markup of a status (its HTML sanitizer's output): mentions and hashtags are
+# links whose text is in their href, long URLs are shortened into invisible spans.
+MASTODON = (
+    '<p>Good morning <span class="h-card" translate="no"><a href="https://social.example/@anna" '
+    'class="u-url mention">@<span>anna</span></a></span>! The dog runs in the park 🐕‍🦺 and '
+    '<b>two <i>men</i> play</b> football.<br>Photos: <a href="https://example.org/photos/2024/'
+    'park?id=1&amp;size=l" rel="nofollow noopener" target="_blank"><span class="invisible">'
+    'https://</span><span class="ellipsis">example.org/photos/2024/</span><span class="invisible">'
+    'park?id=1&amp;size=l</span></a></p><p>A cat sleeps. <a href="https://social.example/tags/'
+    'cats" class="mention hashtag" rel="tag">#<span>cats</span></a> Tom &amp; Jerry &lt;3 '
+    '<code>rm -rf</code> ok</p>')
+
+
+class _Tags(HTMLParser):
+  """The tag stream and the text of a document, and whether its tags nest."""
+
+  def __init__(self, source: str):
+    super().__init__(convert_charrefs=True)
+    self.events, self.text, self.open, self.nested = [], [], [], True
+    self.feed(source)
+    self.close()
+
+  def handle_starttag(self, tag, attrs):
+    self.events.append((tag, attrs))
+    if tag not in VOID:
+      self.open.append(tag)
+
+  def handle_endtag(self, tag):
+    self.events.append("/" + tag)
+    self.nested = self.nested and bool(self.open) and self.open.pop() == tag
+
+  def handle_data(self, data):
+    self.text.append(data)
+
+
+def test_a_page_of_mastodon_posts_keeps_markup_mentions_hashtags_links_and_emoji():
+  document = Document(MASTODON)
+  assert document.texts == ["Good morning ", "! The dog runs in the park ", " and ", "two ",
+                            "men", " play", " football.", "Photos: ", "A cat sleeps. ",
+                            " Tom & Jerry <3 ", " ok"]
+  out = document.render([text.upper() for text in document.texts])
+  assert _Tags(out).events == _Tags(MASTODON).events  # Every tag and attribute, in place.
+  assert "THE DOG RUNS IN THE PARK 🐕‍🦺 AND <b>TWO <i>MEN</i> PLAY</b> FOOTBALL.<br>" in out
+  assert ">@<span>anna</span></a>" in out and ">#<span>cats</span></a>" in out
+  assert "id=1&amp;size=l" in out and "TOM &amp; JERRY &lt;3 <code>rm -rf</code> OK" in out
+  assert Document(MASTODON).render(Document(MASTODON).texts) == MASTODON
+
+
+def test_code_pre_script_style_and_translate_no_are_left_as_they_are():
+  source = ('<p>Run <code>ls -l</code> now.</p><pre>keep\n  this</pre><script>if (a<b) go();'
+            '</script><style>p > b {color: red}</style><div translate="no">Name <b>Here</b></div>'
+            '<p class="x notranslate">Brand</p><kbd>Ctrl</kbd>')
+  document = Document(source)
+  assert document.texts == ["Run ", " now."]
+  assert document.render(["A ", " B."]) == source.replace("Run ", "A ").replace(" now.", " B.")
+
+
+def test_a_malformed_document_comes_back_well_formed_with_all_of_its_text():
+  source = ('<div>Unclosed <b>bold <i>both</div> stray</span> end <ul><li>one<li>two</ul>'
+            '<p>a<p>b &amp; c <img src="x.png" alt="a &quot;b&quot;"><span')
+  document = Document(source)
+  out = document.render(document.texts)
+  tags = _Tags(out)
+  assert tags.nested and not tags.open  # Every element closed, in order.
+  assert "".join(tags.text) == "".join(_Tags(source).text)  # The cut-off "<span" too.
+  assert out == ('<div>Unclosed <b>bold <i>both</i></b></div> stray end <ul><li>one</li>'
+                 '<li>two</li></ul><p>a</p><p>b &amp; c <img src="x.png" alt="a &quot;b&quot;">'
+                 '&lt;span</p>')
