@@ -19,12 +19,12 @@ from typing import Any, Callable, Mapping
 import jax
 import numpy as np
 
-from flax_transformer import storage
-from flax_transformer.errors import ConfigError, DataError
+from flax_transformer import new_workdir, storage
+from flax_transformer.errors import DataError
 from flax_transformer.languages import Languages
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.pretrained import tokenizers
-from flax_transformer.workdir import TOKENIZER_DIR, Workdir, read_record, record_run
+from flax_transformer.workdir import TOKENIZER_DIR, Workdir, record_run
 
 # How to make model.safetensors of a folder that has only torch's pickle.
 CONVERT_BIN = ("python -c \"from transformers import AutoModelForSeq2SeqLM as M; "
@@ -127,7 +127,33 @@ def read_weights(folder: Path) -> dict[str, np.ndarray]:
     tensors = load_file(str(path))
   except (SafetensorError, OSError, ValueError) as e:
     raise DataError(f"{path}: not a readable safetensors file ({e})") from None
-  return {name: np.asarray(value, np.float32) for name, value in tensors.items()}
+  weights = {name: np.asarray(value, np.float32) for name, value in tensors.items()}
+  check_sizes(read_config_json(folder), weights, folder / "config.json")
+  return weights
+
+
+# config.json's widths and the BART-family tensor axis that has each: (field, tensor, axis).
+SIZED_BY = (("d_model", "model.encoder.layers.0.fc1.weight", 1),
+            ("encoder_ffn_dim", "model.encoder.layers.0.fc1.weight", 0),
+            ("decoder_ffn_dim", "model.decoder.layers.0.fc1.weight", 0))
+
+
+def check_sizes(config: Mapping, weights: Mapping[str, np.ndarray], where: Path) -> None:
+  """The sizes config.json states are the weights' (widths, layer counts), before any is
+  used to build something of that size (d_model=10**30 would be a numpy error deep in a
+  table's construction, or petabytes): a DataError naming the field and the tensor."""
+  for field, name, axis in SIZED_BY:
+    tensor = weights.get(name)
+    if field in config and tensor is not None and config[field] != tensor.shape[axis]:
+      raise DataError(f"{where}: {field}={config[field]!r}, but {name} in model.safetensors "
+                      f"is {' x '.join(map(str, tensor.shape))}")
+  for side in ("encoder", "decoder"):
+    prefix, field = f"model.{side}.layers.", f"{side}_layers"
+    count = len({name[len(prefix):].split(".", 1)[0] for name in weights
+                 if name.startswith(prefix)})
+    if field in config and count and config[field] != count:
+      raise DataError(f"{where}: {field}={config[field]!r}, but model.safetensors has "
+                      f"{count} {side} layers")
 
 
 def read_bytes(folder: Path, name: str) -> bytes:
@@ -354,27 +380,29 @@ def check_tree(params: Any, model_config: TransformerConfig) -> None:
 def write_workdir(imported: Imported, workdir: str | Path, source: Path) -> None:
   """A workdir every command reads: run.json (with "tokenizer" and "imported_from": the
   folder, its files' sha256), the tokenizer's files under tokenizer/, and the parameters
-  as the orbax checkpoint of step 0 ({'params': ...}, as train.py's state holds them)."""
+  as the orbax checkpoint of step 0 ({'params': ...}, as train.py's state holds them).
+  Written whole or not at all, by one import (`new_workdir`)."""
+  new_workdir.create(workdir, lambda into: _fill_workdir(imported, into, source))
+  logging.info("Imported %s from %s into %s", imported.architecture, source, workdir)
+
+
+def _fill_workdir(imported: Imported, workdir: Workdir, source: Path) -> None:
+  """`write_workdir`'s files, written into `workdir` (new_workdir's staging folder, or
+  the bucket's workdir it holds), run.json last: in a bucket, the mark of a whole one."""
   from flax_transformer.checkpoints import Checkpointer
-  workdir = Workdir(workdir)
-  if read_record(workdir) is not None or (workdir.root.exists()
-                                          and any(workdir.root.iterdir())):
-    raise ConfigError(f"--workdir={workdir} exists and is not empty: import into a new one")
   check_tree(imported.params, imported.model_config)
-  workdir.root.mkdir(parents=True, exist_ok=True)
   folder = workdir.root / TOKENIZER_DIR
-  folder.mkdir(exist_ok=True)
+  folder.mkdir(parents=True, exist_ok=True)
   for name, data in imported.tokenizer_files.items():
     storage.write_atomically(folder / name, data)
-  spec = {**imported.tokenizer_spec, "files": sorted(imported.tokenizer_files)}
-  record_run(workdir, imported.model_config, imported.model_config.vocab_size, entries={
-      "tokenizer": spec, "languages": imported.languages.to_json(),
-      "imported_from": {"architecture": imported.architecture, "folder": str(source.absolute()),
-                        "sha256": file_hashes(source), "notes": imported.notes}})
   writer = Checkpointer(workdir, asynchronous=False)
   try:
     writer.save(0, {"params": jax.tree_util.tree_map(np.asarray, imported.params)}, force=True)
     writer.wait()
   finally:
     writer.close()
-  logging.info("Imported %s from %s into %s", imported.architecture, source, workdir)
+  spec = {**imported.tokenizer_spec, "files": sorted(imported.tokenizer_files)}
+  record_run(workdir, imported.model_config, imported.model_config.vocab_size, entries={
+      "tokenizer": spec, "languages": imported.languages.to_json(),
+      "imported_from": {"architecture": imported.architecture, "folder": str(source.absolute()),
+                        "sha256": file_hashes(source), "notes": imported.notes}})

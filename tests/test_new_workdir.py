@@ -1,0 +1,152 @@
+"""One import, one workdir (issue 74, item 3): import_model.py's workdir is written whole
+by one writer; a workdir whose tokenizer is not its model's is refused when read; a
+--workdir that is a file, and a config.json with absurd sizes, are one line and exit 2."""
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from flax_transformer.averaging import load_params
+from flax_transformer.errors import ConfigError, DataError
+from flax_transformer.pretrained import convert, importer
+from flax_transformer.workdir import read_run
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+SHARED, SEPARATE = FIXTURES / "marian_swish_shared", FIXTURES / "marian_gelu_separate"
+
+
+def files_of(workdir: Path) -> dict[str, bytes]:
+  """The tokenizer's files of `workdir`, name -> bytes."""
+  return {p.name: p.read_bytes() for p in sorted((workdir / "tokenizer").iterdir())}
+
+
+def test_two_imports_racing_for_one_workdir_leave_one_whole_model(tmp_path, monkeypatch):
+  """Two imports of different models (shared and separate vocabularies) into one new
+  workdir, both past the emptiness check before either writes (a barrier there): one
+  wins, the other ends with one ConfigError line, and the workdir is the winner's whole:
+  its tokenizer files, its run record and its parameters, as its import alone gives.
+  Before: both wrote into the one folder; the loser's record_run refused it after its
+  tokenizer files had overwritten the winner's."""
+  alone = {}
+  for folder in (SHARED, SEPARATE):
+    importer.import_model(folder, tmp_path / f"alone_{folder.name}")
+    alone[folder] = tmp_path / f"alone_{folder.name}"
+  barrier, check_tree = threading.Barrier(2, timeout=60), convert.check_tree
+
+  def held_check(*args, **kwargs):
+    barrier.wait()  # Both imports found the workdir new.
+    return check_tree(*args, **kwargs)
+
+  monkeypatch.setattr(convert, "check_tree", held_check)
+  workdir, outcome = tmp_path / "raced", {}
+
+  def run(folder):
+    try:
+      importer.import_model(folder, workdir)
+      outcome[folder] = None
+    except Exception as e:  # noqa: BLE001
+      outcome[folder] = e
+
+  threads = [threading.Thread(target=run, args=(folder,)) for folder in (SHARED, SEPARATE)]
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join(300)
+  [winner] = [folder for folder, error in outcome.items() if error is None]
+  [error] = [error for error in outcome.values() if error is not None]
+  assert isinstance(error, ConfigError), repr(error)
+  assert str(error) == (f"--workdir={workdir}: another writer created it while this one ran "
+                        "(its files are kept, none of this one's were written there): use a "
+                        "new --workdir")
+  assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+      ["raced", *(p.name for p in alone.values())])  # No staging folder left.
+  assert files_of(workdir) == files_of(alone[winner])
+  record, reference = (json.loads((w / "run.json").read_text()) for w in (workdir, alone[winner]))
+  assert record == reference
+  model_config, _ = read_run(workdir)
+  ours, theirs = (load_params(w, model_config)[0] for w in (workdir, alone[winner]))
+  for a, b in zip(jax.tree_util.tree_leaves(ours), jax.tree_util.tree_leaves(theirs)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_workdir_with_another_models_tokenizer_is_refused_naming_both_sizes(tmp_path):
+  """A workdir whose tokenizer files were replaced by a smaller model's (its vocab.json
+  without its last two pieces): read_run refuses it, naming the model's size and the
+  tokenizer's, and decode.py exits 2 with that line. Before: read and translated."""
+  workdir = tmp_path / "imported"
+  importer.import_model(SHARED, workdir)
+  vocab_file = workdir / "tokenizer" / "vocab.json"
+  vocab = json.loads(vocab_file.read_text())
+  size = len(vocab)
+  vocab_file.write_text(json.dumps({p: i for p, i in vocab.items() if i < size - 2}))
+  message = (f"{workdir / 'run.json'}: the model's source vocabulary has {size} entries but "
+             f"the tokenizer's ({workdir / 'tokenizer'}) has {size - 2}: its files are "
+             "another model's; import or train into a new workdir")
+  with pytest.raises(DataError) as raised:
+    read_run(workdir)
+  assert str(raised.value) == message
+  done = subprocess.run([sys.executable, str(ROOT / "decode.py"), f"--workdir={workdir}"],
+                        input="a house\n", capture_output=True, text=True, timeout=300)
+  assert done.returncode == 2, done.stderr[-2000:]
+  assert [line for line in done.stderr.splitlines() if line.startswith("error")] == [
+      f"error: {message}"], done.stderr[-2000:]
+  assert "Traceback" not in done.stderr
+
+
+def absurd(tmp_path: Path, **fields) -> Path:
+  folder = tmp_path / "absurd"
+  shutil.copytree(SHARED, folder)
+  config = json.loads((folder / "config.json").read_text())
+  (folder / "config.json").write_text(json.dumps({**config, **fields}))
+  return folder
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"d_model": 10**30}, "d_model=1000000000000000000000000000000, but "
+     "model.encoder.layers.0.fc1.weight in model.safetensors is 64 x 32"),
+    ({"decoder_ffn_dim": 2**62, "encoder_ffn_dim": 2**62}, "encoder_ffn_dim=4611686018427387904, "
+     "but model.encoder.layers.0.fc1.weight in model.safetensors is 64 x 32"),
+    ({"decoder_layers": 10**12}, "decoder_layers=1000000000000, but model.safetensors has 2 "
+     "decoder layers"),
+])
+def test_absurd_sizes_in_config_json_are_refused_against_the_weights(tmp_path, fields,
+                                                                     message):
+  """Sizes no model has (d_model=10**30 was a numpy ValueError traceback in the position
+  table) are checked against the weights' shapes before anything is built."""
+  folder = absurd(tmp_path, **fields)
+  with pytest.raises(DataError) as raised:
+    importer.import_model(folder, tmp_path / "run")
+  assert str(raised.value) == f"{folder / 'config.json'}: {message}"
+  assert not (tmp_path / "run").exists()
+
+
+def test_import_model_py_bad_workdir_and_sizes_are_one_line_exit_2(tmp_path):
+  """The command: --workdir naming a file (was a NotADirectoryError traceback), and
+  d_model=10**30 (a ValueError traceback): one line on stderr each, exit 2, nothing
+  written."""
+  a_file = tmp_path / "a_file"
+  a_file.write_text("notes")
+  folder = absurd(tmp_path, d_model=10**30)
+  cases = {(SHARED, a_file): f"error: --workdir={a_file} is a file, not a directory: give a "
+           "new directory's path",
+           (folder, tmp_path / "run"): f"error: {folder / 'config.json'}: d_model=10000000000"
+           "00000000000000000000, but model.encoder.layers.0.fc1.weight in model.safetensors "
+           "is 64 x 32"}
+  processes = {case: subprocess.Popen(
+      [sys.executable, str(ROOT / "import_model.py"), f"--from={case[0]}",
+       f"--workdir={case[1]}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+      for case in cases}
+  for case, process in processes.items():
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 2, stderr
+    assert [line for line in stderr.splitlines() if line.strip()] == [cases[case]], stderr
+  assert a_file.read_text() == "notes" and not (tmp_path / "run").exists()
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "absurd"]
