@@ -1,39 +1,25 @@
-"""Shared by the benchmarks: their flags, train.py launches, timing, memory sampling,
-tables and JSON records."""
+"""Shared by the benchmarks: train.py launches, timing, memory sampling; their flags,
+tables and JSON records come from tools/common.py."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import re
-import shlex
 import resource
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
-  sys.path.insert(0, str(ROOT))  # `configs` and `flax_transformer` from a checkout.
-MULTI30K = ROOT.parent / "shared" / "data" / "multi30k"
-
-
-def parser(doc: str) -> argparse.ArgumentParser:
-  """A bench's flags: its docstring as --help, and --json (where its record goes)."""
-  out = argparse.ArgumentParser(description=doc,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-  out.add_argument("--json", help="write the results here")
-  return out
-
-
-def bench_command() -> str:
-  """This bench's command line, for its record ('python bench/soak.py --steps 300'),
-  quoted as a shell reads it."""
-  return shlex.join(["python", f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:]])
+  sys.path.insert(0, str(ROOT))  # `configs`, `flax_transformer` and `tools` from a checkout.
+# Stdlib only, like this module: importable under any Python (bench/pretrained_speed.py).
+from tools.common import MULTI30K, parser, print_table, write_json  # noqa: E402,F401
+from tools.common import command_line as bench_command  # noqa: E402,F401
 
 
 def while_loop_body(hlo: str) -> list[str]:
@@ -206,23 +192,3 @@ def machine() -> dict:
   return {"python": platform.python_version(), "jax": jax.__version__,
           "platform": jax.devices()[0].platform, "devices": jax.device_count(),
           **host.describe(), "malloc": host_allocator.describe()}
-
-
-def print_table(rows: Sequence[dict], columns: Sequence[str]) -> None:
-  def fmt(v):
-    if isinstance(v, float):
-      return f"{v:,.3f}" if abs(v) < 100 else f"{v:,.0f}"
-    return str(v)
-  cells = [[fmt(r.get(c, "")) for c in columns] for r in rows]
-  widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-  print(" | ".join(c.ljust(w) for c, w in zip(columns, widths)))
-  print("-|-".join("-" * w for w in widths))
-  for row in cells:
-    print(" | ".join(v.ljust(w) for v, w in zip(row, widths)))
-
-
-def write_json(path: str | None, record) -> None:
-  if path:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(record, indent=1))
-    print(f"wrote {path}")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# Beside the checkout, or where MULTI30K_DIR says (bench/mutants.py runs a copy elsewhere).
+# Beside the checkout, or where MULTI30K_DIR says (tools/mutants.py runs a copy elsewhere).
 MULTI30K = Path(os.environ.get("MULTI30K_DIR") or ROOT.parent / "shared" / "data" / "multi30k")
 
 

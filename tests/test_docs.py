@@ -1,6 +1,6 @@
 """The docs cannot drift from the evidence: rendered tables and figures equal what their
-files render (bench/render_docs.py), and every other number is a setting or label that
-a NON_FIGURES, SETTINGS or PHRASES entry names (bench/check_docs.py), so a changed or
+files render (tools/render_docs.py), and every other number is a setting or label that
+a NON_FIGURES, SETTINGS or PHRASES entry names (tools/check_docs.py), so a changed or
 unbacked figure anywhere fails here. The
 module example in docs/modules.md runs as written, and every relative link resolves."""
 
@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from tools import check_docs, render_docs
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-import check_docs  # noqa: E402
-import render_docs  # noqa: E402
 
 
-def run(script: str, root: Path, *args) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, str(ROOT / "bench" / script), f"--root={root}", *args],
-                        capture_output=True, text=True, timeout=120)
+def run(tool: str, root: Path, *args) -> subprocess.CompletedProcess:
+  """`python -m tools.TOOL --root=ROOT ARGS` from the checkout."""
+  return subprocess.run([sys.executable, "-m", f"tools.{tool}", f"--root={root}", *args],
+                        capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
 @pytest.fixture
@@ -30,7 +30,6 @@ def copy(tmp_path):
   for name in render_docs.doc_names(ROOT):
     (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(ROOT / name, tmp_path / name)
-  (tmp_path / "bench").mkdir()
   shutil.copytree(ROOT / "configs", tmp_path / "configs")
   (tmp_path / "tests").mkdir()
   shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "tests" / "conftest.py")
@@ -46,12 +45,12 @@ def edit(path: Path, old: str, new: str) -> None:
 
 
 def test_rendered_tables_are_what_their_data_renders():
-  result = run("render_docs.py", ROOT, "--check")
+  result = run("render_docs", ROOT, "--check")
   assert result.returncode == 0, result.stdout
 
 
 def test_every_number_is_checked_rendered_or_a_setting():
-  result = run("check_docs.py", ROOT)
+  result = run("check_docs", ROOT)
   assert result.returncode == 0, result.stdout
 
 
@@ -68,7 +67,7 @@ def test_every_number_is_checked_rendered_or_a_setting():
 ])
 def test_a_changed_rendered_figure_fails(copy, doc, old, new):
   edit(copy / doc, old, new)
-  result = run("render_docs.py", copy, "--check")
+  result = run("render_docs", copy, "--check")
   assert result.returncode == 1 and doc in result.stdout
 
 
@@ -96,7 +95,7 @@ def test_a_changed_rendered_figure_fails(copy, doc, old, new):
 ])
 def test_a_changed_figure_fails(copy, doc, old, new, named):
   edit(copy / doc, old, new)
-  result = run("render_docs.py", copy, "--check")
+  result = run("render_docs", copy, "--check")
   said = result.stdout + result.stderr  # A figure that cannot render: one line on stderr.
   assert result.returncode == 1 and doc in said
   assert named in said
@@ -112,7 +111,7 @@ def test_a_changed_figure_fails(copy, doc, old, new, named):
 ])
 def test_a_new_number_fails(copy, doc, old, new, named):
   edit(copy / doc, old, new)
-  result = run("check_docs.py", copy)
+  result = run("check_docs", copy)
   assert result.returncode == 1, result.stdout
   assert f"{doc}:" in result.stdout and f": {named} is not rendered" in result.stdout
 
@@ -180,7 +179,7 @@ def test_a_broken_link_is_found(copy):
   assert broken_links(copy) == ["README.md: docs/fault.md", "docs/multi_host.md: ../faults.md"]
 
 
-# A results/ path the docs or bench/ name, and the flag before it when decode.py's
+# A results/ path the docs, bench/ or tools/ name, and the flag before it when decode.py's
 # --attention_plot (a stem: decode.py writes <stem>_<n>.png).
 RESULTS_PATH = re.compile(r"(--attention_plot=)?(?<![\w/.-])(results/[\w./{},<>*+-]*)")
 
@@ -198,10 +197,11 @@ def expansions(path: str) -> list[str]:
 
 
 def missing_results(root: Path) -> list[str]:
-  """'file: path' for each results/ path named in the docs or bench/*.py (defaults,
-  usage lines, the files check_docs reads) that no file matches."""
+  """'file: path' for each results/ path named in the docs, bench/*.py or tools/*.py
+  (defaults, usage lines, the files check_docs reads) that no file matches."""
   files = render_docs.doc_names(root) + [p.relative_to(root).as_posix()
-                                         for p in sorted(root.glob("bench/*.py"))]
+                                         for folder in ("bench", "tools")
+                                         for p in sorted(root.glob(f"{folder}/*.py"))]
   missing = []
   for name in files:
     for stem, path in RESULTS_PATH.findall((root / name).read_text()):
@@ -232,12 +232,12 @@ def test_each_run_folder_has_the_page_its_record_renders(copy):
     if entry.name != "runs":
       os.symlink(entry, copy / "results" / entry.name)
   shutil.copytree(ROOT / "results" / "runs", copy / "results" / "runs")
-  assert run("render_docs.py", copy, "--check").returncode == 0
+  assert run("render_docs", copy, "--check").returncode == 0
   page = "results/runs/multi30k_en-de_paper_exact/README.md"
   edit(copy / page, "| 38.57 |", "| 38.58 |")
   (copy / "results/runs/multi30k_en-fr/README.md").unlink()
-  result = run("render_docs.py", copy, "--check")
+  result = run("render_docs", copy, "--check")
   assert result.returncode == 1
   assert page in result.stdout and "results/runs/multi30k_en-fr/README.md" in result.stdout
-  assert run("render_docs.py", copy).returncode == 0  # Writes them back.
+  assert run("render_docs", copy).returncode == 0  # Writes them back.
   assert (copy / page).read_text() == (ROOT / page).read_text()

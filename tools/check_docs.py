@@ -1,9 +1,9 @@
 """Every number in the docs (render_docs.DOCS) is backed or exempt, so no figure can be
 quoted that its files do not say (docs/provenance.md, "The docs check").
 
-python bench/check_docs.py [--root DIR]
+python -m tools.check_docs [--root DIR]
 
-bench/render_docs.py renders the figures (tables between `<!-- render: NAME -->` markers,
+tools/render_docs.py renders the figures (tables between `<!-- render: NAME -->` markers,
 single figures as `<!--{TEMPLATE}-->TEXT<!--/-->`); this script holds the other side: a
 number outside those, a quoted log block (QUOTED_BLOCKS) and the NON_FIGURES, SETTINGS
 and PHRASES allow-lists fails. Exit 0 when no number is left over; 1 with one line per
@@ -18,7 +18,7 @@ import re
 import sys
 from pathlib import Path
 
-import render_docs
+from tools import render_docs
 
 # (doc, text just before a fenced log block, file): every line of the block is quoted
 # from the file (a log the run wrote).
@@ -232,7 +232,7 @@ def main() -> int:
   rendered = {name: render_docs.spans(text) for name, text in texts.items()}
   untraced = [f"{name}:{line}: {entry.split(chr(9))[0]} is not rendered or a setting "
               f"(...{entry.split(chr(9))[1]}...): render it from its file (a table or a "
-              "<!--{template}--> figure, bench/render_docs.py), or remove it"
+              "<!--{template}--> figure, tools/render_docs.py), or remove it"
               for name, line, entry in uncovered(docs, rendered)]
   for line in missing + mismatches + untraced:
     print(line)

@@ -1,6 +1,6 @@
 """Test-set scores of a trained Multi30k workdir, as results/runs/NAME/NAME.json.
 
-python bench/results.py --workdir DIR [--ensemble DIR2,DIR3] [--average_last 5]
+python -m tools.results --workdir DIR [--ensemble DIR2,DIR3] [--average_last 5]
     [--beam_size 4 --alpha 0.6] [--command CMD ...] [--out results/runs/NAME/NAME.json]
 Decodes test_2016_flickr with beam 4, alpha 0.6 (the paper's search; another one only once
 chosen on validation), averaging the last checkpoints: sacreBLEU (cased, detokenized, with
@@ -19,7 +19,7 @@ import shlex
 import time
 from pathlib import Path
 
-from common import MULTI30K, print_table, write_json
+from tools.common import MULTI30K, print_table, write_json
 
 
 def main():
@@ -48,7 +48,8 @@ def main():
   from flax_transformer.cli.translate import score
   from flax_transformer.data.sources import read_lines
   from flax_transformer.training.metrics import read_metrics
-  from flax_transformer.translation.translator import SearchConfig, Translator
+  from flax_transformer.translation.search_config import SearchConfig
+  from flax_transformer.translation.translator import Translator
 
   ensemble = [w for w in args.ensemble.split(",") if w]
   workdirs = [args.workdir, *ensemble]

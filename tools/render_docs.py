@@ -1,8 +1,8 @@
 """Renders every measured figure of the docs from its file under results/ (or a config), so
 that the docs cannot say what their files do not (docs/provenance.md, "The docs check").
 
-python bench/render_docs.py            # rewrite every rendered table and figure in place
-python bench/render_docs.py --check    # exit 1 naming each one that differs
+python -m tools.render_docs            # rewrite every rendered table and figure in place
+python -m tools.render_docs --check    # exit 1 naming each one that differs
 
 A table sits between `<!-- render: NAME [ARGS] -->` and `<!-- end: NAME -->`: TABLES maps
 NAME to its function, called with ARGS (a Python expression; `rows` takes a JSON file's
@@ -398,7 +398,7 @@ def rendered(root: Path, wrong: list[str] | None = None) -> dict[str, str]:
       doc, render = TABLES.get(match["name"], (None, None))
       if render is None or doc not in (name, None):
         raise SystemExit(f"{name}: no table named {match['name']!r} for this doc in "
-                         f"bench/render_docs.py TABLES")
+                         f"tools/render_docs.py TABLES")
       args = eval(f"({match['args']},)", {"range": range}) if match["args"] else ()  # noqa: S307
       return match.group(1) + render(root, *args) + match.group(5)
 
@@ -423,11 +423,11 @@ def rendered(root: Path, wrong: list[str] | None = None) -> dict[str, str]:
 
 # What each kind of file in a run's folder is, by name pattern (the first that matches).
 RUN_FILES = [("*.hyp", "hypotheses"),
-             ("curves_*.png", "loss and BLEU curves (bench/plot_curves.py)"),
+             ("curves_*.png", "loss and BLEU curves (tools/plot_curves.py)"),
              ("attention_*.png", "attention plots (decode.py --attention_plot)"),
              ("run.json", "train.py's run record (config, versions, launches)"),
              ("*metrics.jsonl", "train.py's logged metrics"), ("*train.log", "train.py's log"),
-             ("decode_*.log", "decode.py's log"), ("results.log", "bench/results.py's log"),
+             ("decode_*.log", "decode.py's log"), ("results.log", "tools/results.py's log"),
              ("paired_bs_*.txt", "sacreBLEU's paired bootstrap test"),
              ("test_bleu_confidence.txt", "sacreBLEU's 95% bootstrap interval on test"),
              ("first20_losses_*.txt", "the first 20 losses logged"), ("*.md", "notes"), ("*", "")]
@@ -450,11 +450,11 @@ def run_readme(root: Path, name: str) -> str:
                                                         if steps and isinstance(steps[0], int)
                                                         else "")],
            ["search", f"beam {r['beam_size']}, alpha {r['alpha']}" if "beam_size" in r
-            else "not recorded (bench/results.py's default then)"],
+            else "not recorded (the results script's default then)"],
            [f"{r['split']}: BLEU (sacreBLEU, cased, detok.)", f"{r['bleu']:.2f}"],
            ["lowercased BLEU", f"{r['bleu_lowercase']:.2f}"], ["chrF", f"{r['chrf']:.2f}"]]
   out = [f"# {name}\n", *([label + "\n"] if label else []),
-         f"Rendered from [`{name}.json`]({name}.json) by `python bench/render_docs.py` "
+         f"Rendered from [`{name}.json`]({name}.json) by `python -m tools.render_docs` "
          "(edit the JSON, not this page).\n", table(["", ""], rows)]
   if r.get("validation_bleu_curve"):
     out += ["## Validation BLEU by step (newest checkpoint)\n", curve_points(root, name, "BLEU")]
@@ -474,7 +474,7 @@ def run_readmes(root: Path) -> dict[str, str]:
 
 
 def spans(text: str) -> list[tuple[int, int]]:
-  """Where a doc's rendered blocks and figures are (for bench/check_docs.py)."""
+  """Where a doc's rendered blocks and figures are (for tools/check_docs.py)."""
   return [m.span("body") for m in BLOCK.finditer(text)] + [m.span() for m in FIGURE.finditer(text)]
 
 
@@ -501,7 +501,7 @@ def main() -> int:
   if args.check and stale:
     print("\n".join(wrong))
     print(f"{', '.join(stale)}: rendered tables or pages differ from their data; run "
-          "python bench/render_docs.py (and edit the JSON or the row lists, not the tables)")
+          "python -m tools.render_docs (and edit the JSON or the row lists, not the tables)")
     return 1
   texts = [(root / name).read_text() for name in doc_names(root)]
   tables, figures = (sum(len(pattern.findall(text)) for text in texts) for pattern in (BLOCK, FIGURE))

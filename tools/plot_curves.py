@@ -1,6 +1,6 @@
 """Loss and BLEU curves of training runs, from their logged metrics, as one PNG.
 
-python bench/plot_curves.py --out results/runs/multi30k_en-de/curves_en-de.png WORKDIR [WORKDIR ...]
+python -m tools.plot_curves --out results/runs/multi30k_en-de/curves_en-de.png WORKDIR [WORKDIR ...]
 """
 
 from __future__ import annotations
