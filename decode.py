@@ -25,7 +25,7 @@ from absl import app, flags
 
 from flax_transformer import compilation
 from flax_transformer.cli import common as cli
-from flax_transformer.translation.translator import SearchConfig
+from flax_transformer.translation.search_config import SearchConfig
 
 SEARCH = SearchConfig()  # The defaults.
 

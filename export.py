@@ -22,7 +22,7 @@ if __name__ == "__main__":  # First: glibc reads malloc settings at start, JAX n
 from absl import app, flags
 
 from flax_transformer.cli import common as cli
-from flax_transformer.translation.translator import SearchConfig
+from flax_transformer.translation.search_config import SearchConfig
 
 SEARCH = SearchConfig()
 

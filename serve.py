@@ -23,7 +23,7 @@ from absl import app, flags
 from flax_transformer import compilation
 from flax_transformer.cli import common as cli
 from flax_transformer.errors import ConfigError
-from flax_transformer.translation.translator import MAX_ALPHA, SearchConfig
+from flax_transformer.translation.search_config import MAX_ALPHA, SearchConfig
 
 SEARCH = SearchConfig()
 MIN_ALPHA_STEP = 0.001

@@ -214,7 +214,8 @@ class Bench:
     import jax
 
     from flax_transformer import compilation
-    from flax_transformer.translation.translator import SearchConfig, Translator
+    from flax_transformer.translation.search_config import SearchConfig
+    from flax_transformer.translation.translator import Translator
 
     compilation.enable_cache(str(self.cache))
     sentences = self.sentences
@@ -358,7 +359,8 @@ class Bench:
 
     from flax_transformer import Transformer
     from flax_transformer.data.tokenizer import trim
-    from flax_transformer.translation.translator import SearchConfig, make_search_fn
+    from flax_transformer.translation.search_config import SearchConfig
+    from flax_transformer.translation.programs import make_search_fn
 
     shape, source_len, beam, extra = self.shape, 32, 4, 50
     max_len = source_len + extra

@@ -5,7 +5,7 @@ python bench/decode.py [--workdir DIR] [--json PATH] [--repeats 5]
    weights, 8 sources x 32 tokens, 63 steps): a plain cached beam search (a cache row
    per beam, gathered after every step) and ours (`share_beam_cache`: a sentence's
    beams share one row, read through a mask), each on one CPU device and split over
-   one device per core (`translator.shard_search_fn`), timed alternately; same outputs
+   one device per core (`programs.shard_search_fn`), timed alternately; same outputs
    checked.
 2. With --workdir: the trained model over Multi30k test 2016 (1000 sentences), on
    one device and on one device per core.
@@ -31,7 +31,8 @@ def random_model_rows(repeats: int) -> list[dict]:
   from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
   from flax_transformer import Transformer, TransformerConfig
-  from flax_transformer.translation.translator import SearchConfig, make_search_fn, shard_search_fn
+  from flax_transformer.translation.search_config import SearchConfig
+  from flax_transformer.translation.programs import make_search_fn, shard_search_fn
 
   config = TransformerConfig(vocab_size=8000, d_model=256, d_ff=1024, num_heads=4,
                              num_layers=3, max_len=64, deterministic=True)
@@ -73,7 +74,8 @@ def trained_model_rows(workdir: str, repeats: int) -> list[dict]:
   import numpy as np
 
   from flax_transformer.data.sources import read_lines
-  from flax_transformer.translation.translator import SearchConfig, Translator
+  from flax_transformer.translation.search_config import SearchConfig
+  from flax_transformer.translation.translator import Translator
 
   sentences = read_lines(MULTI30K / "test_2016_flickr.en.gz")
   translators = {n: Translator.from_workdir(workdir,

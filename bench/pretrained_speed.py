@@ -54,7 +54,8 @@ def translator_stage(workdir: str, count: int, max_extra: int) -> None:
 
   cli.set_cpu_devices(0)  # As decode.py: one device per core.
   from flax_transformer import compilation, provenance
-  from flax_transformer.translation.translator import SearchConfig, Translator
+  from flax_transformer.translation.search_config import SearchConfig
+  from flax_transformer.translation.translator import Translator
 
   code = provenance.commit()  # At the start: nothing the run writes is in it.
   compilation.set_default_xla_flags()

@@ -9,7 +9,7 @@ import ml_collections
 
 from flax_transformer import compilation
 from flax_transformer.network.config import TransformerConfig
-from flax_transformer.translation.translator import SearchConfig
+from flax_transformer.translation.search_config import SearchConfig
 
 
 def model_config(**changes) -> ml_collections.ConfigDict:

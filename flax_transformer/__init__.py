@@ -14,7 +14,8 @@ if TYPE_CHECKING:  # What type checkers and IDEs see; at run time, _EXPORTS belo
   from flax_transformer.network.model import (  # noqa: F401
       Decoder, Encoder, Transformer, count_params, init_cache, shift_right)
   from flax_transformer.translation.search import beam_search, sample_search  # noqa: F401
-  from flax_transformer.translation.translator import SearchConfig, Translator  # noqa: F401
+  from flax_transformer.translation.search_config import SearchConfig
+  from flax_transformer.translation.translator import Translator  # noqa: F401
 
 __version__ = "0.1.0"
 
@@ -33,7 +34,8 @@ _EXPORTS = {
         "Decoder", "Encoder", "Transformer", "count_params", "init_cache", "shift_right"),
     "flax_transformer.translation.search": ("beam_search", "sample_search"),
     # Translator reads workdirs (orbax, sentencepiece, grain).
-    "flax_transformer.translation.translator": ("SearchConfig", "Translator"),
+    "flax_transformer.translation.search_config": ("SearchConfig",),
+    "flax_transformer.translation.translator": ("Translator",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 

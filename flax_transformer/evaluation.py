@@ -16,8 +16,9 @@ from flax_transformer.training import sharding as sharding_lib
 from flax_transformer.training.cadence import WorkDue
 from flax_transformer.training.steps import Trainer, evaluate
 from flax_transformer.translation import batching
-from flax_transformer.translation.translator import (SearchConfig, batch_keys, make_search_fn,
-                                                     search_batches, search_per_shape, translate_ids)
+from flax_transformer.translation.search_config import SearchConfig
+from flax_transformer.translation.programs import (batch_keys, make_search_fn, search_batches,
+                                                   search_per_shape, translate_ids)
 
 
 @dataclasses.dataclass

@@ -19,7 +19,9 @@ from hypothesis import strategies as st
 from flax_transformer import Transformer, TransformerConfig, averaging, compilation, init_cache
 from flax_transformer.data.tokenizer import trim
 from flax_transformer.translation import search as decoding
-from flax_transformer.translation.translator import SearchConfig, Translator, make_search_fn
+from flax_transformer.translation.search_config import SearchConfig
+from flax_transformer.translation.programs import make_search_fn
+from flax_transformer.translation.translator import Translator
 
 import conftest
 from conftest import TRAINED_TINY_CHECKPOINTS, compile_threads_busy

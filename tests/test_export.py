@@ -19,7 +19,8 @@ from conftest import cpu_env
 from flax_transformer import Transformer, TransformerConfig
 from flax_transformer.errors import ConfigError
 from flax_transformer.export import ct2, folder_files, runner
-from flax_transformer.translation.translator import SearchConfig, Translator
+from flax_transformer.translation.search_config import SearchConfig
+from flax_transformer.translation.translator import Translator
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_EXTRA = 5  # Short outputs keep the tiny model's 1000 test sentences quick.

@@ -20,7 +20,8 @@ from flax_transformer import Transformer, TransformerConfig
 from flax_transformer.errors import ConfigError
 from flax_transformer.export import folder_files, marian
 from flax_transformer.pretrained import importer
-from flax_transformer.translation.translator import SearchConfig, Translator
+from flax_transformer.translation.search_config import SearchConfig
+from flax_transformer.translation.translator import Translator
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"

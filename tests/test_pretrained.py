@@ -22,7 +22,8 @@ from flax_transformer.averaging import load_params
 from flax_transformer.data.tokenizer import EOS_ID
 from flax_transformer.network.model import Transformer
 from flax_transformer.pretrained import importer
-from flax_transformer.translation.translator import SearchConfig, Translator
+from flax_transformer.translation.search_config import SearchConfig
+from flax_transformer.translation.translator import Translator
 from flax_transformer.workdir import read_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,7 +140,7 @@ def test_imported_parameters_shard_like_trained_ones(tmp_path):
 
   from flax_transformer.training import sharding as sharding_lib
   from flax_transformer.training.steps import Trainer
-  from flax_transformer.translation.translator import make_search_fn
+  from flax_transformer.translation.programs import make_search_fn
 
   folder = FIXTURES / "marian_gelu_separate"
   importer.import_model(folder, tmp_path / "run")

@@ -498,7 +498,8 @@ def test_average_last_below_one_is_named_by_every_entry_point(small_workdir, tmp
   from flax_transformer.averaging import load_params, write_averaged
   from flax_transformer.cli.export import run_export
   from flax_transformer.errors import ConfigError
-  from flax_transformer.translation.translator import SearchConfig, Translator
+  from flax_transformer.translation.search_config import SearchConfig
+  from flax_transformer.translation.translator import Translator
 
   workdir, config = small_workdir
   out = tmp_path_factory.mktemp("average_last")

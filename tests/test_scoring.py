@@ -19,7 +19,8 @@ from flax_transformer.cli.translate import run_decode
 from flax_transformer.data.tokenizer import EOS_ID
 from flax_transformer.errors import DataError
 from flax_transformer.translation.search import NEG_INF, length_penalty
-from flax_transformer.translation.translator import SearchConfig, Translator
+from flax_transformer.translation.search_config import SearchConfig
+from flax_transformer.translation.translator import Translator
 from flax_transformer.workdir import read_run
 
 import conftest

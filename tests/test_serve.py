@@ -30,7 +30,8 @@ import pytest
 
 import conftest
 from conftest import ROOT, TRAINED_TINY_CHECKPOINTS, cpu_env
-from flax_transformer.translation.translator import SearchConfig, Translator
+from flax_transformer.translation.search_config import SearchConfig
+from flax_transformer.translation.translator import Translator
 
 TOKEN = "test-token-5f2c"
 MAX_SENTENCES = 8

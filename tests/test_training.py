@@ -114,7 +114,8 @@ def test_tiny_trains_on_multi30k_and_logs(trained_tiny):
   import sacrebleu
 
   from flax_transformer.data import sources
-  from flax_transformer.translation.translator import SearchConfig, Translator
+  from flax_transformer.translation.search_config import SearchConfig
+  from flax_transformer.translation.translator import Translator
 
   n = config.num_bleu_sentences
   test = sources.multi30k(config.test_split, "en", "de", manual_dir=config.manual_dir)

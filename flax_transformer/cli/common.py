@@ -87,7 +87,7 @@ def set_cpu_devices(count: int) -> None:
   """Makes the CPU platform `count` XLA devices (<= 0: one per core this process may use).
 
   Call before JAX starts its backends. Decoding runs one search per device
-  (`translation.translator.shard_search_fn`), and a search is a chain of small ops that keeps
+  (`translation.programs.shard_search_fn`), and a search is a chain of small ops that keeps
   one core busy, so a device per core is what uses a CPU host (BENCHMARKS.md).
   A device count already in XLA_FLAGS wins; accelerators are not affected.
   """

@@ -14,7 +14,8 @@ from flax_transformer import provenance, storage
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.errors import ConfigError, ExportWriteError
 from flax_transformer.export import MANIFEST, folder_files
-from flax_transformer.translation.translator import SearchConfig, Translator
+from flax_transformer.translation.search_config import SearchConfig
+from flax_transformer.translation.translator import Translator
 
 FORMATS = ("stablehlo", "ctranslate2", "transformers")
 

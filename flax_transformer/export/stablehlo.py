@@ -37,7 +37,8 @@ from flax_transformer.errors import ConfigError
 from flax_transformer.export import write_manifest, write_vocabulary
 from flax_transformer.export.runner import FORMAT
 from flax_transformer.translation import batching
-from flax_transformer.translation.translator import Translator, make_search_fn
+from flax_transformer.translation.programs import make_search_fn
+from flax_transformer.translation.translator import Translator
 
 LENGTH_MULTIPLE = 16  # batching.eval_batches' default: the widths decode.py compiles.
 

@@ -28,7 +28,8 @@ from flax_transformer.serving.batcher import Batcher
 from flax_transformer.serving.drain import Drain, Gate
 from flax_transformer.serving.errors import RequestError
 from flax_transformer.serving.page import PAGE
-from flax_transformer.translation.translator import MAX_ALPHA, SearchConfig, Translator
+from flax_transformer.translation.search_config import MAX_ALPHA, SearchConfig
+from flax_transformer.translation.translator import Translator
 
 log = logging.getLogger("flax_transformer.serving")
 

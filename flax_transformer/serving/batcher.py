@@ -31,9 +31,10 @@ import time
 from typing import Sequence
 
 from flax_transformer.translation.batching import bucket_length
-from flax_transformer.translation.translator import SearchConfig, Translator
+from flax_transformer.translation.search_config import SearchConfig
+from flax_transformer.translation.translator import Translator
 
-WIDTH_MULTIPLE = 16  # translator.search_batches' bucket multiple: a width is one shape.
+WIDTH_MULTIPLE = 16  # programs.search_batches' bucket multiple: a width is one shape.
 
 
 def row_ladder(devices: int, max_batch: int) -> list[int]:
@@ -136,7 +137,7 @@ class Batcher:
 
   def width(self, sentence: str, prefix: str | None = None) -> int:
     """The row width (tokens) `sentence` is searched at: its source's, or its forced
-    prefix's if longer (translator.search_batches), in multiples of 16."""
+    prefix's if longer (programs.search_batches), in multiples of 16."""
     length = self.source_length(sentence)
     if prefix is not None:
       length = max(length, self.prefix_length(prefix))

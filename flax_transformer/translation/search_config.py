@@ -1,0 +1,71 @@
+"""How to search: `SearchConfig`, the one check of the search options (beam size, length
+penalty, sampling), shared by decode.py, serve.py, export.py, the server's requests and the API.
+"""
+
+import dataclasses
+
+from flax_transformer.errors import ConfigError
+
+
+MAX_ALPHA = 10.0
+TEMPERATURES = (1e-3, 100.0)  # A sampling temperature's range.
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchConfig:
+  """How to search: beam (beam_size > 1 or temperature 0 with beam_size 1) or sampling.
+
+  max_extra: outputs may be up to source length + max_extra tokens (paper: 50; 0: no
+  longer than the source), capped by the model's max_len. nbest: hypotheses returned
+  per sentence (1 when sampling: a draw is one hypothesis).
+
+  The one check of search options (decode.py's, serve.py's and export.py's flags,
+  serve's requests, the API): an option out of range is a ConfigError naming it.
+  alpha in [0, 10]: below 0 the early stop's bound on live beams fails (a sentence's
+  n-best could depend on its batch-mates), so it is refused, not searched; 10 keeps
+  ((5 + |Y|) / 6)^alpha finite in float32 for outputs of thousands of tokens.
+  temperature 0 (beam search, or greedy with beam_size 1) or in [0.001, 100]: below,
+  sampling is all but greedy; above, all but uniform over the vocabulary (and from
+  about 1e5 the pad and length bans, log-prob -1e7 divided by the temperature, fail).
+  top_k in [0, the vocabulary] (0: every token; the vocabulary's bound is
+  `check_vocabulary`'s), top_p in (0, 1].
+  """
+
+  beam_size: int = 4
+  alpha: float = 0.6
+  max_extra: int = 50
+  nbest: int = 1
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+  # Beam search: a hypothesis ends (takes EOS) only as one of a step's beam_size best
+  # candidates, as transformers' generate and fairseq have it; False: as any of the
+  # 2 x beam_size the step considers (search.beam_search).
+  eos_within_beam: bool = False
+
+  def __post_init__(self):
+    # `not a <= x <= b`, not `x < a or x > b`: NaN is refused too.
+    if not self.beam_size >= 1:
+      raise ConfigError(f"beam_size must be >= 1, got {self.beam_size}")
+    if not 1 <= self.nbest <= self.beam_size:
+      raise ConfigError(f"nbest must be in [1, beam_size={self.beam_size}], got {self.nbest}")
+    if not 0 <= self.alpha <= MAX_ALPHA:
+      raise ConfigError(f"alpha must be in [0, {MAX_ALPHA:g}], got {self.alpha}")
+    if not self.max_extra >= 0:
+      raise ConfigError(f"max_extra must be >= 0, got {self.max_extra}")
+    if not (self.temperature == 0 or TEMPERATURES[0] <= self.temperature <= TEMPERATURES[1]):
+      raise ConfigError(f"temperature must be 0 (beam search; greedy with beam_size 1) or in "
+                        f"[{TEMPERATURES[0]:g}, {TEMPERATURES[1]:g}], got {self.temperature}")
+    if self.temperature > 0 and self.nbest > 1:
+      raise ConfigError(f"nbest must be 1 when sampling (temperature > 0): each draw is one "
+                        f"hypothesis, got {self.nbest}")
+    if not self.top_k >= 0:
+      raise ConfigError(f"top_k must be >= 0 (0 = every token), got {self.top_k}")
+    if not 0 < self.top_p <= 1:
+      raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+
+  def check_vocabulary(self, vocab_size: int) -> None:
+    """The check that needs the model: top_k at most its vocabulary."""
+    if self.top_k > vocab_size:
+      raise ConfigError(f"top_k must be at most the vocabulary's {vocab_size} tokens "
+                        f"(0 = every token), got {self.top_k}")
