@@ -521,9 +521,8 @@ LIBRETRANSLATE_BAD = [  # (what, fields, status, the one-line error)
      "fr is not supported as source: this server translates en to de (GET /languages)"),
     ("target not the pair's", dict(q="A dog.", source="en", target="fr"), 400,
      "fr is not supported as target: this server translates en to de (GET /languages)"),
-    ("html", dict(q="<p>A dog.</p>", source="en", target="de", format="html"), 400,
-     "format 'html' is not supported: send format 'text' (plain text; this server does not "
-     "translate HTML)"),
+    ("xml", dict(q="<p>A dog.</p>", source="en", target="de", format="xml"), 400,
+     "'xml' format is not supported (formats: text, html)"),
     ("no q", dict(source="en", target="de"), 400, "Invalid request: missing q parameter"),
     ("no target", dict(q="A dog.", source="en"), 400, "Invalid request: missing target parameter"),
     ("bad api_key", dict(q="A dog.", source="en", target="de", api_key="guess"), 403,
@@ -628,8 +627,8 @@ def test_libretranslate_cors_multipart_query_strings_auto_and_what_it_refuses(se
       200, {"translatedText": expected[:2], "detectedLanguage": [detected] * 2})
   for what, body, status, error in [
       ("q empty list", {**fields, "q": []}, 400, "Invalid request: missing q parameter"),
-      ("alternatives", {**fields, "alternatives": 3}, 400,
-       "alternatives is not supported: this server gives one translation per text")]:
+      ("alternatives", {**fields, "alternatives": "3 please"}, 400,
+       "Invalid request: alternatives parameter is not a number")]:
     assert server.call("/translate", body, token=None) == (status, {"error": error}), what
   assert _http(server, "POST", "/detect", b"q=Hallo")[::2] == (404, {
       "error": "this server does not detect languages: it translates en to de (send source "

@@ -36,8 +36,9 @@ log = logging.getLogger("flax_transformer.serving")
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-  """What one request may ask for: sentences per request, body bytes, seconds to send
-  the body, beam width, and the grid its alpha is rounded to (0: none; on_grid). Each
+  """What one request may ask for: sentences (LibreTranslate's q: texts) per request,
+  body bytes, seconds to send the body, beam width, the grid its alpha is rounded to (0:
+  none; on_grid), and characters per LibreTranslate text (split into sentences). Each
   alpha is a program to compile: on a grid, a server meets at most 10 / alpha_step + 2
   of them per beam width."""
 
@@ -46,6 +47,7 @@ class Limits:
   body_timeout_s: float = 10.0
   max_beam: int = 8
   alpha_step: float = 0.1
+  max_chars: int = 5000  # LibreTranslate's charLimit: characters of one q text.
 
 
 def on_grid(alpha: float, step: float) -> float:
@@ -249,9 +251,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 def _add_routes(app: FastAPI, requests: _Requests, batcher: Batcher, health: dict,
                 languages: tuple[str, str] | None, drain: Drain) -> None:
-  face = libretranslate.LibreTranslate(
-      languages, requests.token, requests.check_sentences,
-      lambda sentences: batcher.translate(sentences, batcher.default_search))
+  face = libretranslate.LibreTranslate(languages, requests.token, batcher, requests.limits)
 
   @app.get("/", response_class=HTMLResponse)
   async def page():
@@ -297,6 +297,10 @@ def _add_routes(app: FastAPI, requests: _Requests, batcher: Batcher, health: dic
       answer["nbest"] = [[{"text": text, "score": score} for text, score in hyps]
                          for hyps in found]
     return answer
+
+  @app.get("/frontend/settings")
+  async def frontend_settings():  # Open, as LibreTranslate's.
+    return face.settings()
 
   @app.post("/detect")
   async def detect():  # Not LibreTranslate's 404 page: a line saying why.

@@ -2,11 +2,14 @@
 extensions, office plug-ins, apps with a "LibreTranslate URL" setting).
 
 POST /translate with `q` (a string or a list of strings), `source` (or "auto": no
-detection, the pair's source is taken), `target`, `format` ("text"; "html" is refused)
-and `api_key` (serve.py's token), as JSON, a form (urlencoded or multipart) or the query
-string -> {"translatedText": a string or a list}; GET /languages -> the workdir's pair.
-A body with `text` instead of `q` is serve.py's own /translate (app.py). Both go through
-the one batcher, with the server's default search. Errors: {"error": one line}, with
+detection, the pair's source is taken), `target`, `format` ("text" or "html": markup.py),
+`alternatives` (N others per text, from the n-best search) and `api_key` (serve.py's
+token), as JSON, a form (urlencoded or multipart) or the query string ->
+{"translatedText": a string or a list}; GET /languages -> the workdir's pair; GET
+/frontend/settings -> LibreTranslate's settings from serve.py's limits. Each text is
+split into sentences (sentences.py), searched in the batcher's batches with every other
+request's, and joined back with its own whitespace. A body with `text` instead of `q` is
+serve.py's own /translate (app.py). Errors: {"error": one line}, with
 LibreTranslate's status codes (400 a bad request or an unsupported language or option,
 403 a bad api_key, 404 /detect). Any origin may call these routes (CORS), as
 LibreTranslate's.
@@ -15,15 +18,16 @@ LibreTranslate's.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
-import re
 import urllib.parse
 
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 
-from flax_transformer.serving import auth
+from flax_transformer.serving import auth, markup
 from flax_transformer.serving.errors import RequestError
+from flax_transformer.translation import sentences
 
 # Names /languages gives the codes of the pairs people train most; others show their code.
 NAMES = {"ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish",
@@ -31,7 +35,8 @@ NAMES = {"ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "
          "ko": "Korean", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian",
          "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese"}
 FIELDS = {"q", "source", "target"}  # Any of them, and no `text`: a LibreTranslate request.
-ROUTES = ("/translate", "/languages", "/detect")
+ROUTES = ("/translate", "/languages", "/detect", "/frontend/settings")
+FRONTEND_TIMEOUT_MS = 500  # LibreTranslate's default (its web page's typing pause).
 
 
 class Cors:
@@ -91,13 +96,13 @@ async def _multipart(request: Request, body: bytes) -> list[tuple[str, str]]:
 
 class LibreTranslate:
   """The face: `pair` (source, target) or None (serve.py --languages not given and the
-  workdir records none); `translate(sentences)` -> a Future of their n-best lists, as
-  `Batcher.translate`'s; `check_sentences`: serve.py's check of their count and length."""
+  workdir records none); `batcher` searches (its default search, its token limit);
+  `limits` (app.Limits): texts per request (max_sentences), characters per text
+  (max_chars), the widest beam (max_beam: alternatives + 1 at most)."""
 
-  def __init__(self, pair: tuple[str, str] | None, token: str | None, check_sentences,
-               translate):
+  def __init__(self, pair: tuple[str, str] | None, token: str | None, batcher, limits):
     self.pair, self.token = pair, token
-    self._check_sentences, self._translate = check_sentences, translate
+    self._batcher, self._limits = batcher, limits
 
   def languages(self) -> list[dict]:
     if self.pair is None:
@@ -105,6 +110,15 @@ class LibreTranslate:
     source, target = self.pair
     return [{"code": source, "name": NAMES.get(source, source), "targets": [target]},
             {"code": target, "name": NAMES.get(target, target), "targets": []}]
+
+  def settings(self) -> dict:
+    """GET /frontend/settings: LibreTranslate's keys, from this server's limits."""
+    source, target = self.pair or ("auto", "auto")
+    return {"charLimit": self._limits.max_chars, "frontendTimeout": FRONTEND_TIMEOUT_MS,
+            "apiKeys": self.token is not None, "keyRequired": self.token is not None,
+            "suggestions": False, "filesTranslation": False, "supportedFilesFormat": [],
+            "language": {"source": {"code": source, "name": NAMES.get(source, source)},
+                         "target": {"code": target, "name": NAMES.get(target, target)}}}
 
   def check_key(self, key) -> None:
     auth.check(self.token, key, 403, "missing api_key: this server needs its token as api_key",
@@ -138,6 +152,42 @@ class LibreTranslate:
       raise RequestError(400, f"{target} is not supported as target: this server translates "
                               f"{self.pair[0]} to {self.pair[1]} (GET /languages)")
 
+  def _alternatives(self, value) -> int:
+    """LibreTranslate's `alternatives`: a number (of any JSON type int() takes), below 0
+    taken as 0, at most the widest beam less the best."""
+    try:
+      count = max(0, int(value or 0))
+    except (TypeError, ValueError):
+      raise RequestError(400, "Invalid request: alternatives parameter is not a number"
+                         ) from None
+    if count + 1 > self._limits.max_beam:
+      raise RequestError(400, "Invalid request: alternatives parameter must be <= "
+                              f"{self._limits.max_beam - 1} (--max_beam less the best)")
+    return count
+
+  def _check_texts(self, texts: list[str]) -> None:
+    """How many texts, each valid text and within the character limit: errors name the
+    q item."""
+    if len(texts) > self._limits.max_sentences:
+      raise RequestError(400, f"Invalid request: q has {len(texts)} texts, over "
+                              f"{self._limits.max_sentences} (--max_sentences)")
+    for i, text in enumerate(texts):
+      try:  # JSON admits lone surrogates ("\\ud800"); the tokenizer does not.
+        text.encode("utf-8")
+      except UnicodeEncodeError as e:
+        raise RequestError(400, f"Invalid request: q[{i}] is not valid text: {e.reason} at "
+                                f"character {e.start}") from None
+      if len(text) > self._limits.max_chars:
+        raise RequestError(400, f"Invalid request: q[{i}] ({len(text)} characters) exceeds "
+                                f"text limit ({self._limits.max_chars})")
+
+  def _search(self, alternatives: int):
+    default = self._batcher.default_search
+    if not alternatives:
+      return default
+    return dataclasses.replace(default, beam_size=max(default.beam_size, alternatives + 1),
+                               nbest=alternatives + 1)
+
   async def translate(self, fields: dict, key_checked: bool) -> dict:
     """`key_checked`: the token was presented outside the body, and checked."""
     if not key_checked:
@@ -148,29 +198,56 @@ class LibreTranslate:
     texts = [q] if isinstance(q, str) else q
     if not isinstance(texts, list) or not all(isinstance(s, str) for s in texts):
       raise RequestError(400, "Invalid request: q must be a string or a list of strings")
-    # One model input per line (clients send paragraphs a line each), the newlines and
-    # blank lines kept: [line, newline, line, ...] per text.
-    parts = [re.split(r"(\r?\n)", text) for text in texts]
-    sentences = [line for text in parts for line in text[::2] if line.strip()]
     self._check_languages(fields.get("source"), fields.get("target"))
-    if fields.get("alternatives") not in (None, 0, "", "0"):
-      raise RequestError(400, "alternatives is not supported: this server gives one "
-                              "translation per text")
+    alternatives = self._alternatives(fields.get("alternatives"))
     text_format = fields.get("format") or "text"  # LibreTranslate's: empty or null is text.
-    if text_format != "text":
+    if text_format not in ("text", "html"):
       text_format = ascii(text_format)[:40]  # Echoed: valid text whatever was sent.
-      raise RequestError(400, f"format {text_format} is not supported: send format 'text' "
-                              "(plain text; this server does not translate HTML)")
-    try:
-      self._check_sentences("q", sentences)
-    except RequestError as e:  # LibreTranslate answers every bad request 400.
-      raise RequestError(400, str(e)) from None
-    found = await asyncio.wrap_future(self._translate(sentences)) if sentences else []
-    lines = iter(hyps[0][0] for hyps in found)
-    translations = ["".join(next(lines) if i % 2 == 0 and part.strip() else part
-                            for i, part in enumerate(text)) for text in parts]
-    answer = {"translatedText": translations[0] if isinstance(q, str) else translations}
+      raise RequestError(400, f"{text_format} format is not supported (formats: text, html)")
+    self._check_texts(texts)
+    if text_format == "html":
+      translations, others = await self._html(texts), [[] for _ in texts]  # As LibreTranslate.
+    else:
+      translations, others = await self._text(texts, alternatives)
+    one = isinstance(q, str)
+    answer = {"translatedText": translations[0] if one else translations}
     if fields["source"] == "auto":  # Not detected: the pair's one source (docs/decoding.md).
       detected = {"confidence": 100, "language": self.pair[0]}
-      answer["detectedLanguage"] = detected if isinstance(q, str) else [detected] * len(q)
+      answer["detectedLanguage"] = detected if one else [detected] * len(q)
+    if alternatives:
+      answer["alternatives"] = others[0] if one else others
     return answer
+
+  async def _found(self, texts: list[str], alternatives: int = 0):
+    """Each text's sentences searched in the batcher's batches: (layouts, n-best lists)."""
+    batcher = self._batcher
+    inputs, layouts = sentences.layout(texts, self.pair[0], batcher.max_tokens,
+                                       batcher.source_length)
+    search = self._search(alternatives)
+    found = await asyncio.wrap_future(batcher.translate(inputs, search)) if inputs else []
+    return layouts, found
+
+  async def _text(self, texts: list[str], alternatives: int
+                  ) -> tuple[list[str], list[list[str]]]:
+    """Translations, and up to `alternatives` others per text. As LibreTranslate's
+    (argos-translate's hypotheses): the k-th alternative of a split text joins its
+    sentences' k-th hypotheses; duplicates and the translation itself left out."""
+    layouts, found = await self._found(texts, alternatives)
+    ranked = [sentences.join(layouts, [hyps[min(k, len(hyps) - 1)][0] for hyps in found])
+              for k in range(alternatives + 1)]
+    others = []
+    for i, best in enumerate(ranked[0]):
+      seen, unique = {best, ""}, []
+      for other in (ranked[k][i] for k in range(1, alternatives + 1)):
+        if other not in seen:
+          seen.add(other)
+          unique.append(other)
+      others.append(unique)
+    return ranked[0], others
+
+  async def _html(self, texts: list[str]) -> list[str]:
+    """Each document's text nodes translated (their sentences split), its markup kept."""
+    documents = [markup.Document(text) for text in texts]
+    layouts, found = await self._found([node for d in documents for node in d.texts])
+    nodes = iter(sentences.join(layouts, [hyps[0][0] for hyps in found]))
+    return [d.render([next(nodes) for _ in d.texts]) for d in documents]

@@ -1,0 +1,167 @@
+"""serve.py's LibreTranslate face with the clients people run (issue 78): whole paragraphs
+split into sentences, format=html, alternatives, /frontend/settings, errors naming the q
+item; libretranslatepy and deep-translator's LibreTranslator; Mastodon's and Weblate's
+request shapes from their source; the checks of LibreTranslate's own API tests.
+
+Its own serve.py (test_serve's flags): sources up to 16 tokens, so a paragraph of four
+Multi30k-like sentences (over 40 tokens) must be split to be translated at all."""
+
+import dataclasses
+import html
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.parse
+
+import jax
+import pytest
+
+import conftest
+from conftest import ROOT, cpu_env
+from test_serve import MAX_SENTENCES, SEARCH, SENTENCES, TOKEN, Server, _http
+from flax_transformer.translation.translator import Translator
+
+PARAGRAPH = SENTENCES[:5]  # Over --max_tokens=16 together; each within it alone.
+
+
+@pytest.fixture(scope="module")
+def server(trained_tiny, tmp_path_factory):
+  log = tmp_path_factory.mktemp("serve") / "serve.log"
+  with open(log, "wb") as out:
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "serve.py"), f"--workdir={trained_tiny}", "--port=0",
+         "--cpu_devices=2", "--max_tokens=16", "--max_batch=8",
+         f"--max_sentences={MAX_SENTENCES}", "--max_extra=5", "--max_wait_ms=50",
+         f"--compilation_cache_dir={conftest.XLA_CACHE}"],
+        stdout=out, stderr=subprocess.STDOUT, env=dict(cpu_env(), SERVE_TOKEN=TOKEN))
+  deadline = time.time() + 240
+  while not (serving := re.search(r"Serving \S+ on (http://127\.0\.0\.1:\d+)/", log.read_text())):
+    assert process.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+    time.sleep(0.3)
+  yield Server(serving[1], log, process)
+  process.terminate()
+  process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def expected(trained_tiny):
+  """The Translator's translation of each of SENTENCES, and its 4-best lists."""
+  translator = Translator.from_workdir(trained_tiny, search=dataclasses.replace(SEARCH, nbest=4),
+                                       average_last=5,
+                                       batch_tokens=128, devices=jax.devices()[:2])
+  return {sentence: [text for text, _ in hyps] for sentence, hyps in zip(
+      SENTENCES, translator.translate_nbest(SENTENCES))}
+
+
+def _post(server, body: dict) -> tuple[int, dict]:
+  return server.call("/translate", {"api_key": TOKEN, **body}, token=None)
+
+
+def test_paragraphs_and_lists_through_libretranslatepy_and_deep_translator(server, expected):
+  """Each sentence of a paragraph translated as the Translator does it alone, joined back
+  with the paragraph's own spaces and newlines (at 6a64c1b: 400, over --max_tokens)."""
+  from deep_translator import LibreTranslator
+  from libretranslatepy import LibreTranslateAPI
+
+  best = {s: hyps[0] for s, hyps in expected.items()}
+  paragraph = "  ".join(PARAGRAPH[:3]) + "\n\n" + " ".join(PARAGRAPH[3:]) + "\n"
+  want = "  ".join(best[s] for s in PARAGRAPH[:3]) + "\n\n" + " ".join(
+      best[s] for s in PARAGRAPH[3:]) + "\n"
+  assert LibreTranslateAPI(server.url, api_key=TOKEN).translate(paragraph, "en", "de") == want
+  deep = LibreTranslator(source="en", target="de", api_key=TOKEN, custom_url=server.url + "/")
+  assert deep.translate(paragraph) == want
+  assert deep.translate_batch([PARAGRAPH[0], paragraph]) == [best[PARAGRAPH[0]], want]
+  assert _post(server, {"q": [paragraph, SENTENCES[6]], "source": "en", "target": "de"}) == (
+      200, {"translatedText": [want, best[SENTENCES[6]]]})
+  # A sentence over the limit alone: cut at it with a warning, translated, never refused.
+  long = " ".join(s.rstrip(".") for s in PARAGRAPH[:3]) + "."
+  status, answer = _post(server, {"q": long, "source": "en", "target": "de"})
+  assert status == 200 and answer["translatedText"].strip()
+  assert re.search(r"A sentence of \d+ tokens is over the limit of 16", server.log.read_text())
+
+
+# Mastodon's request (app/lib/translation_service/libre_translate.rb, v4.2.0): a JSON list
+# of statuses' HTML, format "html", source "auto"; it reads translatedText[i] and
+# detectedLanguage[i]["language"].
+STATUS = ('<p>{0} <span class="h-card" translate="no"><a href="https://social.example/@anna" '
+          'class="u-url mention">@<span>anna</span></a></span> 🐕<br><b>{1}</b> <a href="https:'
+          '//social.example/tags/dogs" class="mention hashtag" rel="tag">#<span>dogs</span></a>'
+          '</p><p>{2} <code>ls -l</code></p>')
+
+
+def test_mastodon_sends_html_lists_with_source_auto(server, expected):
+  best = {s: html.escape(hyps[0], quote=False) for s, hyps in expected.items()}
+  statuses = [STATUS.format(*SENTENCES[:3]), "<p>" + SENTENCES[3] + "<b>"]  # Left open.
+  status, answer = _post(server, {"q": statuses, "source": "auto", "target": "de",
+                                  "format": "html"})
+  assert status == 200, answer
+  parsed = [(text, answer["detectedLanguage"][i]["language"])
+            for i, text in enumerate(answer["translatedText"])]  # As Mastodon reads it.
+  assert parsed == [(STATUS.format(*(best[s] for s in SENTENCES[:3])), "en"),
+                    ("<p>" + best[SENTENCES[3]] + "<b></b></p>", "en")]
+
+
+def test_weblate_json_lists_and_alternatives_from_the_n_best(server, expected):
+  # Weblate's request (weblate/machinery/libretranslate.py, 5.17: BaseLibreTranslateTranslation.
+  # _request_translations): JSON {"api_key", "q": [texts], "source", "target"}; its
+  # _parse_translated_texts wants a list of strings as long as q.
+  status, answer = _post(server, {"q": SENTENCES[:2], "source": "en", "target": "de"})
+  assert status == 200 and answer == {"translatedText": [expected[s][0] for s in SENTENCES[:2]]}
+  # alternatives: N others, from the 4-best, duplicates and the best itself left out (at
+  # 6a64c1b: 400). A split text's k-th joins its sentences' k-th (argos-translate's).
+  unique = lambda texts: list(dict.fromkeys(t for t in texts[1:] if t not in ("", texts[0])))  # noqa: E731
+  one = SENTENCES[0]
+  assert _post(server, {"q": one, "source": "en", "target": "de", "alternatives": 3}) == (
+      200, {"translatedText": expected[one][0], "alternatives": unique(expected[one])})
+  two = f"{SENTENCES[0]} {SENTENCES[1]}"
+  joined = [f"{a} {b}" for a, b in zip(expected[SENTENCES[0]], expected[SENTENCES[1]])]
+  assert _post(server, {"q": [two], "source": "en", "target": "de", "alternatives": "2"}) == (
+      200, {"translatedText": [joined[0]], "alternatives": [unique(joined[:3])]})
+  assert _post(server, {"q": one, "source": "en", "target": "de", "alternatives": 8}) == (
+      400, {"error": "Invalid request: alternatives parameter must be <= 7 (--max_beam less "
+                     "the best)"})
+
+
+def test_frontend_settings_and_errors_naming_the_q_item(server):
+  status, settings = server.call("/frontend/settings", token=None)
+  assert status == 200 and settings["charLimit"] == 5000 and settings["keyRequired"] is True
+  assert settings["language"] == {"source": {"code": "en", "name": "English"},
+                                  "target": {"code": "de", "name": "German"}}
+  long = "a" * 5001
+  assert _post(server, {"q": ["A dog.", "A cat.", long], "source": "en", "target": "de"}) == (
+      400, {"error": "Invalid request: q[2] (5001 characters) exceeds text limit (5000)"})
+  assert _post(server, {"q": ["A.\nB.\nC.", "\ud800"], "source": "en", "target": "de"}) == (
+      400, {"error": "Invalid request: q[1] is not valid text: surrogates not allowed at "
+                     "character 0"})
+
+
+def test_what_libretranslates_own_api_tests_check(server):
+  """libretranslate/tests/test_api/ (LibreTranslate 1.9.6), run against serve.py with its
+  pair (en-de for their en-es). /detect's checks are H7's (language identification)."""
+  form = lambda fields: urllib.parse.urlencode({"api_key": TOKEN, **fields}).encode()  # noqa: E731
+  # test_api_translate: a form, format text.
+  status, _, answer = _http(server, "POST", "/translate", form(
+      {"q": "Hello", "source": "en", "target": "de", "format": "text"}))
+  assert status == 200 and "translatedText" in answer
+  # test_api_translate_batch: JSON list -> a list of 2.
+  status, answer = _post(server, {"q": ["Hello", "World"], "source": "en", "target": "de",
+                                  "format": "text"})
+  assert status == 200 and isinstance(answer["translatedText"], list)
+  assert len(answer["translatedText"]) == 2
+  # test_api_translate_unsupported_language: 400 with an error ("zz is not supported" there;
+  # here the line names the pair too).
+  status, _, answer = _http(server, "POST", "/translate", form(
+      {"q": "Hello", "source": "en", "target": "zz", "format": "text"}))
+  assert status == 400 and answer["error"].startswith("zz is not supported")
+  # test_api_translate_missing_parameter.
+  status, _, answer = _http(server, "POST", "/translate", form(
+      {"source": "en", "target": "de", "format": "text"}))
+  assert (status, answer) == (400, {"error": "Invalid request: missing q parameter"})
+  # test_api_get_languages and ..._must_fail_bad_request_type.
+  status, _, answer = _http(server, "GET", "/languages")
+  assert status == 200 and len(answer) >= 1 and {"code", "name"} <= answer[0].keys()
+  assert _http(server, "POST", "/languages")[0] == 405
+  # test_api_get_frontend_settings.
+  assert _http(server, "GET", "/frontend/settings")[0] == 200
