@@ -6,7 +6,7 @@ the same on the fly, without writing anything).
 """
 
 if __name__ == "__main__":  # First: glibc reads malloc settings at start, JAX not yet loaded.
-  from flax_transformer.training import host_allocator
+  from flax_transformer import host_allocator
 
   host_allocator.reexec_with_reusable_malloc()
 

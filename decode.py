@@ -17,7 +17,7 @@ is translated and written, flushed, as soon as it is read.
 """
 
 if __name__ == "__main__":  # First: glibc reads malloc settings at start, JAX not yet loaded.
-  from flax_transformer.training import host_allocator
+  from flax_transformer import host_allocator
 
   host_allocator.reexec_with_reusable_malloc()
 

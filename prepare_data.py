@@ -7,7 +7,7 @@ launch; doing it here first keeps the processes of a multi-host run from racing.
 """
 
 if __name__ == "__main__":  # First: glibc reads malloc settings at start, JAX not yet loaded.
-  from flax_transformer.training import host_allocator
+  from flax_transformer import host_allocator
 
   host_allocator.reexec_with_reusable_malloc()
 

@@ -5,7 +5,7 @@ configs and data exit with code 2 and a message naming the problem.
 """
 
 if __name__ == "__main__":  # First: glibc reads malloc settings at start, JAX not yet loaded.
-  from flax_transformer.training import host_allocator
+  from flax_transformer import host_allocator
 
   host_allocator.reexec_with_reusable_malloc()
 

@@ -187,7 +187,7 @@ def machine() -> dict:
   import jax
 
   from flax_transformer import host
-  from flax_transformer.training import host_allocator
+  from flax_transformer import host_allocator
 
   return {"python": platform.python_version(), "jax": jax.__version__,
           "platform": jax.devices()[0].platform, "devices": jax.device_count(),

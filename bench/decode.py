@@ -105,7 +105,7 @@ def main():
   flags.add_argument("--cpu_devices", type=int, default=0,
                      help="CPU devices to split over (0 = one per core), as decode.py")
   args = flags.parse_args()
-  from flax_transformer.training import host_allocator
+  from flax_transformer import host_allocator
 
   # The malloc settings train.py and decode.py use; before JAX loads, as they do.
   host_allocator.reexec_with_reusable_malloc()

@@ -25,7 +25,8 @@ from flax_transformer.data import pipeline as data_lib
 from flax_transformer.data.sources import load_pairs, prepare_datasets
 from flax_transformer.errors import CheckpointSaveError
 from flax_transformer.evaluation import Evaluation
-from flax_transformer.training import distributed, host_allocator, init_from
+from flax_transformer import host_allocator
+from flax_transformer.training import distributed, init_from
 from flax_transformer.training import sharding as sharding_lib
 from flax_transformer.training.cadence import work_due_after
 from flax_transformer.training.config_checks import check_config, model_config_from

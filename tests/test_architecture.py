@@ -11,6 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "flax_transformer"
 # Each part's layer: a module may import modules of its own part and of lower layers.
 LAYERS = {
     "errors": 0, "compilation": 0, "host": 0, "provenance": 0, "storage": 0,  # Bottom.
+    "host_allocator": 0,  # The malloc settings the entry points re-execute with.
     "collectives": 0,  # What the processes agree on (one host-level collective each).
     # They import nothing of ours but each other (provenance reads host, storage errors).
     "network": 1,  # config, attention, layers, model.
@@ -21,7 +22,7 @@ LAYERS = {
     # Imported models (import_model.py): a transformers folder read, a workdir written;
     # the tokenizers an imported workdir's record names (workdir reads them).
     "pretrained": 3,
-    "training": 4,  # sharding, steps, metrics, distributed, host_allocator, the loop's parts.
+    "training": 4,  # sharding, steps, metrics, distributed, the loop's parts.
     "averaging": 4,  # The paper's checkpoint averaging: what translation loads.
     "launch_lock": 5,  # One launch per workdir: agreed on over the processes (training).
     "translation": 5,  # search, batching, translator, attention_plot.

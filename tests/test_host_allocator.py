@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flax_transformer.training import host_allocator
+from flax_transformer import host_allocator
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHILD = """
 import resource, sys
 import numpy as np
-from flax_transformer.training import host_allocator
+from flax_transformer import host_allocator
 host_allocator.reexec_with_reusable_malloc()
 # numpy >= 2 keeps it in np._core, 1.26 in np.core.
 (getattr(np, "_core", None) or np.core).multiarray._set_madvise_hugepage(False)
