@@ -30,6 +30,7 @@ def copy(tmp_path):
   for name in render_docs.doc_names(ROOT):
     (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy(ROOT / name, tmp_path / name)
+  shutil.copy(ROOT / render_docs.FIGURES_FILE, tmp_path / render_docs.FIGURES_FILE)
   shutil.copytree(ROOT / "configs", tmp_path / "configs")
   (tmp_path / "tests").mkdir()
   shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "tests" / "conftest.py")
@@ -99,6 +100,39 @@ def test_a_changed_figure_fails(copy, doc, old, new, named):
   said = result.stdout + result.stderr  # A figure that cannot render: one line on stderr.
   assert result.returncode == 1 and doc in said
   assert named in said
+
+
+def test_a_changed_named_figure_fails(copy):
+  """A figure's template lives in docs/figures.py: changing it there fails --check on the
+  doc that shows it, naming the figure; a name no doc shows, or one the docs show but
+  figures.py lacks, is one line."""
+  edit(copy / render_docs.FIGURES_FILE, '.train_wall_s / 60:.1f} minutes of training',
+       '.train_wall_s / 60:.2f} minutes of training')
+  result = run("render_docs", copy, "--check")
+  assert result.returncode == 1
+  assert "README.md:" in result.stdout and "{paper_exact_training_time} = " in result.stdout
+  shutil.copy(ROOT / render_docs.FIGURES_FILE, copy / render_docs.FIGURES_FILE)
+  edit(copy / render_docs.FIGURES_FILE, "FIGURES = {", "FIGURES = {\n    'spare': '{1}',")
+  result = run("render_docs", copy, "--check")
+  assert result.returncode == 2 and "no doc shows spare" in result.stdout
+  edit(copy / "README.md", "<!--{paper_exact_decode_cores}-->", "<!--{paper_exact_cores}-->")
+  result = run("render_docs", copy, "--check")
+  assert result.returncode == 1
+  assert "the figure {paper_exact_cores} does not render: NameError" in result.stderr
+
+
+# A figure's marker in a doc: a name from docs/figures.py or a bare setting (m30k.beam_size).
+MARKER = re.compile(r"^\{[A-Za-z_][\w.]*(?::[^{}]*)?\}$")
+
+
+def test_the_docs_read_raw():
+  """No expression in a doc's prose: each figure is a name or a setting; and no line
+  outside a table is over 200 characters."""
+  for name in render_docs.doc_names(ROOT):
+    text = (ROOT / name).read_text()
+    assert [m[1] for m in render_docs.FIGURE.finditer(text) if not MARKER.match(m[1])] == [], name
+    assert [i for i, line in enumerate(text.splitlines(), 1)
+            if len(line) > 200 and not line.startswith("|")] == [], name
 
 
 @pytest.mark.parametrize("doc, old, new, named", [

@@ -27,6 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "RESULTS.md", "BENCHMARKS.md", "docs/*.md")  # Also check_docs.py's.
+FIGURES_FILE = "docs/figures.py"  # The docs' named figures and long tables' arguments.
 BLOCK = re.compile(r"(<!-- render: (?P<name>[\w-]+)(?: (?P<args>[^\n]*?))? -->\n)(?P<body>.*?)"
                    r"(<!-- end: (?P=name) -->)", re.S)
 FIGURE = re.compile(r"(?<!`)<!--(\{[^\n]*?)-->(.*?)<!--/-->", re.S)  # Not in `code`.
@@ -387,10 +388,28 @@ def render_figure(template: str, names: dict) -> str:
   return "".join(out)
 
 
+def named(root: Path) -> tuple[dict[str, str], dict[str, tuple]]:
+  """docs/figures.py's FIGURES (name -> template) and ARGS (name -> a table's arguments)."""
+  import runpy
+
+  path = root / FIGURES_FILE
+  module = runpy.run_path(str(path)) if path.is_file() else {}
+  return module.get("FIGURES", {}), module.get("ARGS", {})
+
+
+def template_of(marker: str, figures: dict[str, str]) -> tuple[str, str]:
+  """(template, how a message names it) of a figure's marker: '{name}' stands for
+  FIGURES[name]; any other marker is its own template."""
+  name = marker[1:-1]
+  if name in figures:
+    return figures[name], f"{marker} = {figures[name]}"
+  return marker, marker
+
+
 def rendered(root: Path, wrong: list[str] | None = None) -> dict[str, str]:
   """Each doc's text with every block and figure rendered afresh; `wrong` collects
   'doc:line: template renders X, the doc says Y' for each figure that differs."""
-  out, names = {}, namespace(root)
+  out, names, (figures, table_args) = {}, namespace(root), named(root)
   for name in doc_names(root):
     text = (root / name).read_text()
 
@@ -399,26 +418,36 @@ def rendered(root: Path, wrong: list[str] | None = None) -> dict[str, str]:
       if render is None or doc not in (name, None):
         raise SystemExit(f"{name}: no table named {match['name']!r} for this doc in "
                          f"tools/render_docs.py TABLES")
-      args = eval(f"({match['args']},)", {"range": range}) if match["args"] else ()  # noqa: S307
+      args = (table_args[match["args"]] if match["args"] in table_args else
+              eval(f"({match['args']},)", {"range": range}) if match["args"] else ())  # noqa: S307
       return match.group(1) + render(root, *args) + match.group(5)
 
     def figure(match, name=name, text=text):
       where = f"{name}:{text.count(chr(10), 0, match.start()) + 1}"
       row = text[text.rfind("\n", 0, match.start()) + 1:match.start()]
+      template, label = template_of(match[1], figures)
       if row.startswith("|") and "|" in match[0]:  # A table row: GitHub splits the cell.
-        raise SystemExit(f"{where}: the figure {match[1]} holds a '|' in a table row: "
+        raise SystemExit(f"{where}: the figure {label} holds a '|' in a table row: "
                          "keep the cell's bars outside <!--{...}-->TEXT<!--/-->")
       try:
-        value = render_figure(match[1], names)
+        value = render_figure(template, names)
       except Exception as e:  # noqa: BLE001 (any error of a template: name it, no traceback)
-        raise SystemExit(f"{where}: the figure {match[1]} does not render: {e!r}") from None
+        raise SystemExit(f"{where}: the figure {label} does not render: {e!r}") from None
       if value.split() == match[2].split():  # A figure may break across lines.
         value = match[2]
       if value != match[2] and wrong is not None:
-        wrong.append(f"{where}: {match[1]} renders {value!r}, the doc says {match[2]!r}")
+        wrong.append(f"{where}: {label} renders {value!r}, the doc says {match[2]!r}")
       return f"<!--{match[1]}-->{value}<!--/-->"
     out[name] = FIGURE.sub(figure, BLOCK.sub(fill, text))
   return out
+
+
+def unused_names(root: Path) -> list[str]:
+  """docs/figures.py's names that no doc shows (each figure is defined where it is used)."""
+  texts = "".join((root / name).read_text() for name in doc_names(root))
+  figures, table_args = named(root)
+  return sorted({n for n in figures if f"<!--{{{n}}}-->" not in texts}
+                | {n for n in table_args if not re.search(rf"<!-- render: [\w-]+ {n} -->", texts)})
 
 
 # What each kind of file in a run's folder is, by name pattern (the first that matches).
@@ -503,6 +532,10 @@ def main() -> int:
     print(f"{', '.join(stale)}: rendered tables or pages differ from their data; run "
           "python -m tools.render_docs (and edit the JSON or the row lists, not the tables)")
     return 1
+  unused = unused_names(root)
+  if unused:
+    print(f"{FIGURES_FILE}: no doc shows {', '.join(unused)}: remove them or show them")
+    return 2
   texts = [(root / name).read_text() for name in doc_names(root)]
   tables, figures = (sum(len(pattern.findall(text)) for text in texts) for pattern in (BLOCK, FIGURE))
   print(f"{tables} tables, {figures} figures and the run folders' pages {'checked' if args.check else 'rendered'}"
