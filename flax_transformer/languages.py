@@ -132,10 +132,13 @@ class Languages:
 
   def check_pair(self, source: str | None, target: str | None) -> tuple[str | None, str | None]:
     """(source, target) as the model reads them: a code left None is the model's only one
-    (None where it states none); a pair it does not translate is an UnknownLanguageError
-    naming the pairs it does."""
+    (None where it states none, or for a source_tag model whose texts carry their own
+    tags); a pair it does not translate is an UnknownLanguageError naming the pairs it
+    does."""
     if not self.stated:
       return source, target
+    if target is None and len(self.targets) > 1 and self.target_by == "source_tag":
+      return source, None  # The text names its target itself (OPUS-MT's '>>fra<< ...').
     if target is None:
       if len(self.targets) > 1:
         raise UnknownLanguageError(f"name a target language: {self._known()}")

@@ -20,9 +20,11 @@ from flax_transformer import averaging
 from flax_transformer import compilation
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.data.tokenizer import Tokenizer
-from flax_transformer.errors import DataError
+from flax_transformer.errors import ConfigError, DataError
+from flax_transformer.languages import Languages
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.translation import batching
+from flax_transformer.translation.directions import Codes, Directions
 from flax_transformer.translation.programs import (Members, as_members_of, member_configs,
                                                    compile_shapes_ahead, make_score_fn,
                                                    make_search_fn, search_batches,
@@ -45,9 +47,9 @@ class Translator:
                search: SearchConfig = SearchConfig(), *, batch_tokens: int = 4096,
                seed: int = 0, devices: Sequence[jax.Device] | None = None,
                checkpoint_steps: Sequence[Sequence[int]] | None = None,
-               whole_batches: bool = False):
+               whole_batches: bool = False, languages: Languages = Languages()):
     self._setup(model_config, tokenizer, search, batch_tokens=batch_tokens, seed=seed,
-                devices=devices, whole_batches=whole_batches)
+                devices=devices, whole_batches=whole_batches, languages=languages)
     self._set_params(params, checkpoint_steps)
 
   def _set_params(self, params, checkpoint_steps: Sequence[Sequence[int]] | None) -> None:
@@ -58,13 +60,17 @@ class Translator:
 
   def _setup(self, model_config: Members, tokenizer: Tokenizer, search: SearchConfig, *,
              batch_tokens: int, seed: int, devices: Sequence[jax.Device] | None,
-             whole_batches: bool = False) -> None:
+             whole_batches: bool = False, languages: Languages = Languages()) -> None:
     """Everything but the parameters: what compiling the searches needs.
 
     whole_batches: every batch has the rows `batch_tokens` gives its width (serve.py's
     batcher, whose shapes are compiled at start); False: a width whose sentences fill
-    less than one batch gets only the rows they need (`search_batches`' fit_small)."""
+    less than one batch gets only the rows they need (`search_batches`' fit_small).
+    languages: what the model translates between (the workdir's record), which each
+    call's source_lang/target_lang choose from (directions.py)."""
     self.whole_batches = whole_batches
+    self.languages = languages
+    self._directions = Directions(languages, tokenizer)
     # Normalised once: inside, a model is an ensemble of one.
     self.model_configs = tuple(c.replace(deterministic=True, decode=False)
                                for c in member_configs(model_config))
@@ -136,7 +142,8 @@ class Translator:
       compilation.enable_cache(compilation_cache_dir)
     translator = cls.__new__(cls)
     translator._setup(configs, tokenizer, search, batch_tokens=batch_tokens, seed=seed,
-                      devices=devices, whole_batches=whole_batches)
+                      devices=devices, whole_batches=whole_batches,
+                      languages=workdir_lib.languages(workdir))
     if compile_for is not None:
       translator.compile_ahead(compile_for, compile_prefixes)
     all_params, all_steps = [], []
@@ -154,8 +161,8 @@ class Translator:
     translator._set_params(all_params, all_steps)
     return translator
 
-  def compile_ahead(self, sentences: Sequence[str], prefixes: Sequence[str] | None = None
-                    ) -> None:
+  def compile_ahead(self, sentences: Sequence[str], prefixes: Sequence[str] | None = None,
+                    source_lang: Codes = None, target_lang: Codes = None) -> None:
     """Starts compiling, on a background thread, the searches that
     `translate_nbest(sentences, prefixes=prefixes)` will run: from the parameters'
     shapes, dtypes and shardings alone (those set, else `averaging.abstract_params`),
@@ -163,8 +170,8 @@ class Translator:
     compiling it. Prefixes that `translate_nbest` would refuse compile nothing here
     (it raises there)."""
     try:
-      _, sources, prefix_ids = self._searched(sentences, prefixes)
-    except DataError:
+      _, sources, prefix_ids, _ = self._searched(sentences, prefixes, source_lang, target_lang)
+    except (DataError, ConfigError):
       return
     if not sources:
       return
@@ -217,53 +224,77 @@ class Translator:
                          fit_small=not self.whole_batches)
 
   def translate_nbest(self, sentences: Sequence[str], progress=None,
-                      prefixes: Sequence[str] | None = None) -> list[list[tuple[str, float]]]:
+                      prefixes: Sequence[str] | None = None, source_lang: Codes = None,
+                      target_lang: Codes = None) -> list[list[tuple[str, float]]]:
     """Per sentence, `search.nbest` (translation, score) pairs, best first.
 
     prefixes: per sentence, the text its translations start with (tokenized as
     targets are; '' forces nothing); the score then includes the prefix's
     log-probability. Empty (or all-whitespace) sentences without a prefix are not
     searched: their `search.nbest` hypotheses are all '' with score 0 (as many as any
-    sentence's, so n-best output keeps K lines per input).
+    sentence's, so n-best output keeps K lines per input). source_lang, target_lang:
+    a code for every sentence, or one per sentence (a batch may mix targets), from
+    `languages`; None: the model's only one. A pair the model does not translate is
+    an UnknownLanguageError naming those it does.
     """
-    todo, sources, prefix_ids = self._searched(sentences, prefixes)
+    todo, sources, prefix_ids, rows = self._searched(sentences, prefixes, source_lang,
+                                                     target_lang)
     results: list[list[tuple[str, float]]] = [[("", 0.0)] * self.search.nbest
                                               for _ in sentences]
     if todo:
       found = self.translate_nbest_ids(sources, prefix_ids, progress)
+      written = self._directions.written
       for i, hyps in zip(todo, found):
-        results[i] = [(self.tokenizer.target.detokenize(h), score) for h, score in hyps]
+        results[i] = [(self.tokenizer.target.detokenize(written(h, rows[i][1])), score)
+                      for h, score in hyps]
     return results
 
-  def _searched(self, sentences: Sequence[str], prefixes: Sequence[str] | None):
-    """(indices of the sentences searched, their ids, their prefixes' ids or None):
-    empty sentences without a prefix are not searched."""
-    ids = [self.tokenizer.source.tokenize(s) for s in sentences]
+  def _searched(self, sentences: Sequence[str], prefixes: Sequence[str] | None,
+                source_lang: Codes = None, target_lang: Codes = None):
+    """(indices of the sentences searched, their ids, their forced ids or None, each
+    sentence's (source, target)): empty sentences without a prefix are not searched."""
+    rows = self._directions.resolve(len(sentences), source_lang, target_lang)
+    texts = self._directions.source_texts(sentences, rows)
+    ids = [self.tokenizer.source.tokenize(s) for s in texts]
     prefix_ids = None
     if prefixes is not None:  # Tokenized as targets are, without their EOS.
       prefix_ids = [self.tokenizer.target.tokenize(p)[:-1] for p in prefixes]
       self._check_prefixes(prefix_ids, len(sentences))
     todo = [i for i, s in enumerate(sentences)
             if s.strip() or (prefix_ids is not None and len(prefix_ids[i]))]
+    forced = self._directions.forced(rows, prefix_ids)
+    if forced is not None:
+      self._check_prefixes(forced, len(sentences))
     return (todo, [ids[i] for i in todo],
-            None if prefix_ids is None else [prefix_ids[i] for i in todo])
+            None if forced is None else [forced[i] for i in todo], rows)
 
   def translate(self, sentences: Sequence[str], progress=None,
-                prefixes: Sequence[str] | None = None) -> list[str]:
-    """One translation per sentence, in order (prefixes: as `translate_nbest`)."""
-    return [hyps[0][0] for hyps in self.translate_nbest(sentences, progress, prefixes)]
+                prefixes: Sequence[str] | None = None, source_lang: Codes = None,
+                target_lang: Codes = None) -> list[str]:
+    """One translation per sentence, in order (prefixes, languages: as `translate_nbest`)."""
+    return [hyps[0][0] for hyps in self.translate_nbest(sentences, progress, prefixes,
+                                                        source_lang, target_lang)]
 
-  def score(self, sources: Sequence[str], targets: Sequence[str], progress=None
-            ) -> list[tuple[float, int]]:
+  def score(self, sources: Sequence[str], targets: Sequence[str], progress=None,
+            source_lang: Codes = None, target_lang: Codes = None) -> list[tuple[float, int]]:
     """Per (source, target) pair: (log P(target | source), target tokens), EOS included.
 
     Under the model, or the ensemble (per token, the log of the mean of its
     members' probabilities). One teacher-forced forward pass per length-bucketed
     batch, split over the devices as the search is. Sources longer than max_len
-    are truncated (logged); a target that long is a DataError naming its line.
+    are truncated (logged); a target that long is a DataError naming its line. The
+    languages as `translate_nbest`'s: a forced target token counts in the score.
     """
-    return self.score_ids([self.tokenizer.source.tokenize(s) for s in sources],
-                          [self.tokenizer.target.tokenize(t) for t in targets], progress)
+    if len(sources) != len(targets):
+      raise DataError(f"{len(targets)} targets for {len(sources)} sources")
+    rows = self._directions.resolve(len(sources), source_lang, target_lang)
+    texts = self._directions.source_texts(sources, rows)
+    target_ids = [self.tokenizer.target.tokenize(t) for t in targets]
+    if self._directions.forces_target:
+      target_ids = [np.concatenate([f, t]) for f, t in
+                    zip(self._directions.forced(rows, None), target_ids)]
+    return self.score_ids([self.tokenizer.source.tokenize(s) for s in texts], target_ids,
+                          progress)
 
   def score_ids(self, sources: Sequence[np.ndarray], targets: Sequence[np.ndarray],
                 progress=None) -> list[tuple[float, int]]:

@@ -1,0 +1,91 @@
+"""Each sentence's direction (source and target language), as the model reads it: the one
+place that turns a workdir's languages record (flax_transformer.languages) into inputs.
+
+target_by "source_tag": the target's tag is put before the source text (OPUS-MT's '>>fra<<
+text', tokenized by its tokenizer as one token); "decoder_prefix": the target's token is
+forced as the decoder's first output (its ids as the target side tokenizes its text: a
+sentencepiece user-defined symbol is '▁' and itself, as training's targets start), before
+any prefix the caller forces, and cut from the hypotheses before they are written; "none": nothing (one target).
+The target is per row: one compiled search serves a batch of mixed targets (forced ids are
+data, search.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from flax_transformer.errors import DataError
+from flax_transformer.languages import Languages
+
+Codes = str | Sequence[str | None] | None  # One code for every row, or one per row.
+
+
+def per_row(codes: Codes, count: int, what: str) -> list[str | None]:
+  """`codes` as one entry per row (a str or None: the same for every row)."""
+  if codes is None or isinstance(codes, str):
+    return [codes] * count
+  codes = list(codes)
+  if len(codes) != count:
+    raise DataError(f"{len(codes)} {what} languages for {count} sentences")
+  return codes
+
+
+class Directions:
+  """A model's languages and tokenizer: each row's inputs for its (source, target)."""
+
+  def __init__(self, languages: Languages, tokenizer):
+    self.languages = languages
+    self._target_ids: dict[str, np.ndarray] = {}
+    if languages.target_by == "decoder_prefix":
+      for code in languages.targets:  # As training's targets start (data.multilingual).
+        ids = tokenizer.target.tokenize(languages.target_tokens[code])[:-1]
+        if not len(ids):
+          raise DataError(f"run.json: the languages record's target token "
+                          f"{languages.target_tokens[code]!r} ({code}) tokenizes to nothing")
+        self._target_ids[code] = np.asarray(ids, np.int32)
+
+  def resolve(self, count: int, source_lang: Codes = None, target_lang: Codes = None
+              ) -> list[tuple[str | None, str | None]]:
+    """Each row's (source, target), checked: a pair the model does not know is an
+    UnknownLanguageError naming those it does (a code left None: the model's only one)."""
+    checked = {}
+    rows = []
+    for pair in zip(per_row(source_lang, count, "source"), per_row(target_lang, count, "target")):
+      if pair not in checked:
+        checked[pair] = self.languages.check_pair(*pair)
+      rows.append(checked[pair])
+    return rows
+
+  def source_texts(self, sentences: Sequence[str], rows) -> list[str]:
+    """The texts the tokenizer reads: the source's token first where the record has
+    source_tokens (NLLB/M2M100's tokenizer takes a leading one as the source language),
+    then the target's tag where target_by is source_tag (OPUS-MT's '>>fra<<')."""
+    languages = self.languages
+    tagged = languages.target_by == "source_tag"
+    texts = []
+    for s, (source, target) in zip(sentences, rows):
+      if tagged and target is not None:
+        s = f"{languages.target_tokens[target]} {s}"
+      if source is not None and source in languages.source_tokens:
+        s = f"{languages.source_tokens[source]} {s}"
+      texts.append(s)
+    return texts
+
+  @property
+  def forces_target(self) -> bool:
+    return bool(self._target_ids)
+
+  def forced(self, rows, prefixes: Sequence[np.ndarray] | None) -> list[np.ndarray] | None:
+    """Each row's forced target ids: its target token's (decoder_prefix), then its prefix."""
+    if not self._target_ids:
+      return None if prefixes is None else list(prefixes)
+    prefixes = prefixes if prefixes is not None else [np.zeros(0, np.int32)] * len(rows)
+    return [np.concatenate([self._target_ids[target], np.asarray(prefix, np.int32)])
+            for (_, target), prefix in zip(rows, prefixes)]
+
+  def written(self, ids: Sequence[int], target: str | None) -> list[int]:
+    """A hypothesis' ids as written: without its forced target token's."""
+    ids = list(ids)
+    return ids[len(self._target_ids[target]):] if self._target_ids else ids
