@@ -27,7 +27,8 @@ CUT_OFF = "the server shut down before this request was answered (serve.py --dra
 
 
 class Drain:
-  """Requests in flight, and, once a shutdown began, what became of them and of new ones."""
+  """The drain (a shutdown that first answers the requests in flight): those requests, and,
+  once a shutdown began, what became of them and of new ones."""
 
   def __init__(self):
     self.in_flight = 0
@@ -56,8 +57,9 @@ class Drain:
 
 
 class Gate:
-  """ASGI middleware counting requests in flight for `drain`: while it drains, a new
-  request gets a JSON 503, and one whose handler is cancelled gets one too."""
+  """The gate every HTTP request passes (ASGI middleware), counting those in flight for
+  `drain`: while it drains, a new request gets a JSON 503, and one whose handler is
+  cancelled gets one too."""
 
   def __init__(self, app, drain: Drain):
     self.app, self.drain = app, drain

@@ -95,7 +95,8 @@ async def _multipart(request: Request, body: bytes) -> list[tuple[str, str]]:
 
 
 class LibreTranslate:
-  """The face: `pair` (source, target) or None (serve.py --languages not given and the
+  """The LibreTranslate face (serve.py answering as a LibreTranslate server would, for
+  LibreTranslate's clients): `pair` (source, target) or None (serve.py --languages not given and the
   workdir records none); `batcher` searches (its default search, its token limit);
   `limits` (app.Limits): texts per request (max_sentences), characters per text
   (max_chars), the widest beam (max_beam: alternatives + 1 at most)."""

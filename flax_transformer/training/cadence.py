@@ -1,4 +1,5 @@
-"""The cadence: which periodic work (log, evaluation, BLEU, checkpoint) follows a step."""
+"""The cadence (how often, in steps, each periodic job runs): which periodic work (log,
+evaluation, BLEU, checkpoint) follows a step."""
 
 from __future__ import annotations
 
