@@ -717,6 +717,15 @@ BAD_SEARCH_FLAGS = [
     (["--top_p=nan"], "top_p must be in (0, 1], got nan"),
 ]
 SERVE_AND_EXPORT_FLAGS = ("--beam_size", "--alpha", "--max_extra")  # Their search flags.
+# Beams no memory holds, refused before anything compiles: over the search's int32
+# candidate indices (beam x vocabulary), and over search_memory's estimate against the
+# device's memory (here the host's: 9 TiB for one sentence). serve.py: with --max_beam
+# as large, whose own check would name them first.
+TOO_LARGE = [
+    (["--beam_size=100000000"], "beam_size=100000000 x the vocabulary's {vocab} tokens is "
+                                "over 2^31 - 1 candidates per sentence"),
+    (["--beam_size=100000"], "beam_size=100000: a search of "),
+]
 
 
 @pytest.mark.parametrize("script", ["decode.py", "serve.py", "export.py"])
@@ -732,6 +741,8 @@ def test_every_bad_search_flag_is_one_error_line_and_exit_2(workdir, script, tmp
                                            for f in flags)]
   if script == "serve.py":  # Else every request without a beam_size would be a 422.
     cases.append((["--beam_size=9", "--max_beam=8"], "--beam_size 9 is over --max_beam 8"))
+  wide = ["--max_beam=100000000"] if script == "serve.py" else []
+  cases += [([*flags, *wide], fill(words)) for flags, words in TOO_LARGE]
   given = {"decode.py": [f"--compilation_cache_dir={conftest.XLA_CACHE}"],
            "serve.py": ["--port=0"], "export.py": [f"--out={tmp_path / 'out'}"]}[script]
   argvs = [[f"--workdir={workdir}", *given, *flags] for flags, _ in cases]
@@ -750,6 +761,50 @@ def test_every_bad_search_flag_is_one_error_line_and_exit_2(workdir, script, tmp
     assert launched.returncode == 2
     assert launched.stderr.decode().strip() == next(
         run["stderr"].strip() for (flags, _), run in zip(cases, runs) if flags == ["--top_p=0"])
+
+
+# Options of the wrong type through the Python API (the scripts' flags cannot carry them:
+# absl's integer and bool flags refuse 2.5 and "no"; serve's requests: pydantic's strict
+# types, test_serve.BAD): (options, the one-line error).
+BAD_SEARCH_TYPES = [
+    (dict(beam_size=2.5), "beam_size must be an integer, got 2.5 (float)"),
+    (dict(beam_size=True), "beam_size must be an integer, got True (bool)"),
+    (dict(max_extra=1.5), "max_extra must be an integer, got 1.5 (float)"),
+    (dict(nbest="2"), "nbest must be an integer, got '2' (str)"),
+    (dict(top_k=None), "top_k must be an integer, got None (NoneType)"),
+    (dict(alpha="0.6"), "alpha must be a number, got '0.6' (str)"),
+    (dict(alpha=False), "alpha must be a number, got False (bool)"),
+    (dict(temperature=np.bool_(True)), "temperature must be a number, got np.True_ (bool)"),
+    (dict(top_p=[1.0]), "top_p must be a number, got [1.0] (list)"),
+    (dict(eos_within_beam="no"), "eos_within_beam must be True or False, got 'no' (str)"),
+    (dict(eos_within_beam=1), "eos_within_beam must be True or False, got 1 (int)"),
+]
+
+
+def test_every_search_option_of_the_wrong_type_is_one_config_error():
+  from flax_transformer.errors import ConfigError
+
+  for options, words in BAD_SEARCH_TYPES:
+    with pytest.raises(ConfigError) as error:
+      SearchConfig(**options)
+    assert str(error.value) == words, options
+  # numpy's integers, floats and bools are of their types.
+  search = SearchConfig(beam_size=np.int64(3), alpha=np.float32(0.5), eos_within_beam=np.True_)
+  assert search.beam_size == 3
+
+
+def test_a_search_no_memory_holds_is_refused_before_it_compiles(workdir):
+  """Through the Python API (the scripts: the sweep above): one ConfigError line from the
+  estimate, nothing compiled; a beam that fits is searched by the same translator kind."""
+  from flax_transformer.errors import ConfigError
+
+  translator = Translator.from_workdir(workdir, search=SearchConfig(beam_size=100_000,
+                                                                    max_extra=5))
+  with pytest.raises(ConfigError, match=r"^beam_size=100000: a search of 1 sentence\(s\) x 16 "
+                                        r"tokens \(outputs up to 21\) needs at least [\d.]+ TiB, "
+                                        r"over the [\d.]+ [KMGT]iB of the host's available memory"):
+    translator.translate(["A dog runs."])
+  assert translator._search_fn.num_shapes == 0
 
 
 def test_average_checkpoints_cli_writes_a_decodable_workdir(workdir, tmp_path):

@@ -209,6 +209,7 @@ class _Requests:
       search = dataclasses.replace(
           default, beam_size=beam_size, alpha=default.alpha if alpha is None else alpha,
           nbest=default.nbest if body.nbest is None else body.nbest)
+      self.batcher.check_fits(search)  # A new option set: will its largest batch fit?
     except ConfigError as e:  # SearchConfig's check, decode.py's too (alpha in [0, 10], ...).
       raise RequestError(422, str(e)) from None
     return search

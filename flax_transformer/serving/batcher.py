@@ -30,6 +30,7 @@ import threading
 import time
 from typing import Sequence
 
+from flax_transformer.translation import search_memory
 from flax_transformer.translation.batching import bucket_length
 from flax_transformer.translation.search_config import SearchConfig
 from flax_transformer.translation.translator import Translator
@@ -154,6 +155,18 @@ class Batcher:
     (EOS included)}, from `Translator.score`."""
     return self._submit(_Job("score", list(sources), None, concurrent.futures.Future(),
                              targets=list(targets)))
+
+  def check_fits(self, search: SearchConfig) -> None:
+    """A ConfigError (one line) if `search`'s largest batch (split over the devices)
+    cannot fit in a device's memory; nothing for an option set already compiled."""
+    with self._families_lock:
+      if _family_key(search) in self._families:
+        return
+    search.check_vocabulary(self._model.model_config.vocab_size)
+    width = self.widths[-1]
+    search_memory.check_search(self._model.model_configs, search, width=width,
+                               rows=self.ladder[-1] // len(self.devices),
+                               prefix_width=width, device=self.devices[0])
 
   def warm(self, search: SearchConfig | None = None, workers: int = 4) -> float:
     """Compiles (and runs once) every [rows, width] search the server will use for

@@ -21,6 +21,7 @@ from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.model import Transformer, init_cache
 from flax_transformer.translation import batching
 from flax_transformer.translation import search as search_lib
+from flax_transformer.translation import search_memory
 from flax_transformer.translation.search_config import SearchConfig
 
 
@@ -67,22 +68,24 @@ def make_search_fn(model_config: Members, search: SearchConfig
   encoders = [Transformer(c.replace(deterministic=True, decode=False)) for c in configs]
   decoders = [Transformer(c.replace(deterministic=True, decode=True)) for c in configs]
   max_len = min(c.max_len for c in configs)
+  extra = min(search.max_extra, max_len)  # An int32 sum below: 10**12 would overflow.
 
   def search_fn(params, inputs, rng, prefix=None):
     batch, source_len = inputs.shape
+    # Before anything is traced or compiled (`inputs`: this device's rows under shard_map).
+    search_memory.check_search(configs, search, rows=batch, width=source_len,
+                               prefix_width=None if prefix is None else prefix.shape[1])
     forced = {}
-    if prefix is None:
-      max_decode_len = min(source_len + search.max_extra, max_len)
-    else:
-      # Room for the longest prefix and at least its EOS.
-      max_decode_len = min(max(source_len, prefix.shape[1]) + max(search.max_extra, 1), max_len)
+    max_decode_len = search_memory.decode_length(
+        extra, max_len, source_len, None if prefix is None else prefix.shape[1])
+    if prefix is not None:
       forced = dict(forced_ids=prefix,
                     forced_lengths=(prefix != PAD_ID).sum(axis=1).astype(jnp.int32))
     source_lengths = (inputs != 0).sum(axis=1)
     # A filler row (all padding, completing a batch's compiled shape) ends at once:
     # left open, it would babble to max_extra tokens and hold its batch's loop open.
     max_lengths = jnp.where(source_lengths > 0,
-                            jnp.minimum(source_lengths + search.max_extra, max_decode_len), 1)
+                            jnp.minimum(source_lengths + extra, max_decode_len), 1)
     sampling = search.temperature > 0 or search.beam_size == 1
     rows = 1 if sampling else search.beam_size
     members_params = as_members(params)

@@ -3,6 +3,9 @@ penalty, sampling), shared by decode.py, serve.py, export.py, the server's reque
 """
 
 import dataclasses
+import numbers
+
+import numpy as np
 
 from flax_transformer.errors import ConfigError
 
@@ -44,6 +47,7 @@ class SearchConfig:
   eos_within_beam: bool = False
 
   def __post_init__(self):
+    self._check_types()
     # `not a <= x <= b`, not `x < a or x > b`: NaN is refused too.
     if not self.beam_size >= 1:
       raise ConfigError(f"beam_size must be >= 1, got {self.beam_size}")
@@ -64,8 +68,27 @@ class SearchConfig:
     if not 0 < self.top_p <= 1:
       raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
 
+  def _check_types(self) -> None:
+    """Each option of its declared type: an int field takes integers (numpy's too), not
+    bools or 2.5 (a beam of 2.5 fails deep in JAX, True searches a beam of 1); a float
+    field real numbers, not bools; a bool field True or False."""
+    kinds = {int: (numbers.Integral, "an integer"), float: (numbers.Real, "a number"),
+             bool: ((bool, np.bool_), "True or False")}
+    for field in dataclasses.fields(self):
+      value = getattr(self, field.name)
+      kind, expected = kinds[field.type]
+      is_bool = isinstance(value, (bool, np.bool_))
+      if not isinstance(value, kind) or is_bool != (field.type is bool):
+        raise ConfigError(f"{field.name} must be {expected}, got {value!r} "
+                          f"({type(value).__name__})")
+
   def check_vocabulary(self, vocab_size: int) -> None:
-    """The check that needs the model: top_k at most its vocabulary."""
+    """The checks that need the model: top_k at most its vocabulary; a beam search's
+    candidates (beam x vocabulary per sentence) within its int32 indices."""
+    if (self.temperature == 0 and self.beam_size > 1
+        and self.beam_size * vocab_size > np.iinfo(np.int32).max):
+      raise ConfigError(f"beam_size={self.beam_size} x the vocabulary's {vocab_size} tokens "
+                        "is over 2^31 - 1 candidates per sentence (the search's int32 indices)")
     if self.top_k > vocab_size:
       raise ConfigError(f"top_k must be at most the vocabulary's {vocab_size} tokens "
                         f"(0 = every token), got {self.top_k}")

@@ -25,6 +25,7 @@ from flax_transformer.languages import Languages
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.translation import batching
 from flax_transformer.translation.directions import Codes, Directions
+from flax_transformer.translation import search_memory
 from flax_transformer.translation.programs import (Members, as_members_of, member_configs,
                                                    compile_shapes_ahead, make_score_fn,
                                                    make_search_fn, search_batches,
@@ -178,6 +179,11 @@ class Translator:
     batches = search_batches(sources, batch_tokens=self.batch_tokens, max_length=self.max_len,
                              row_multiple=len(self.devices), prefixes=prefix_ids,
                              fit_small=not self.whole_batches)
+    for batch in batches:  # Refused here, in this thread, not by the compile behind it.
+      search_memory.check_search(
+          self.model_configs, self.search, rows=len(batch["inputs"]) // len(self.devices),
+          width=batch["inputs"].shape[1], device=self.devices[0],
+          prefix_width=None if prefix_ids is None else batch["targets"].shape[1])
     # The parameters set, as given (boxed, cast), else the shapes a checkpoint loads as.
     members = getattr(self, "_placed_params", None)
     if members is None:
