@@ -25,9 +25,9 @@ from absl import app, flags
 
 from flax_transformer import compilation
 from flax_transformer.cli import common as cli
-from flax_transformer.translation.search_config import SearchConfig
+from flax_transformer.cli import flags as shared
 
-SEARCH = SearchConfig()  # The defaults.
+SEARCH = shared.SEARCH  # The defaults.
 
 flags.DEFINE_string("workdir", None, "Training workdir (checkpoints, vocab.model, run.json).")
 flags.DEFINE_list("ensemble", [], "More workdirs (comma-separated) whose models vote with "
@@ -43,11 +43,7 @@ flags.DEFINE_string("score", None, "File of targets, one per input line: instead
                     "translating, write per pair 'logprob<TAB>tokens', the target's natural-log "
                     "probability summed over its tokens and their count, EOS included.")
 # Search flags: their defaults are SearchConfig's, the one place they are set.
-flags.DEFINE_integer("beam_size", SEARCH.beam_size, "Beam width (paper: 4); 1 = greedy.")
-flags.DEFINE_float("alpha", SEARCH.alpha,
-                   "Length penalty exponent, ((5 + |Y|) / 6)^alpha (paper: 0.6).")
-flags.DEFINE_integer("max_extra", SEARCH.max_extra, "Longest output = source length + "
-                     "max_extra tokens (paper: 50), capped by the model's max_len.")
+shared.define_search_flags()
 flags.DEFINE_integer("batch_tokens", 4096, "Source tokens per batch (sentences are sorted by "
                      "length into batches and output in input order).")
 flags.DEFINE_integer("nbest", SEARCH.nbest, "Hypotheses per sentence (<= beam_size).")
@@ -59,10 +55,7 @@ flags.DEFINE_integer("top_k", SEARCH.top_k, "Sampling: keep the k most likely to
 flags.DEFINE_float("top_p", SEARCH.top_p,
                    "Sampling: keep the smallest set of tokens with mass >= p.")
 flags.DEFINE_integer("seed", 0, "Sampling seed.")
-flags.DEFINE_integer("average_last", 5, "Average the parameters of the last K checkpoints, "
-                     "as the paper did (5 for base, 20 for big); fewer, with a warning, where "
-                     "the workdir holds fewer. 1 = the newest checkpoint alone.")
-flags.DEFINE_integer("checkpoint_step", None, "Use this checkpoint step (default: newest).")
+shared.define_model_flags()
 flags.DEFINE_string("reference", None, "Reference translations, one per line: print scores.")
 flags.DEFINE_list("metrics", ["bleu", "chrf", "ter"], "Scores with --reference (sacrebleu).")
 flags.DEFINE_string("sacrebleu_tokenize", None, "sacrebleu BLEU tokenizer (13a, intl, ...).")
@@ -71,16 +64,13 @@ flags.DEFINE_string("attention_plot", None, "PNG path: attention heads (last lay
 flags.DEFINE_integer("attention_sentences", 1, "With --attention_plot: plot the first N non-empty "
                      "input lines, one PNG each named <stem>_<line number>.png when N > 1.",
                      lower_bound=1)
-flags.DEFINE_integer("cpu_devices", 0, "On a CPU host: XLA devices to split each batch over, "
-                     "one search each (0 = one per core). An "
-                     "--xla_force_host_platform_device_count in XLA_FLAGS wins.",
-                     lower_bound=0)
 flags.DEFINE_string("compilation_cache_dir", compilation.default_cache_dir(),
                     "jax's persistent compilation cache: a second run with the same shapes "
                     "loads its searches instead of compiling them; '' = off.")
 flags.DEFINE_bool("interactive", False, "Translate stdin line by line, each line written and "
                   "flushed as soon as it is read (the default when stdin is a terminal and no "
                   "batch-only flag is given; --nointeractive: read the whole input).")
+flags.adopt_module_key_flags(shared)  # --help lists them.
 flags.mark_flag_as_required("workdir")
 FLAGS = flags.FLAGS
 
@@ -90,10 +80,9 @@ def main(argv):
     from flax_transformer.cli import interactive
     from flax_transformer.cli.translate import run_decode
 
-    search = SearchConfig(beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
-                          max_extra=FLAGS.max_extra, nbest=FLAGS.nbest,
-                          temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p,
-                          eos_within_beam=FLAGS.eos_within_beam)
+    search = shared.search_config(nbest=FLAGS.nbest, temperature=FLAGS.temperature,
+                                  top_k=FLAGS.top_k, top_p=FLAGS.top_p,
+                                  eos_within_beam=FLAGS.eos_within_beam)
     batch_only = {"--reference": FLAGS.reference, "--attention_plot": FLAGS.attention_plot,
                   "--prefix": FLAGS.prefix, "--score": FLAGS.score}
     asked = FLAGS.interactive if FLAGS["interactive"].present else None

@@ -22,32 +22,25 @@ if __name__ == "__main__":  # First: glibc reads malloc settings at start, JAX n
 from absl import app, flags
 
 from flax_transformer.cli import common as cli
-from flax_transformer.translation.search_config import SearchConfig
-
-SEARCH = SearchConfig()
+from flax_transformer.cli import flags as shared
 
 flags.DEFINE_string("workdir", None, "Training workdir (checkpoints, vocab.model, run.json).")
 flags.DEFINE_string("out", None, "Folder to write (must be empty or absent).")
 flags.DEFINE_enum("format", "stablehlo", ["stablehlo", "ctranslate2", "transformers"],
                   "What to write.")
-flags.DEFINE_integer("beam_size", SEARCH.beam_size, "Beam width (paper: 4; 1 = greedy): "
-                     "baked into StableHLO, translate.py's default for CTranslate2, "
-                     "num_beams for transformers.")
-flags.DEFINE_float("alpha", SEARCH.alpha, "Length penalty exponent (paper: 0.6).")
-flags.DEFINE_integer("max_extra", SEARCH.max_extra, "Longest output = source length + "
-                     "max_extra tokens (paper: 50).")
+shared.define_search_flags(
+    "Beam width (paper: 4; 1 = greedy): baked into StableHLO, translate.py's default for "
+    "CTranslate2, num_beams for transformers.")
 flags.DEFINE_integer("batch_tokens", 4096, "StableHLO: decode.py's --batch_tokens; with the "
                      "device count it fixes the exported batch shapes.")
-flags.DEFINE_integer("cpu_devices", 0, "StableHLO on a CPU host: decode.py's --cpu_devices "
-                     "(0 = one per core), for shapes equal to its own.", lower_bound=0)
+shared.define_model_flags("StableHLO: the shapes decode.py's would have.")
 flags.DEFINE_list("platforms", ["cpu"], "StableHLO: jax.export platforms (cpu, cuda, tpu).")
 flags.DEFINE_enum("quantization", "float32", ["float32", "int8", "int8_float32", "int16",
                                               "float16", "bfloat16"],
                   "CTranslate2: weight type on disk.")
-flags.DEFINE_integer("average_last", 5, "Average the last K checkpoints (as decode.py).")
-flags.DEFINE_integer("checkpoint_step", None, "Use this checkpoint step (default: newest).")
 flags.DEFINE_bool("overwrite", False, "Replace an earlier export in --out (refused if "
                   "it holds files its manifest does not list).")
+flags.adopt_module_key_flags(shared)  # --help lists them.
 flags.mark_flags_as_required(["workdir", "out"])
 FLAGS = flags.FLAGS
 
@@ -57,8 +50,7 @@ def main(argv):
     from flax_transformer.cli.export import run_export
 
     run_export(workdir=FLAGS.workdir, out=FLAGS.out, fmt=FLAGS.format,
-               search=SearchConfig(beam_size=FLAGS.beam_size, alpha=FLAGS.alpha,
-                                   max_extra=FLAGS.max_extra),
+               search=shared.search_config(),
                batch_tokens=FLAGS.batch_tokens, average_last=FLAGS.average_last,
                checkpoint_step=FLAGS.checkpoint_step, platforms=FLAGS.platforms,
                quantization=FLAGS.quantization, overwrite=FLAGS.overwrite)
