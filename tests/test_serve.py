@@ -464,25 +464,72 @@ def test_the_batcher_shares_the_translators_placed_params(batcher, translator):
     assert len(leaves) == len(base) and all(a is b for a, b in zip(leaves, base))
 
 
-def test_a_cancelled_request_leaves_its_batch_mates_answered(translator, expected):
-  """A's caller cancels it (uvicorn's shutdown does, any Python caller may); B, searched
-  (or scored) in the same batch, still gets its answer. The batcher gathers exactly A
-  and B (max_batch 2 sentences, a minute's wait for the second): no timing decides."""
+def test_a_cancelled_request_is_dropped_and_its_batch_mates_answered(translator, expected,
+                                                                     caplog):
+  """A's caller cancels it (its client hung up: hangup.py; uvicorn's shutdown; any Python
+  caller): A is dropped unsearched, and B, gathered in the same batch, is compiled for and
+  searched alone, and answered. The batcher gathers exactly A and B (max_batch 2
+  sentences, a minute's wait for the second): no timing decides."""
   from flax_transformer.serving.batcher import Batcher
 
   batcher = Batcher(translator, max_batch=2, max_wait_s=60, max_tokens=16)
-  a = batcher.translate([SENTENCES[0]], SEARCH)
-  assert a.cancel()
-  b = batcher.translate([SENTENCES[1]], SEARCH)
-  assert [hyps[0][0] for hyps in b.result(timeout=300)] == [expected[1]]
-  assert a.cancelled() and batcher.stats["searches"] == 1  # One search: A's and B's.
+  with caplog.at_level(logging.INFO):
+    a = batcher.translate([SENTENCES[0]], SEARCH)
+    assert a.cancel()
+    b = batcher.translate([SENTENCES[1]], SEARCH)
+    assert [hyps[0][0] for hyps in b.result(timeout=300)] == [expected[1]]
+  compiles = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiling ")]
+  assert len(compiles) == 1 and " for 1 request(s), " in compiles[0], compiles  # B's alone.
+  assert a.cancelled() and batcher.stats["searches"] == 1 and batcher.stats["cancelled"] == 1
   pairs = [SENTENCES[0]], [expected[0]]
   a = batcher.score(*pairs)
   assert a.cancel()
   b = batcher.score([SENTENCES[1]], [expected[1]])
   assert [s["tokens"] for s in b.result(timeout=300)] == [
       tokens for _, tokens in translator.score([SENTENCES[1]], [expected[1]])]
-  assert batcher.stats["searches"] == 2
+  assert batcher.stats["searches"] == 2 and batcher.stats["cancelled"] == 2
+
+
+def _sent_then_hung_up(server, body: dict) -> socket.socket:
+  """A client that sent POST /translate `body` whole and reads nothing: close the socket
+  and it has hung up (curl -m 1)."""
+  url = urllib.parse.urlsplit(server.url)
+  data = json.dumps(body).encode()
+  client = socket.create_connection((url.hostname, url.port))
+  client.sendall(f"POST /translate HTTP/1.1\r\nHost: {url.netloc}\r\nAuthorization: Bearer "
+                 f"{TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}"
+                 "\r\n\r\n".encode() + data)
+  return client
+
+
+def test_clients_that_hang_up_before_their_compile_cost_no_compile(server):
+  """Six requests with new alphas, whose clients hang up while the first one's option set
+  compiles (the search thread hands each to the compile thread at once): the five
+  queued behind it are not compiled, none is searched, and a live request with a new
+  alpha waits for one compile at most, not six (issue 74: 45 s behind 11 compiles for
+  nobody). Counted in compiles, not seconds."""
+  programs = r"Beam search for inputs \[\d+, \d+\] (compiled|loaded)"
+  start, before = len(server.log.read_text()), server.stats()
+  alphas = [1.1, 1.2, 1.3, 1.4, 1.5, 1.6]  # No other test asks for these.
+  clients = [_sent_then_hung_up(server, {"text": [SENTENCES[0]], "alpha": a}) for a in alphas]
+  deadline = time.time() + 60
+  while not all(f"alpha={a}, " in server.log.read_text()[start:] for a in alphas):
+    assert time.time() < deadline, server.log.read_text()[start:][-3000:]
+    time.sleep(0.02)
+  for client in clients:
+    client.close()
+  while server.stats()["cancelled"] - before["cancelled"] < len(alphas):  # All dropped.
+    assert time.time() < deadline + 120, (server.stats(), server.log.read_text()[start:][-3000:])
+    time.sleep(0.05)
+  status, answer = server.call("/translate", {"text": [SENTENCES[0]], "alpha": 1.7})
+  assert status == 200 and answer["alpha"] == 1.7 and answer["translations"][0]
+  log = server.log.read_text()[start:]
+  skipped = re.findall(r"Skipped compiling SearchConfig\(beam_size=4, alpha=(1\.\d)", log)
+  assert len(skipped) >= len(alphas) - 1 and set(skipped) <= {str(a) for a in alphas}, log
+  assert len(re.findall(programs, log)) <= 2, log  # The first dead one's, and the live one's.
+  assert log.count("client disconnected before its answer; cancelled") == len(alphas), log
+  after = server.stats()
+  assert after["searches"] - before["searches"] == 1, (before, after)  # The live one's.
 
 
 def test_more_option_sets_than_max_configs_compile_once_each_and_are_all_answered(

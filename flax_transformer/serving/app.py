@@ -23,7 +23,7 @@ from starlette.requests import ClientDisconnect
 
 from flax_transformer import provenance
 from flax_transformer.errors import ConfigError
-from flax_transformer.serving import auth, libretranslate
+from flax_transformer.serving import auth, hangup, libretranslate
 from flax_transformer.serving.batcher import Batcher
 from flax_transformer.serving.drain import Drain, Gate
 from flax_transformer.serving.errors import RequestError
@@ -323,6 +323,7 @@ def make_app(translator: Translator, batcher: Batcher, *, workdir: str, token: s
   need the header `Authorization: Bearer <token>`; `drain`: what a shutdown drains
   (drain.run); `languages`: the (source, target) pair LibreTranslate's clients see."""
   app = FastAPI(title="flax-transformer", docs_url=None, redoc_url=None, openapi_url=None)
+  app.add_middleware(hangup.CancelOnDisconnect)  # Innermost: a hang-up cancels the handler.
   app.add_middleware(CatchAll)
   drain = drain or Drain()
   app.add_middleware(Gate, drain=drain)  # Outside the handlers: it sees CancelledError.

@@ -17,6 +17,9 @@ At most `max_configs` option sets stay compiled: beyond, the least recently used
 one is dropped, but never one with requests waiting (queued, compiling, requeued):
 dropped, they would compile again, and more sets than slots would starve. Such
 sets are kept over the cap until their requests are answered.
+
+A request whose future is cancelled (its client hung up: app.py) is dropped before its
+search, and a compile that only cancelled requests wait for is skipped: its set is idle.
 """
 
 from __future__ import annotations
@@ -87,6 +90,8 @@ class _Family:
   ready: set[tuple[int, int, bool]] = dataclasses.field(default_factory=set)
   compiling: dict[tuple[int, int, bool], concurrent.futures.Future] = dataclasses.field(
       default_factory=dict)
+  # Per program compiling: the requests waiting for it (none left wanting it: skipped).
+  waiters: dict[tuple[int, int, bool], list] = dataclasses.field(default_factory=dict)
 
 
 class Batcher:
@@ -105,9 +110,7 @@ class Batcher:
     self.devices = list(base.devices)
     self.max_len = base.max_len  # The model's (the ensemble's shortest).
     self.max_tokens = min(max_tokens, base.max_len)
-    self.max_batch = max_batch
-    self.max_wait_s = max_wait_s
-    self.max_configs = max_configs
+    self.max_batch, self.max_wait_s, self.max_configs = max_batch, max_wait_s, max_configs
     self.ladder = row_ladder(len(self.devices), max_batch)
     self.widths = list(range(WIDTH_MULTIPLE, bucket_length(self.max_tokens, WIDTH_MULTIPLE) + 1,
                              WIDTH_MULTIPLE))
@@ -121,7 +124,8 @@ class Batcher:
     self._waiting: collections.Counter[SearchConfig] = collections.Counter()
     self._compiler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compile")
     self._queue: queue.Queue[_Job] = queue.Queue()
-    self.stats = {"requests": 0, "sentences": 0, "searches": 0}
+    # cancelled: requests dropped unsearched, their futures cancelled (clients gone).
+    self.stats = {"requests": 0, "sentences": 0, "searches": 0, "cancelled": 0}
     self._stats_lock = threading.Lock()
     self._thread = threading.Thread(target=self._loop, name="search", daemon=True)
     self._thread.start()
@@ -220,6 +224,10 @@ class Batcher:
         count += len(job.sentences)
       groups: dict[tuple, list[_Job]] = collections.defaultdict(list)
       for job in jobs:
+        if job.future.cancelled():  # Nobody waits for it: no search, no compile.
+          with self._stats_lock:
+            self.stats["cancelled"] += 1
+          continue
         groups[job.kind, job.search, job.prefixes is not None].append(job)
       for (kind, search, _), members in groups.items():
         try:
@@ -279,6 +287,8 @@ class Batcher:
     for them), then puts `jobs` back in the queue (or fails them with the compile's error)."""
     with self._families_lock:
       family = self._family(search)
+      for key in keys:
+        family.waiters.setdefault(key, []).extend(jobs)
       futures = [family.compiling.get(key) for key in keys]
       futures = [future or family.compiling.setdefault(
                      key, self._compiler.submit(self._run_once, search, key))
@@ -304,9 +314,16 @@ class Batcher:
 
   def _run_once(self, search: SearchConfig, key: tuple[int, int, bool]) -> None:
     """Compiles (or loads) and runs the program of `key` = (rows, width, prefixed) once;
-    from then on it is ready."""
+    from then on it is ready. Skipped if every request waiting for it was cancelled."""
     rows, width, prefixed = key
     with self._families_lock:
+      known = self._families.get(_family_key(search))  # Not made more recently used.
+      waiters = known.waiters.pop(key, []) if known else []  # None: warm()'s.
+      if waiters and all(job.future.cancelled() for job in waiters):  # Requeued, dropped.
+        known.compiling.pop(key, None)
+        logging.info("Skipped compiling %s, shape (rows, width, prefixed) %s: its %d "
+                     "request(s) were cancelled", search, key, len(waiters))
+        return
       family = self._family(search)  # Dropped meanwhile? Its users find the key missing.
     sample = self._sentence_of_width(width)
     try:
@@ -317,6 +334,7 @@ class Batcher:
     finally:  # A failed compile (a passing out-of-memory, say) is tried anew by the next.
       with self._families_lock:
         family.compiling.pop(key, None)
+        family.waiters.pop(key, None)
 
   def _score(self, jobs: list[_Job]) -> None:
     sources = [s for job in jobs for s in job.sentences]
