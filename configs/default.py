@@ -46,6 +46,14 @@ def get_config() -> ml_collections.ConfigDict:
   # multilingual model's target-language tag ('>>fra<< ', OPUS-MT), as its users type it
   # at decoding. '' = none.
   config.source_prefix = ""
+  # One model for every direction between these codes ('en,de,fr': six directions; '' =
+  # the one pair above): a shared vocabulary keeping each target's token ('<2de>') whole,
+  # the token starting each target (forced at translation: run.json's "languages" record,
+  # target_by 'decoder_prefix'), directions mixed in every batch (data.multilingual).
+  config.languages = ""
+  # Directions sampled in proportion to their pairs ** (1 / pair_temperature): 1 = the
+  # corpora's proportions, larger = closer to uniform (Arivazhagan et al. 2019 use 5).
+  config.pair_temperature = 1.0
 
   # --- Vocabulary (one sentencepiece model shared by source and target) ---
   config.vocab_path = ""  # Existing .model file; '' = train one into the workdir.

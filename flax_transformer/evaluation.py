@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import sacrebleu
 
+from flax_transformer.data import multilingual
 from flax_transformer.data.sources import load_pairs
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.training import sharding as sharding_lib
@@ -27,14 +28,15 @@ class EvalSet:
 
   ids: list  # (source ids, target ids) per pair.
   references: list[str]
+  pairs: object = None  # As loaded (a multilingual run's: data.multilingual's directions).
 
 
 def eval_set(config, tokenizer, split: str) -> EvalSet:
-  pairs = load_pairs(config, split, config.eval_dataset_name or None)
-  pairs = [pairs[i] for i in range(len(pairs))]
+  loaded = load_pairs(config, split, config.eval_dataset_name or None)
+  pairs = [loaded[i] for i in range(len(loaded))]
   return EvalSet(ids=[(tokenizer.source.tokenize(s), tokenizer.target.tokenize(t))
                       for s, t in pairs],
-                 references=[t for _, t in pairs])
+                 references=[t for _, t in pairs], pairs=loaded)
 
 
 
@@ -60,12 +62,15 @@ class Evaluation:
     logging.info("Evaluation: %d batches in %d shape(s) (cap config.eval_max_shapes=%d)",
                  len(self.host_batches), len({b["inputs"].shape for b in self.host_batches}),
                  config.eval_max_shapes)
+    # A multilingual run's BLEU: per direction, its target token forced (data.multilingual).
+    self.directions = multilingual.eval_directions(self.sets[""], tokenizer)
     search = SearchConfig(beam_size=config.beam_size, alpha=config.alpha,
                           max_extra=config.max_extra)
     self.search_fn = search_per_shape(
         jax.jit(make_search_fn(model_config, search),
                 out_shardings=sharding_lib.replicated(self.mesh)),
-        search, max_shapes=config.eval_max_shapes * len(self.sets),  # Each set's widths.
+        search, max_shapes=config.eval_max_shapes * len(self.sets)  # Each set's widths,
+        * max(1, len(self.directions)),  # each direction's rows.
         context=lambda: jax.set_mesh(self.mesh))
 
   def _bleu_sources(self, prefix: str) -> list:
@@ -81,7 +86,7 @@ class Evaluation:
       trainer.compile_eval_ahead({k: abstract(shape) for k in self.host_batches[0]})
     key = jax.eval_shape(lambda: batch_keys(0, 1)[0])  # As translate_ids makes them.
     for prefix, every in (("", config.bleu_every_steps), ("test_", config.test_bleu_every_steps)):
-      if every > 0 and prefix in self.sets:
+      if every > 0 and prefix in self.sets and not self.directions:  # Those compile on use.
         batches = search_batches(self._bleu_sources(prefix), **self._search_batching())
         for shape in dict.fromkeys(b["inputs"].shape for b in batches):
           self.search_fn.compile_ahead(trainer.abstract_state.params, abstract(shape), key)
@@ -103,6 +108,8 @@ class Evaluation:
     return out
 
   def bleu(self, params, prefix: str, stop=lambda: False) -> dict[str, float]:
+    if self.directions:
+      return self._bleu_per_direction(params, prefix, stop)
     sources = self._bleu_sources(prefix)
     with jax.set_mesh(self.mesh):
       hyps = translate_ids(self.search_fn, params, sources,
@@ -117,3 +124,30 @@ class Evaluation:
     references = self.sets[prefix].references[:len(sources)]
     return {prefix + "bleu": sacrebleu.corpus_bleu(hypotheses, [references]).score,
             prefix + "chrf": sacrebleu.corpus_chrf(hypotheses, [references]).score}
+
+  def _bleu_per_direction(self, params, prefix: str, stop) -> dict[str, float]:
+    """BLEU and chrF of each direction ('bleu_en-de'), its target token forced and cut,
+    and their means ('bleu'); the first num_bleu_sentences of each direction's set."""
+    out, n = {}, self.config.num_bleu_sentences
+    sets = (self.directions if prefix == "" else
+            multilingual.eval_directions(self.sets[prefix], self.tokenizer))
+    for name, (sources, forced, references) in sets.items():
+      count = len(sources) if n < 0 else min(n, len(sources))
+      with jax.set_mesh(self.mesh):
+        hyps = translate_ids(self.search_fn, params, sources[:count],
+                             place=lambda x: self.shard_batch({"inputs": x})["inputs"],
+                             stop=stop, prefixes=[forced] * count, **self._search_batching())
+      if any(h is None for h in hyps):
+        logging.warning("%sBLEU cut short by the stop; not reported", prefix)
+        return {}
+      hypotheses = [self.tokenizer.target.detokenize(h[0][0][len(forced):]) for h in hyps]
+      out[f"{prefix}bleu_{name}"] = sacrebleu.corpus_bleu(hypotheses,
+                                                          [references[:count]]).score
+      out[f"{prefix}chrf_{name}"] = sacrebleu.corpus_chrf(hypotheses,
+                                                          [references[:count]]).score
+    for metric in ("bleu", "chrf"):
+      values = [v for k, v in out.items() if k.startswith(f"{prefix}{metric}_")]
+      out[prefix + metric] = sum(values) / len(values)
+    logging.info("%sBLEU per direction: %s (mean %.2f)", prefix, ", ".join(
+        f"{name} {out[f'{prefix}bleu_{name}']:.2f}" for name in sets), out[prefix + "bleu"])
+    return out

@@ -21,7 +21,7 @@ import numpy as np
 from grain import experimental as grain_experimental
 
 from flax_transformer import host
-from flax_transformer.data import token_cache
+from flax_transformer.data import multilingual, token_cache
 from flax_transformer.data.sources import read_pairs
 from flax_transformer.data.tokenizer import Tokenizer, load_or_train_tokenizer
 
@@ -250,7 +250,8 @@ def build_tokenizer(config, path: str | os.PathLike, train_pairs: Sequence,
       path, lambda: vocabulary_sentences(train_pairs, config.vocab_max_sentences),
       vocab_path=config.vocab_path, vocab_size=config.vocab_size,
       model_type=config.vocab_model_type,
-      character_coverage=config.vocab_character_coverage, process_index=process_index)
+      character_coverage=config.vocab_character_coverage, process_index=process_index,
+      user_defined_symbols=multilingual.pieces(config))
 
 
 def train_batching(config, data_parallel_size: int, process_count: int = 1) -> TrainBatching:

@@ -357,6 +357,9 @@ def load_pairs(config, split: str, dataset_name: str | None = None) -> Sequence:
   or any tfds translation builder name.
   """
   name = dataset_name or config.dataset_name
+  if config.get("languages"):  # Every direction between them, each loaded as one pair.
+    from flax_transformer.data import multilingual
+    return multilingual.load(config, split, lambda one: load_pairs(one, split, name))
   if name == "multi30k":
     pairs = multi30k(split, config.source_lang, config.target_lang,
                      manual_dir=config.manual_dir, data_dir=config.data_dir,

@@ -110,8 +110,10 @@ def trim(ids: Iterable[int], drop: Container[int] = (PAD_ID,)) -> list[int]:
 
 def train_tokenizer(sentences: Iterable[str], output_path: str | os.PathLike, *,
                     vocab_size: int, model_type: str = "bpe",
-                    character_coverage: float = 1.0) -> Tokenizer:
-  """Trains a sentencepiece model on `sentences`; writes it atomically to `output_path`."""
+                    character_coverage: float = 1.0,
+                    user_defined_symbols: Sequence[str] = ()) -> Tokenizer:
+  """Trains a sentencepiece model on `sentences`; writes it atomically to `output_path`.
+  user_defined_symbols: pieces always kept whole (a multilingual run's target tokens)."""
   output_path = storage.as_path(output_path)
   output_path.parent.mkdir(parents=True, exist_ok=True)
   start = time.time()
@@ -134,6 +136,7 @@ def train_tokenizer(sentences: Iterable[str], output_path: str | os.PathLike, *,
         pad_id=PAD_ID, eos_id=EOS_ID, unk_id=UNK_ID, bos_id=-1,
         normalization_rule_name="identity", remove_extra_whitespaces=True,
         input_sentence_size=0, shuffle_input_sentence=False,
+        user_defined_symbols=list(user_defined_symbols),
         minloglevel=2, num_threads=os.cpu_count() or 1)
     # Whole: other processes wait for this file and must never read half of it.
     storage.write_atomically(output_path, Path(prefix + ".model").read_bytes())
@@ -144,7 +147,8 @@ def train_tokenizer(sentences: Iterable[str], output_path: str | os.PathLike, *,
 def load_or_train_tokenizer(path: str | os.PathLike, sentences_fn, *, vocab_path: str = "",
                             vocab_size: int, model_type: str = "bpe",
                             character_coverage: float = 1.0, process_index: int = 0,
-                            wait_timeout_s: float = 3600.0) -> Tokenizer:
+                            wait_timeout_s: float = 3600.0,
+                            user_defined_symbols: Sequence[str] = ()) -> Tokenizer:
   """A run's vocabulary: `vocab_path` if given, else the one at `path`, else trained there.
 
   Only process 0 trains (from `sentences_fn()`); other processes wait for the file.
@@ -156,7 +160,8 @@ def load_or_train_tokenizer(path: str | os.PathLike, sentences_fn, *, vocab_path
     return Tokenizer(path)
   if process_index == 0:
     return train_tokenizer(sentences_fn(), path, vocab_size=vocab_size, model_type=model_type,
-                           character_coverage=character_coverage)
+                           character_coverage=character_coverage,
+                           user_defined_symbols=user_defined_symbols)
   deadline = time.time() + wait_timeout_s
   while not path.is_file():
     if time.time() > deadline:
