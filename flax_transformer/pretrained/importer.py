@@ -12,7 +12,8 @@ from flax_transformer.pretrained import convert
 # model_type (config.json) -> the module whose `import_folder(folder) -> convert.Imported`
 # converts it.
 ARCHITECTURES = {"marian": "flax_transformer.pretrained.marian",
-                 "fsmt": "flax_transformer.pretrained.fsmt"}
+                 "fsmt": "flax_transformer.pretrained.fsmt",
+                 "m2m_100": "flax_transformer.pretrained.m2m100"}
 
 
 def import_folder(folder: str | Path) -> convert.Imported:

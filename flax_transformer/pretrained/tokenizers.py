@@ -169,8 +169,15 @@ def load_fsmt(directory, spec: dict) -> PairTokenizer:
   return PairTokenizer(*fsmt_tokenizer.sides(directory, spec, check_vocabulary), directory)
 
 
+def load_m2m100(directory, spec: dict) -> PairTokenizer:
+  """M2M100Tokenizer's or NllbTokenizer's files (m2m100_tokenizer.FILES, the project's ids)."""
+  from flax_transformer.pretrained import m2m100_tokenizer
+  return m2m100_tokenizer.load(directory, spec)
+
+
 KINDS: dict[str, Callable[[Any, dict], PairTokenizer]] = {"marian": load_marian,
-                                                          "fsmt": load_fsmt}
+                                                          "fsmt": load_fsmt,
+                                                          "m2m100": load_m2m100}
 
 
 def load(directory, spec: dict) -> PairTokenizer:

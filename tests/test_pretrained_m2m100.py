@@ -1,0 +1,170 @@
+"""M2M100 and NLLB-200 imports compute transformers' function: the tiny models and
+references of tests/fixtures/make_m2m100.py (made with transformers and torch; none is
+needed here), imported by import_model.py, give the same token ids (the source's language
+token placed as each tokenizer places it), logits (1e-4), summed log-probabilities (1e-3),
+greedy outputs and beam-4 outputs (length_penalty=0) for three target languages from one
+English source, the target language forced as the decoder's first output."""
+
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from flax_transformer.averaging import load_params
+from flax_transformer.data.tokenizer import EOS_ID
+from flax_transformer.network.model import Transformer
+from flax_transformer.pretrained import convert, importer
+from flax_transformer.translation.search_config import SearchConfig
+from flax_transformer.translation.translator import Translator
+from flax_transformer.workdir import languages as workdir_languages
+from flax_transformer.workdir import read_run
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+MODELS = ("m2m100", "nllb")
+# Multi30k's code -> each model's language token, and its code in the languages record.
+TOKENS = {"m2m100": {"en": "__en__", "de": "__de__", "fr": "__fr__"},
+          "nllb": {"en": "eng_Latn", "de": "deu_Latn", "fr": "fra_Latn"}}
+CODES = {"m2m100": {"en": "en", "de": "de", "fr": "fr"}, "nllb": TOKENS["nllb"]}
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def imported(request, tmp_path_factory):
+  """(name, fixture folder, workdir, references, transformers' ids -> ours)."""
+  folder = FIXTURES / request.param
+  workdir = tmp_path_factory.mktemp(request.param) / "run"
+  importer.import_model(folder, workdir)
+  ref = json.loads((folder / "references.json").read_text(encoding="utf-8"))
+  config = json.loads((folder / "config.json").read_text())
+  # The import's permutation: pad, EOS, unknown first, every other id in its order.
+  order = convert.project_order(config["vocab_size"], pad=1, eos=2, unk=3)
+  theirs_to_ours = np.argsort(order)
+  return request.param, folder, workdir, ref, theirs_to_ours
+
+
+def tagged(name: str, lang: str, text: str) -> str:
+  """`text` with the language's token first, as the source side reads a source's language
+  (and the target side reads a target's token)."""
+  return f"{TOKENS[name][lang]} {text}"
+
+
+def test_token_ids_are_transformers(imported):
+  name, _, workdir, ref, to_ours = imported
+  _, tokenizer = read_run(workdir)
+  for source, target, lang, source_ids, target_ids in zip(
+      ref["sources"], ref["targets"], ref["target_langs"], ref["source_ids"],
+      ref["target_ids"]):
+    want = to_ours[source_ids].tolist()
+    assert tokenizer.source.tokenize(tagged(name, "en", source)).tolist() == want
+    assert tokenizer.source.tokenize(source).tolist() == want  # English: src_lang.
+    assert tokenizer.target.tokenize(tagged(name, lang, target)).tolist() == (
+        to_ours[target_ids].tolist())
+    assert tokenizer.target.tokenize(target).tolist() == to_ours[target_ids[1:]].tolist()
+  languages = workdir_languages(workdir)
+  assert languages.target_by == "decoder_prefix"
+  assert {TOKENS[name][lang] for lang in ("en", "de", "fr")} <= set(
+      languages.target_tokens.values())
+
+
+def test_nllb_legacy_behaviour_puts_the_source_language_after_eos(tmp_path):
+  """tokenizer_config.json's legacy_behaviour=true: pieces, EOS, then the language code."""
+  import shutil
+  folder = tmp_path / "nllb"
+  shutil.copytree(FIXTURES / "nllb", folder)
+  config = json.loads((folder / "tokenizer_config.json").read_text())
+  (folder / "tokenizer_config.json").write_text(json.dumps(dict(config, legacy_behaviour=True)))
+  importer.import_model(folder, tmp_path / "run")
+  _, tokenizer = read_run(tmp_path / "run")
+  ref = json.loads((folder / "references.json").read_text(encoding="utf-8"))
+  to_ours = np.argsort(convert.project_order(len(json.loads(
+      (tmp_path / "run" / "tokenizer" / "vocab.json").read_text())), pad=1, eos=2, unk=3))
+  sources = ref["sources"][::3]
+  assert len(ref["legacy_source_ids"]) == len(sources) > 0
+  for source, ids in zip(sources, ref["legacy_source_ids"]):
+    assert tokenizer.source.tokenize(tagged("nllb", "en", source)).tolist() == (
+        to_ours[ids].tolist())
+
+
+def test_logits_within_1e4(imported):
+  _, folder, workdir, ref, to_ours = imported
+  model_config, _ = read_run(workdir)
+  params, _ = load_params(workdir, model_config)
+  model = Transformer(model_config.replace(deterministic=True))
+  with np.load(folder / "logits.npz") as theirs:
+    expected = {int(key.split("_")[1]): theirs[key] for key in theirs.files}
+  rows = sorted(expected)
+  inputs, targets = (np.zeros((len(rows), max(len(ref[key][i]) for i in rows)), np.int32)
+                     for key in ("source_ids", "target_ids"))
+  for row, i in enumerate(rows):
+    inputs[row, :len(ref["source_ids"][i])] = to_ours[ref["source_ids"][i]]
+    targets[row, :len(ref["target_ids"][i])] = to_ours[ref["target_ids"][i]]
+  logits = np.asarray(jax.jit(model.apply)({"params": params}, inputs, targets))
+  for row, i in enumerate(rows):
+    np.testing.assert_allclose(logits[row, :len(ref["target_ids"][i])][:, to_ours],
+                               expected[i], atol=1e-4, rtol=0)
+
+
+def translator(workdir, **search) -> Translator:
+  return Translator.from_workdir(workdir, search=SearchConfig(max_extra=20, **search),
+                                 devices=jax.devices()[:1])
+
+
+def test_score_greedy_and_beam_are_transformers_for_three_targets(imported):
+  """From each English source into DE, FR and EN, the target per row (one batch): the
+  target's token forced first, as generate's forced_bos_token_id."""
+  name, _, workdir, ref, to_ours = imported
+  assert ref["max_extra"] == 20 and sorted(set(ref["target_langs"])) == ["de", "en", "fr"]
+  codes = CODES[name]
+  greedy = translator(workdir, beam_size=1)
+  source_ids = [to_ours[ids].astype(np.int32) for ids in ref["source_ids"]]
+  scores = greedy.score_ids(source_ids, [to_ours[ids].astype(np.int32)
+                                         for ids in ref["target_ids"]])
+  np.testing.assert_allclose([s for s, _ in scores], ref["log_probs"], atol=1e-3, rtol=0)
+  # Through the languages record (run.json): texts, a target per row. Its pairs leave out a
+  # language into itself, which the rows into English from English are.
+  rows = [i for i, lang in enumerate(ref["target_langs"]) if lang != "en"]
+  sources = [ref["sources"][i] for i in rows]
+  targets = [codes[ref["target_langs"][i]] for i in rows]
+  scores = greedy.score(sources, [ref["targets"][i] for i in rows], source_lang=codes["en"],
+                        target_lang=targets)
+  np.testing.assert_allclose([s for s, _ in scores], [ref["log_probs"][i] for i in rows],
+                             atol=1e-3, rtol=0)
+
+  def theirs(outputs):  # Their ids -> ours, without the EOS the search does not return.
+    return [to_ours[ids].tolist()[:-1] if ids and to_ours[ids[-1]] == EOS_ID
+            else to_ours[ids].tolist() for ids in outputs]
+
+  forced = [to_ours[ids[:1]].astype(np.int32) for ids in ref["target_ids"]]
+  found = greedy.translate_nbest_ids(source_ids, prefixes=forced)
+  assert [h[0][0] for h in found] == theirs(ref["greedy"])
+  texts = [h[0][0] for h in greedy.translate_nbest(sources, source_lang=codes["en"],
+                                                   target_lang=targets)]
+  # M2M100Tokenizer.decode keeps its '__de__' token in the text (not a special token to it).
+  assert texts == [t.split(" ", 1)[1] if name == "m2m100" and t.startswith("__") else t
+                   for t in (ref["greedy_text"][i] for i in rows)]
+
+  beam = translator(workdir, beam_size=4, alpha=0.0, eos_within_beam=True)
+  found = beam.translate_nbest_ids(source_ids, prefixes=forced)
+  kept = [i for i, at in enumerate(ref["at_limit"][len(source_ids):]) if not at]
+  assert len(kept) >= 26
+  expected = theirs(ref["beam4"])
+  assert [found[i][0][0] for i in kept] == [expected[i] for i in kept]
+  # generate's forced token scores 0 (its logits processor), ours its log-probability:
+  # every hypothesis of a sentence starts with it, so the ranking is the same and the scores
+  # differ by that one log-probability (teacher-forced: the first target token's).
+  model_config, _ = read_run(workdir)
+  first = _first_token_log_probs(workdir, model_config, source_ids, forced)
+  np.testing.assert_allclose([found[i][0][1] - first[i] for i in kept],
+                             [ref["beam4_scores"][i] for i in kept], atol=1e-3, rtol=0)
+
+
+def _first_token_log_probs(workdir, model_config, sources, forced) -> list[float]:
+  params, _ = load_params(workdir, model_config)
+  model = Transformer(model_config.replace(deterministic=True))
+  out = []
+  for source, token in zip(sources, forced):
+    logits = model.apply({"params": params}, source[None], token[None])
+    out.append(float(jax.nn.log_softmax(logits[0, 0])[token[0]]))
+  return out
