@@ -67,6 +67,9 @@ flags.DEFINE_integer("attention_sentences", 1, "With --attention_plot: plot the 
 flags.DEFINE_string("compilation_cache_dir", compilation.default_cache_dir(),
                     "jax's persistent compilation cache: a second run with the same shapes "
                     "loads its searches instead of compiling them; '' = off.")
+flags.DEFINE_bool("split_sentences", False, "Each input line is a text: split into sentences "
+                  "(sentencex, the workdir's source language), translated, joined back on "
+                  "its line; off: a line is one input (line-aligned files).")
 flags.DEFINE_bool("interactive", False, "Translate stdin line by line, each line written and "
                   "flushed as soon as it is read (the default when stdin is a terminal and no "
                   "batch-only flag is given; --nointeractive: read the whole input).")
@@ -101,7 +104,8 @@ def main(argv):
                compilation_cache_dir=FLAGS.compilation_cache_dir, search=search,
                batch_tokens=FLAGS.batch_tokens, seed=FLAGS.seed,
                average_last=FLAGS.average_last, checkpoint_step=FLAGS.checkpoint_step,
-               ensemble=FLAGS.ensemble, prefix_path=FLAGS.prefix, score_path=FLAGS.score)
+               ensemble=FLAGS.ensemble, prefix_path=FLAGS.prefix, score_path=FLAGS.score,
+               split_sentences=FLAGS.split_sentences)
 
   cli.set_cpu_devices(FLAGS.cpu_devices)
   cli.run_main(argv, work)

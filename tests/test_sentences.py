@@ -44,3 +44,37 @@ def test_a_sentence_over_the_limit_is_cut_with_a_warning_and_nothing_dropped(cap
   inputs, layouts = sentences.layout([f"Hi there. {long}"], "en", 10, words)
   assert inputs == ["Hi there.", *pieces]
   assert sentences.join(layouts, inputs) == [f"Hi there. {long}"]
+
+
+def test_decode_py_split_sentences_and_the_translators_texts(trained_tiny, tmp_path, caplog):
+  """decode.py --split_sentences: a line of sentences translated sentence by sentence and
+  joined on its line (without the flag, the line is one input, as before)."""
+  import subprocess
+  import sys
+
+  import conftest
+  from flax_transformer.translation.search_config import SearchConfig
+  from flax_transformer.translation.translator import Translator
+
+  said = ["A dog runs in the park.", "Two men are playing football.", "A woman reads a book."]
+  (tmp_path / "in.en").write_text(f"{said[0]}  {said[1]}\n\n{said[2]}\n")
+  (tmp_path / "lines.en").write_text("".join(f"{s}\n" for s in said))
+
+  def decode(path, *flags):
+    done = subprocess.run(
+        [sys.executable, str(conftest.ROOT / "decode.py"), f"--workdir={trained_tiny}",
+         f"--input={tmp_path / path}", "--max_extra=5", "--nointeractive",
+         f"--compilation_cache_dir={conftest.XLA_CACHE}", *flags],
+        capture_output=True, env=conftest.cpu_env(), text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+  best = decode("lines.en").splitlines()  # The same sentences, a line each.
+  assert decode("in.en", "--split_sentences") == f"{best[0]}  {best[1]}\n\n{best[2]}\n"
+  assert decode("in.en").count("\n") == 3  # Off by default: a line is one input.
+  translator = Translator.from_workdir(trained_tiny, search=SearchConfig(max_extra=5))
+  long = " ".join(["dog"] * (translator.max_len + 5))
+  with caplog.at_level(logging.WARNING, "flax_transformer.sentences"):
+    found = translator.translate_texts([f"{said[0]} {said[1]}", long], "en")
+  assert found[0] == " ".join(translator.translate(said[:2])) and found[1].strip()
+  assert f"over the limit of {translator.max_len}" in caplog.text

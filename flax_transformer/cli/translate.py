@@ -12,6 +12,7 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 from tqdm import tqdm
 
 from flax_transformer import compilation
+from flax_transformer import workdir as workdir_lib
 from flax_transformer.data.sources import split_lines_lenient
 from flax_transformer.errors import DataError
 from flax_transformer.translation.translator import Translator
@@ -100,7 +101,8 @@ def run_decode(*, workdir: str, input_path: str, output_path: str, reference: st
                metrics: Sequence[str], sacrebleu_tokenize: str | None,
                attention_plot: str | None, attention_sentences: int = 1,
                compilation_cache_dir: str = "", prefix_path: str | None = None,
-               score_path: str | None = None, **from_workdir) -> None:
+               score_path: str | None = None, split_sentences: bool = False,
+               **from_workdir) -> None:
   """decode.py's work; `from_workdir` goes to `Translator.from_workdir` (search included)."""
   unknown = [m for m in metrics if m not in METRICS]
   if unknown:
@@ -112,6 +114,10 @@ def run_decode(*, workdir: str, input_path: str, output_path: str, reference: st
       raise DataError(f"--score scores the given targets and translates nothing: drop "
                       f"{', '.join(given)}")
   sentences = _read(input_path, "input")
+  if split_sentences:
+    run_split(workdir, sentences, output_path, prefix_path, score_path, attention_plot,
+              reference, compilation_cache_dir=compilation_cache_dir, **from_workdir)
+    return
   if score_path:
     targets = _read_aligned(score_path, "--score", input_path, len(sentences))
     run_score(Translator.from_workdir(workdir, **from_workdir), sentences, targets,
@@ -149,6 +155,27 @@ def run_decode(*, workdir: str, input_path: str, output_path: str, reference: st
     for line, path in attention_plot_paths(sentences, attention_plot, attention_sentences):
       plot_attention(translator, sentences[line], results[line][0][0], path)
       print(f"attention plot of input line {line + 1} written to {path}", file=sys.stderr)
+
+
+def run_split(workdir: str, texts: Sequence[str], output_path: str, *others,
+              compilation_cache_dir: str = "", **from_workdir) -> None:
+  """decode.py --split_sentences: each line a text of sentences (the workdir's source
+  language's rules; English's where it records none), one translated line per line."""
+  given = [f for f, v in zip(("--prefix", "--score", "--attention_plot", "--reference"), others)
+           if v]
+  if given or from_workdir["search"].nbest > 1:
+    raise DataError(f"--split_sentences translates whole texts: drop "
+                    f"{', '.join(given or ['--nbest'])}")
+  pair = workdir_lib.language_pair(workdir)
+  language = pair[0] if pair else "en"
+  translator = Translator.from_workdir(workdir, compilation_cache_dir=compilation_cache_dir,
+                                       **from_workdir)
+  logging.info("Splitting each line into %s sentences", language)
+  with tqdm(desc="translated", unit=" sentences", file=sys.stderr, mininterval=5.0,
+            dynamic_ncols=True) as progress:
+    translations = translator.translate_texts(texts, language, progress)
+  with _output(output_path) as out:
+    out.writelines(_one_line(text) + "\n" for text in translations)
 
 
 def run_score(translator: Translator, sentences: Sequence[str], targets: Sequence[str],

@@ -32,6 +32,7 @@ from flax_transformer.translation.programs import (Members, as_members_of, membe
                                                    search_per_shape, shard_score_fn,
                                                    shard_search_fn, translate_ids)
 from flax_transformer.translation.search_config import SearchConfig
+from flax_transformer.translation import sentences as sentences_lib
 
 
 class Translator:
@@ -280,6 +281,15 @@ class Translator:
     """One translation per sentence, in order (prefixes, languages: as `translate_nbest`)."""
     return [hyps[0][0] for hyps in self.translate_nbest(sentences, progress, prefixes,
                                                         source_lang, target_lang)]
+
+  def translate_texts(self, texts: Sequence[str], language: str, progress=None) -> list[str]:
+    """One translation per text, each split into sentences by `language`'s rules
+    (sentences.py, sentencex), the sentences translated together, each text joined back
+    with its own whitespace and newlines; a sentence over the model's max_len is cut at
+    it, with a warning, and translated in pieces (decode.py --split_sentences)."""
+    inputs, layouts = sentences_lib.layout(
+        texts, language, self.max_len, lambda s: len(self.tokenizer.source.tokenize(s)))
+    return sentences_lib.join(layouts, self.translate(inputs, progress))
 
   def score(self, sources: Sequence[str], targets: Sequence[str], progress=None,
             source_lang: Codes = None, target_lang: Codes = None) -> list[tuple[float, int]]:
