@@ -4,10 +4,11 @@ Locally it is filled in a hidden sibling folder, then renamed into place in one 
 (rename(2) replaces an absent or empty directory, never one with files): a crash leaves
 the workdir as it was, and of two writers racing for one workdir the second rename fails,
 its folder is removed and it ends with one line; the first's workdir is whole. A bucket
-cannot rename: the writer first takes the workdir's launch lock (`launch_lock`: an
-exclusive create, so a second writer or a training launch is refused), checks that the
-workdir holds nothing else, fills it with run.json written last, then releases the lock;
-one that fails midway removes what it wrote.
+cannot rename: the writer first claims the workdir by creating CLAIM_FILE in it
+exclusively (`storage.create_exclusively`: a second writer's create fails), checks that
+the workdir holds nothing else, fills it with run.json written last, then removes the
+claim; one that fails midway removes what it wrote. A claim left by a writer that died
+leaves the workdir refused as not empty, as its partial files would.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import errno
 import os
 import secrets
 import shutil
-import sys
+import socket
 from typing import Callable
 
 from flax_transformer import storage
 from flax_transformer.errors import ConfigError
-from flax_transformer.workdir import LOCK_FILE, Workdir
+from flax_transformer.workdir import Workdir
+
+CLAIM_FILE = "import.claim"  # In a bucket, while a writer fills the workdir.
 
 TAKEN = ("--workdir={}: another writer created it while this one ran (its files are "
          "kept, none of this one's were written there): use a new --workdir")
@@ -73,18 +76,22 @@ def _create_locally(workdir: Workdir, fill: Callable[[Workdir], None]) -> None:
 
 
 def _create_in_bucket(workdir: Workdir, fill: Callable[[Workdir], None]) -> None:
-  from flax_transformer import launch_lock
-
-  lock = launch_lock.LaunchLock(workdir, " ".join(map(str, sys.argv))).take()
+  claim = workdir.root / CLAIM_FILE
+  if not storage.create_exclusively(claim, f"{socket.gethostname()} pid {os.getpid()}\n"):
+    raise ConfigError(f"--workdir={workdir}: another import is writing it ({claim} exists; "
+                      "if none runs, one that died left it): use a new --workdir")
   try:
     storage.drop_cached_listings(workdir.root)  # Objects another writer wrote meanwhile.
-    check_new(workdir, ignore=(LOCK_FILE,))
-    try:
-      fill(workdir)
-    except BaseException:
-      for entry in workdir.root.iterdir():
-        if entry.name != LOCK_FILE:
-          storage.remove(entry)
-      raise
+    check_new(workdir, ignore=(CLAIM_FILE,))
+  except BaseException:
+    storage.remove(claim)  # The files found are another writer's: kept.
+    raise
+  try:
+    fill(workdir)
+  except BaseException:
+    for entry in workdir.root.iterdir():
+      if entry.name != CLAIM_FILE:
+        storage.remove(entry)
+    raise
   finally:
-    lock.release()
+    storage.remove(claim)

@@ -19,6 +19,7 @@ LAYERS = {
     # A run's directory: its layout and record (workdir), its checkpoints. Training
     # writes them, translation reads them: below both.
     "workdir": 3, "checkpoints": 3,
+    "new_workdir": 3,  # A new workdir written whole, by one writer (import_model.py's).
     # Imported models (import_model.py): a transformers folder read, a workdir written;
     # the tokenizers an imported workdir's record names (workdir reads them).
     "pretrained": 3,

@@ -3,6 +3,7 @@ by one writer; a workdir whose tokenizer is not its model's is refused when read
 --workdir that is a file, and a config.json with absurd sizes, are one line and exit 2."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import jax
 import numpy as np
 import pytest
 
+from flax_transformer import storage
 from flax_transformer.averaging import load_params
 from flax_transformer.errors import ConfigError, DataError
 from flax_transformer.pretrained import convert, importer
@@ -23,22 +25,26 @@ FIXTURES = ROOT / "tests" / "fixtures"
 SHARED, SEPARATE = FIXTURES / "marian_swish_shared", FIXTURES / "marian_gelu_separate"
 
 
-def files_of(workdir: Path) -> dict[str, bytes]:
-  """The tokenizer's files of `workdir`, name -> bytes."""
+def files_of(workdir) -> dict[str, bytes]:
+  """The tokenizer's files of `workdir` (local or in a bucket), name -> bytes."""
   return {p.name: p.read_bytes() for p in sorted((workdir / "tokenizer").iterdir())}
 
 
-def test_two_imports_racing_for_one_workdir_leave_one_whole_model(tmp_path, monkeypatch):
+@pytest.mark.parametrize("where", ["local", "bucket"])
+def test_two_imports_racing_for_one_workdir_leave_one_whole_model(tmp_path, monkeypatch,
+                                                                  request, where):
   """Two imports of different models (shared and separate vocabularies) into one new
-  workdir, both past the emptiness check before either writes (a barrier there): one
-  wins, the other ends with one ConfigError line, and the workdir is the winner's whole:
-  its tokenizer files, its run record and its parameters, as its import alone gives.
-  Before: both wrote into the one folder; the loser's record_run refused it after its
-  tokenizer files had overwritten the winner's."""
+  workdir, local or in a bucket (gs://, the emulator), both checked and converted before
+  either writes (a barrier there): one wins, the other ends with one ConfigError line,
+  and the workdir is the winner's whole: its tokenizer files, its run record and its
+  parameters, as its import alone gives. Before: both wrote into the one folder; the
+  loser's record_run refused it after its tokenizer files had overwritten the winner's."""
+  root = tmp_path if where == "local" else storage.as_path(
+      f"{request.getfixturevalue('gcs_bucket')}/{tmp_path.name}")
   alone = {}
   for folder in (SHARED, SEPARATE):
-    importer.import_model(folder, tmp_path / f"alone_{folder.name}")
-    alone[folder] = tmp_path / f"alone_{folder.name}"
+    alone[folder] = root / f"alone_{folder.name}"
+    importer.import_model(folder, alone[folder])
   barrier, check_tree = threading.Barrier(2, timeout=60), convert.check_tree
 
   def held_check(*args, **kwargs):
@@ -46,7 +52,7 @@ def test_two_imports_racing_for_one_workdir_leave_one_whole_model(tmp_path, monk
     return check_tree(*args, **kwargs)
 
   monkeypatch.setattr(convert, "check_tree", held_check)
-  workdir, outcome = tmp_path / "raced", {}
+  workdir, outcome = root / "raced", {}
 
   def run(folder):
     try:
@@ -63,11 +69,17 @@ def test_two_imports_racing_for_one_workdir_leave_one_whole_model(tmp_path, monk
   [winner] = [folder for folder, error in outcome.items() if error is None]
   [error] = [error for error in outcome.values() if error is not None]
   assert isinstance(error, ConfigError), repr(error)
-  assert str(error) == (f"--workdir={workdir}: another writer created it while this one ran "
-                        "(its files are kept, none of this one's were written there): use a "
-                        "new --workdir")
-  assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+  if where == "local":
+    assert str(error) == (f"--workdir={workdir}: another writer created it while this one "
+                          "ran (its files are kept, none of this one's were written there): "
+                          "use a new --workdir")
+  else:  # The loser's claim failed, or came after the winner's whole workdir.
+    assert re.fullmatch(rf"--workdir={re.escape(str(workdir))}: (another import is writing "
+                        r"it .*|exists and is not empty: use a new one)", str(error)), error
+  storage.drop_cached_listings(root)
+  assert sorted(p.name for p in root.iterdir()) == sorted(
       ["raced", *(p.name for p in alone.values())])  # No staging folder left.
+  assert sorted(p.name for p in workdir.iterdir()) == ["checkpoints", "run.json", "tokenizer"]
   assert files_of(workdir) == files_of(alone[winner])
   record, reference = (json.loads((w / "run.json").read_text()) for w in (workdir, alone[winner]))
   assert record == reference

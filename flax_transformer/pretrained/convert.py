@@ -382,6 +382,7 @@ def write_workdir(imported: Imported, workdir: str | Path, source: Path) -> None
   folder, its files' sha256), the tokenizer's files under tokenizer/, and the parameters
   as the orbax checkpoint of step 0 ({'params': ...}, as train.py's state holds them).
   Written whole or not at all, by one import (`new_workdir`)."""
+  check_tree(imported.params, imported.model_config)
   new_workdir.create(workdir, lambda into: _fill_workdir(imported, into, source))
   logging.info("Imported %s from %s into %s", imported.architecture, source, workdir)
 
@@ -390,7 +391,6 @@ def _fill_workdir(imported: Imported, workdir: Workdir, source: Path) -> None:
   """`write_workdir`'s files, written into `workdir` (new_workdir's staging folder, or
   the bucket's workdir it holds), run.json last: in a bucket, the mark of a whole one."""
   from flax_transformer.checkpoints import Checkpointer
-  check_tree(imported.params, imported.model_config)
   folder = workdir.root / TOKENIZER_DIR
   folder.mkdir(parents=True, exist_ok=True)
   for name, data in imported.tokenizer_files.items():

@@ -6,8 +6,10 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+from flax_transformer import new_workdir
 from flax_transformer.errors import DataError
 from flax_transformer.pretrained import convert
+from flax_transformer.workdir import Workdir
 
 # model_type (config.json) -> the module whose `import_folder(folder) -> convert.Imported`
 # converts it.
@@ -28,4 +30,5 @@ def import_folder(folder: str | Path) -> convert.Imported:
 
 def import_model(folder: str | Path, workdir: str | Path) -> None:
   """Converts the model in `folder` and writes it as the new workdir `workdir`."""
+  new_workdir.check_new(Workdir(workdir))  # At once: not after converting a large model.
   convert.write_workdir(import_folder(folder), workdir, Path(folder))
