@@ -5,10 +5,13 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 
 import jax
 
 from flax_transformer.checkpoints import Checkpointer
+
+EXIT_FORCED = 130  # 128 + SIGINT: what a shell reports for a process Ctrl-C ended.
 
 
 class StopRequest:
@@ -19,6 +22,14 @@ class StopRequest:
   jax.distributed's preemption service (its own handler spreads the notice to
   every process, and `Checkpointer.reached_preemption(step)` turns true on all of
   them at the same step), and SIGINT is passed on to it as a SIGTERM.
+
+  A second signal (`again`): a SIGTERM is logged and ignored (a launcher that forwards
+  the signal it also received sends it twice, and the save the first asked for must
+  finish: interrupting it left a KeyboardInterrupt inside orbax and the checkpoint as
+  N.orbax-checkpoint-tmp); a SIGINT (Ctrl-C again) ends the process at once, in one
+  line, without waiting for a save in progress: the complete checkpoints are intact
+  (orbax renames a step into place only once it is whole) and the next launch resumes
+  from the newest, removing the partial one.
   """
 
   def __init__(self, checkpointer: Checkpointer):
@@ -41,8 +52,9 @@ class StopRequest:
       signal.signal(sig, handler)
 
   def _handle(self, signum, frame):
-    if self.received is not None:  # Second signal: stop now.
-      raise KeyboardInterrupt
+    if self.received is not None:
+      self.again(signal.Signals(signum).name)
+      return
     self.received = signal.Signals(signum).name
     if self.several:
       logging.warning("%s received: asking every process to stop at one step and save",
@@ -51,6 +63,18 @@ class StopRequest:
       return
     self.signal_name = self.received
     logging.warning("%s received: saving a checkpoint, then exiting", self.signal_name)
+
+  def again(self, name: str) -> None:
+    """A signal after the first: SIGINT exits now (EXIT_FORCED), any other is ignored."""
+    if name != "SIGINT":
+      logging.warning("%s again: ignored, the stop asked for goes on (its checkpoint is saved, "
+                      "then the process exits); a second SIGINT (Ctrl-C) exits at once", name)
+      return
+    sys.stderr.write(f"\nerror: SIGINT again: exiting at once, without waiting for a checkpoint "
+                     f"being saved; the complete ones in {self.checkpointer.directory} are "
+                     "intact, and the next launch resumes from the newest\n")
+    sys.stderr.flush()
+    os._exit(EXIT_FORCED)  # noqa: SLF001  Not SystemExit: orbax's waits would finish the save.
 
   def requested(self, step: int) -> bool:
     """Whether the loop stops after `step` (1-based; several processes: call it at
