@@ -17,6 +17,7 @@ from flax_transformer import storage
 from flax_transformer.checkpoints import Checkpointer
 from flax_transformer.errors import CheckpointError, CheckpointSaveError, ConfigError
 from flax_transformer.network.config import TransformerConfig
+from flax_transformer.pretrained import tokenizers as _kinds  # noqa: F401  (registers the imported tokenizers' kinds)
 from flax_transformer.network.model import abstract_params  # Also this module's name.
 from flax_transformer.workdir import RUN_FILE, Workdir, read_run, tokenizer_files
 

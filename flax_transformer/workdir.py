@@ -3,7 +3,7 @@
   <workdir>/run.json        the model config, vocabulary size and every launch (RUN_FILE)
   <workdir>/vocab.model     the shared sentencepiece vocabulary (VOCAB_FILE)
   <workdir>/tokenizer/      an imported model's tokenizer files instead (TOKENIZER_DIR;
-                            run.json's "tokenizer" entry names them: pretrained.tokenizers)
+                            run.json's "tokenizer" entry names them: data.tokenizer_kinds)
   <workdir>/checkpoints/    orbax checkpoints of state and data iterator (CHECKPOINT_DIR)
   <workdir>/metrics.jsonl   one JSON object per logged step (METRICS_FILE; local workdirs)
   <workdir>/metrics/        the same lines in a bucket, one object per flush (METRICS_DIR)
@@ -30,6 +30,7 @@ import jax
 
 from flax_transformer import languages as languages_lib
 from flax_transformer import provenance, storage
+from flax_transformer.data import tokenizer_kinds
 from flax_transformer.data.tokenizer import Tokenizer
 from flax_transformer.errors import (ConfigError, DataError, WorkdirGoneError,
                                      WorkdirWriteError)
@@ -217,8 +218,7 @@ def read_run(workdir: str | Path) -> tuple[TransformerConfig, Tokenizer]:
   record = json.loads(run_file.read_text())
   model_config = TransformerConfig.from_dict(recorded_model(record))
   if "tokenizer" in record:  # An imported model's (import_model.py).
-    from flax_transformer.pretrained import tokenizers
-    tokenizer = tokenizers.load(workdir.tokenizer_dir, record["tokenizer"])
+    tokenizer = tokenizer_kinds.load(workdir.tokenizer_dir, record["tokenizer"])
   else:
     tokenizer = Tokenizer(workdir.vocab_file)
   check_vocabulary_sizes(model_config, tokenizer, run_file)

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from flax_transformer.data import tokenizer_kinds
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, trim
 from flax_transformer.errors import DataError
 
@@ -189,3 +190,7 @@ def load(directory, spec: dict) -> PairTokenizer:
   tokenizer = KINDS[kind](directory, spec)
   tokenizer.spec = dict(spec)  # What an export records of it (export.write_vocabulary).
   return tokenizer
+
+
+for _kind in KINDS:  # workdir.read_run reads an imported workdir's tokenizer through these.
+  tokenizer_kinds.register(_kind, load)

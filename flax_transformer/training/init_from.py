@@ -22,6 +22,7 @@ from flax_transformer import workdir as workdir_lib
 from flax_transformer.checkpoints import Checkpointer
 from flax_transformer.errors import ConfigError
 from flax_transformer.network.config import TransformerConfig
+from flax_transformer.pretrained import tokenizers as _kinds  # noqa: F401  (registers the imported tokenizers' kinds)
 from flax_transformer.training.config_checks import model_config_from
 from flax_transformer.workdir import Workdir
 

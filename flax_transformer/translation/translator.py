@@ -23,6 +23,7 @@ from flax_transformer.data.tokenizer import Tokenizer
 from flax_transformer.errors import ConfigError, DataError
 from flax_transformer.languages import Languages
 from flax_transformer.network.config import TransformerConfig
+from flax_transformer.pretrained import tokenizers as _kinds  # noqa: F401  (registers the imported tokenizers' kinds)
 from flax_transformer.translation import batching
 from flax_transformer.translation.directions import Codes, Directions
 from flax_transformer.translation import search_memory
