@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # What type checkers and IDEs see; at run time, _EXPORTS belo
   from flax_transformer.network.model import (  # noqa: F401
       Decoder, Encoder, Transformer, count_params, init_cache, shift_right)
   from flax_transformer.translation.search import beam_search, sample_search  # noqa: F401
-  from flax_transformer.translation.search_config import SearchConfig
+  from flax_transformer.translation.search_config import SearchConfig  # noqa: F401
   from flax_transformer.translation.translator import Translator  # noqa: F401
 
 __version__ = "0.1.0"
