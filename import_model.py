@@ -19,6 +19,9 @@ from flax_transformer.cli import common as cli
 
 flags.DEFINE_string("from", None, "The transformers-format model folder to import.")
 flags.DEFINE_string("workdir", None, "The new workdir (absent or empty).")
+flags.DEFINE_enum("dtype", "float32", ["float32", "stored"],
+                  "Parameters' dtype: float32 (bf16/fp16 tensors cast), or as model.safetensors "
+                  "stores them (one dtype; M2M100/NLLB).")
 flags.mark_flags_as_required(["from", "workdir"])
 FLAGS = flags.FLAGS
 
@@ -27,7 +30,7 @@ def main(argv):
   def work():
     from flax_transformer.pretrained import importer
 
-    importer.import_model(getattr(FLAGS, "from"), FLAGS.workdir)
+    importer.import_model(getattr(FLAGS, "from"), FLAGS.workdir, FLAGS.dtype)
 
   cli.run_main(argv, work)
 

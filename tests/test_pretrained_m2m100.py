@@ -168,3 +168,38 @@ def _first_token_log_probs(workdir, model_config, sources, forced) -> list[float
     logits = model.apply({"params": params}, source[None], token[None])
     out.append(float(jax.nn.log_softmax(logits[0, 0])[token[0]]))
   return out
+
+
+def test_bf16_tensors_import_as_stored_or_cast(tmp_path):
+  """A bf16 model.safetensors: --dtype=stored keeps bf16 (the model's param_dtype), the
+  default casts to float32; either way the values are the stored ones. Several dtypes in
+  one file with --dtype=stored is one line."""
+  import shutil
+
+  import ml_dtypes
+  from safetensors.numpy import load_file, save_file
+
+  from flax_transformer.errors import DataError
+  folder = tmp_path / "nllb_bf16"
+  shutil.copytree(FIXTURES / "nllb", folder)
+  tensors = load_file(str(folder / "model.safetensors"))
+  halved = {k: v.astype(ml_dtypes.bfloat16) for k, v in tensors.items()}
+  save_file(halved, str(folder / "model.safetensors"))
+  results = {}
+  for dtype in ("stored", "float32"):
+    importer.import_model(folder, tmp_path / dtype, dtype=dtype)
+    model_config, _ = read_run(tmp_path / dtype)
+    results[dtype] = (model_config, load_params(tmp_path / dtype, model_config)[0])
+  assert results["stored"][0].param_dtype == np.dtype(ml_dtypes.bfloat16)
+  assert results["float32"][0].param_dtype == np.float32
+  stored = results["stored"][1]["encoder"]["layer_0"]["ffn"]["w1"]["kernel"]
+  cast = results["float32"][1]["encoder"]["layer_0"]["ffn"]["w1"]["kernel"]
+  assert stored.dtype == ml_dtypes.bfloat16 and cast.dtype == np.float32
+  np.testing.assert_array_equal(np.asarray(stored, np.float32), cast)
+  np.testing.assert_array_equal(cast, halved["model.encoder.layers.0.fc1.weight"].astype(
+      np.float32).T)
+  mixed = dict(halved, **{"model.encoder.layer_norm.weight":
+                          tensors["model.encoder.layer_norm.weight"]})
+  save_file(mixed, str(folder / "model.safetensors"))
+  with pytest.raises(DataError, match="several dtypes"):
+    importer.import_folder(folder, dtype="stored")

@@ -27,6 +27,7 @@ from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.layers import sinusoidal_position_encoding
 from flax_transformer.pretrained import convert
 from flax_transformer.pretrained import m2m100_tokenizer as tok
+from flax_transformer.pretrained import weights as streamed
 
 ARCHITECTURE = "m2m_100"
 CLASSES = ("M2M100ForConditionalGeneration",)
@@ -66,8 +67,9 @@ TOKENIZER_FIELDS: dict = {
 }
 
 
-def import_folder(folder: Path) -> convert.Imported:
-  """The model, tokenizer and languages of the transformers M2M100/NLLB folder `folder`."""
+def import_folder(folder: Path, dtype: str = "float32") -> convert.Imported:
+  """The model, tokenizer and languages of the transformers M2M100/NLLB folder `folder`;
+  its tensors streamed one at a time, cast to float32 or (dtype='stored') as stored."""
   where = folder / "config.json"
   config = convert.read_config(folder, ARCHITECTURE, CLASSES)
   convert.check_fields(config, FIELDS, where)
@@ -88,8 +90,9 @@ def import_folder(folder: Path) -> convert.Imported:
     raise DataError(f"{where}: decoder_start_token_id={start!r} is not an id")
   model_config = model_config_from(config, where,
                                    decoder_start_id=int(np.argsort(order)[start]))
-  params = _params(convert.read_weights(folder), model_config, order, pad,
-                   folder / "model.safetensors")
+  weights = streamed.read(folder, dtype)
+  model_config = model_config.replace(param_dtype=weights.param_dtype)
+  params = _params(weights, model_config, order, pad, folder / "model.safetensors")
   spm_bytes, _ = tok.read_spm(folder)
   files = {tok.FILES[0]: spm_bytes, tok.FILES[1]: tok.dumps(convert.permuted_vocab(vocab, order))}
   languages = Languages(sources=tuple(codes), targets=tuple(codes), target_by="decoder_prefix",
