@@ -199,7 +199,10 @@ def test_bad_folders_are_one_line_naming_the_problem(tmp_path):
       "bart": (edit_config(model_type="bart"), "model_type 'bart'"),
       "spm": (lambda f: (f / "target.spm").unlink(), "target.spm not found"),
       "unknown": (edit_config(rope_theta=1e4), "field 'rope_theta'"),
-      "prenorm": (edit_config(normalize_before=True), "normalize_before=True"),
+      "pruned": (edit_config(pruned_heads={"0": [1]}), "pruned_heads={'0': [1]}"),
+      "quantized": (edit_config(quantization_config={"quant_method": "bitsandbytes"}),
+                    "quantization_config={'quant_method': 'bitsandbytes'} has no equivalent "
+                    "here (quantized weights: save the model unquantized"),
       "act": (edit_config(activation_function="mish"), "activation_function='mish'"),
       "size": (edit_config(vocab_size=9), "vocab_size=9"),
       "positions": (edit_config(max_position_embeddings=10**9),
@@ -227,14 +230,22 @@ def test_bad_folders_are_one_line_naming_the_problem(tmp_path):
       tmp_path / "old_run")
   importer.import_model(FIXTURES / "marian_swish_shared", tmp_path / "plain_run")
   assert read_run(tmp_path / "old_run")[0] == read_run(tmp_path / "plain_run")[0]
+  # MarianMTModel reads none of BART's legacy fields (transformers 4.57 and 5.24): any value
+  # loads there and computes post-norm Marian, so here too, and the run record says so.
+  importer.import_model(variant("ignored", edit_config(normalize_before=True,
+                                                       add_bias_logits=True)),
+                        tmp_path / "ignored_run")
+  assert read_run(tmp_path / "ignored_run")[0] == read_run(tmp_path / "plain_run")[0]
+  notes = json.loads((tmp_path / "ignored_run" / "run.json").read_text())["imported_from"]["notes"]
+  assert "normalize_before=True: MarianMTModel ignores it and computes False, as here" in notes
   # The command: one line on stderr, exit 2, no traceback.
   done = subprocess.run([sys.executable, str(ROOT / "import_model.py"),
-                         f"--from={tmp_path / 'prenorm'}", f"--workdir={tmp_path / 'w'}"],
+                         f"--from={tmp_path / 'pruned'}", f"--workdir={tmp_path / 'w'}"],
                         capture_output=True, text=True, timeout=120)
   assert done.returncode == 2, done.stderr
   lines = [line for line in done.stderr.splitlines() if line.strip()]
-  assert lines == [f"error: {tmp_path / 'prenorm' / 'config.json'}: normalize_before=True has "
-                   "no equivalent here (only False)"], done.stderr
+  assert lines == [f"error: {tmp_path / 'pruned' / 'config.json'}: pruned_heads={{'0': [1]}} "
+                   "has no equivalent here (only {})"], done.stderr
 
 
 def test_a_shared_embedding_under_any_of_its_tied_names_imports_the_same(tmp_path):

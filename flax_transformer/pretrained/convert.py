@@ -24,44 +24,16 @@ from flax_transformer.errors import DataError
 from flax_transformer.languages import Languages
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.pretrained import tokenizers
+# Keys of every transformers folder (PretrainedConfig's, PreTrainedTokenizerBase's).
+from flax_transformer.pretrained.hub_keys import CONFIG_KEYS as GENERIC_IRRELEVANT
+from flax_transformer.pretrained.hub_keys import TOKENIZER_KEYS as TOKENIZER_GENERIC
+from flax_transformer.pretrained.hub_keys import Rule, must_be  # noqa: F401 (theirs)
 from flax_transformer.workdir import TOKENIZER_DIR, Workdir, record_run
 
 # How to make model.safetensors of a folder that has only torch's pickle.
 CONVERT_BIN = ("python -c \"from transformers import AutoModelForSeq2SeqLM as M; "
                "M.from_pretrained('{folder}').save_pretrained('{folder}', "
                "safe_serialization=True)\" (with torch and transformers installed)")
-
-# config.json fields of every transformers model that do not change the model's function
-# here: bookkeeping, output switches, classification heads, and generate()'s settings (the
-# search is SearchConfig's: decode.py's and serve.py's flags).
-GENERIC_IRRELEVANT = {
-    "_name_or_path": "bookkeeping", "transformers_version": "bookkeeping",
-    "architectures": "checked by the importer", "model_type": "checked by the importer",
-    "dtype": "parameters are stored as float32", "torch_dtype": "parameters are stored as "
-    "float32", "use_cache": "inference switch", "return_dict": "output switch",
-    "output_hidden_states": "output switch", "output_attentions": "output switch",
-    "torchscript": "export switch", "gradient_checkpointing": "training memory switch",
-    "chunk_size_feed_forward": "memory switch, same function", "pruned_heads": "none pruned "
-    "(checked: the weights' shapes)", "id2label": "classification head",
-    "label2id": "classification head", "_num_labels": "classification head",
-    "num_labels": "classification head", "classif_dropout": "classification head",
-    "classifier_dropout": "classification head", "problem_type": "classification head",
-    "finetuning_task": "bookkeeping", "tokenizer_class": "the tokenizer is imported from its "
-    "files", "prefix": "a pipeline's text prefix", "task_specific_params": "pipelines' "
-    "settings", "bos_token_id": "no BOS token is used", "sep_token_id": "not used",
-    "tie_encoder_decoder": "checked: the weights present", "add_cross_attention":
-    "encoder-decoder models have it", "cross_attention_hidden_size": "equal to d_model",
-    "is_decoder": "checked by the importer",
-    **{name: "generate()'s setting: the search here is SearchConfig's" for name in (
-        "max_length", "min_length", "do_sample", "early_stopping", "num_beams",
-        "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p", "typical_p",
-        "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
-        "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences",
-        "output_scores", "return_dict_in_generate", "forced_bos_token_id",
-        "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
-        "suppress_tokens", "begin_suppress_tokens", "max_new_tokens")},
-}
-
 
 @dataclasses.dataclass
 class Imported:
@@ -183,14 +155,6 @@ def file_hashes(folder: Path) -> dict[str, str]:
           for p in sorted(folder.iterdir()) if p.is_file()}
 
 
-Rule = Callable[[Any], str | None]
-
-
-def must_be(*allowed) -> Rule:
-  """A field this code implements only at these values: a problem otherwise."""
-  return lambda value: None if value in allowed else f"only {' or '.join(map(repr, allowed))}"
-
-
 def must_be_int(minimum: int) -> Rule:
   """A size: an integer of at least `minimum`."""
   return lambda value: None if isinstance(value, int) and not isinstance(value, bool) and (
@@ -220,16 +184,6 @@ BART_FIELDS: dict = {
     "activation_dropout": TRAINING_ONLY, "encoder_layerdrop": TRAINING_ONLY,
     "decoder_layerdrop": TRAINING_ONLY, "init_std": TRAINING_ONLY,
 }
-
-# tokenizer_config.json fields every tokenizer here reads alike.
-TOKENIZER_GENERIC: dict = {
-    "model_max_length": "truncation is the caller's", "backend": "bookkeeping",
-    "name_or_path": "bookkeeping", "special_tokens_map_file": "bookkeeping",
-    "clean_up_tokenization_spaces": must_be(False),
-    "additional_special_tokens": must_be([], None),
-    "extra_special_tokens": must_be([], {}, None),
-}
-
 
 def training_only_notes(config: Mapping) -> list[str]:
   """The run record's notes on nonzero training-only rates (not applied here)."""

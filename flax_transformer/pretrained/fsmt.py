@@ -125,7 +125,9 @@ def import_folder(folder: Path) -> convert.Imported:
   except UnicodeDecodeError as e:
     raise DataError(f"{folder / 'merges.txt'}: not UTF-8 text ({e})") from None
   spec = {"kind": "fsmt", "langs": list(langs),
-          "do_lower_case": bool(tokenizer_config.get("do_lower_case", False))}
+          "do_lower_case": bool(tokenizer_config.get("do_lower_case", False)),
+          **({"clean_up_tokenization_spaces": True} if tokenizer_config.get(
+              "clean_up_tokenization_spaces") else {})}
   return convert.Imported(ARCHITECTURE, model_config, params, spec, files, notes,
                           Languages.one_pair(*langs))
 

@@ -26,6 +26,7 @@ import numpy as np
 import sacremoses
 
 from flax_transformer.data.tokenizer import EOS_ID, trim
+from flax_transformer.pretrained import tokenizers
 
 FILES = ("vocab-src.json", "vocab-tgt.json", "merges.txt")
 SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # FSMTTokenizer's bos, pad, sep (EOS), unk.
@@ -83,8 +84,9 @@ class FSMTSide:
   tokenizer; the interface of `tokenizers.MarianSide`."""
 
   def __init__(self, lang: str, vocab: Mapping[str, int], bpe: BPE, *,
-               do_lower_case: bool = False, identity: bytes = b""):
+               do_lower_case: bool = False, identity: bytes = b"", clean_up: bool = False):
     self.lang, self._vocab, self._bpe = lang, dict(vocab), bpe
+    self._clean_up = clean_up  # tokenizer_config.json's clean_up_tokenization_spaces.
     self._lower = do_lower_case
     self._pieces = {i: piece for piece, i in self._vocab.items()}
     self._unk = self._vocab["<unk>"]
@@ -132,7 +134,8 @@ class FSMTSide:
     """ids -> text; stops at the first EOS, drops the special tokens."""
     pieces = self.pieces(trim(ids, self._special))
     words = "".join(p.replace(" ", "").replace("</w>", " ") for p in pieces).split()
-    return self._detokenizer.detokenize(words)
+    text = self._detokenizer.detokenize(words)
+    return tokenizers.clean_up_tokenization(text) if self._clean_up else text
 
   def model_bytes(self) -> bytes:
     return self._identity
@@ -155,5 +158,6 @@ def sides(directory, spec: dict, check_vocabulary: Callable[[object, dict], dict
     vocab = check_vocabulary(directory / name, json.loads(blobs[name]))
     identity = hashlib.sha256(blobs[name] + blobs["merges.txt"] + f"{lang} {lower}".encode())
     out.append(FSMTSide(lang, vocab, bpe, do_lower_case=lower,
-                        identity=identity.hexdigest().encode()))
+                        identity=identity.hexdigest().encode(),
+                        clean_up=bool(spec.get("clean_up_tokenization_spaces", False))))
   return out[0], out[1]

@@ -28,6 +28,13 @@ SHARED = "model.shared.weight"
 ENCODER_EMBEDDING = "model.encoder.embed_tokens.weight"
 DECODER_EMBEDDING = "model.decoder.embed_tokens.weight"
 OUTPUT = "lm_head.weight"
+# BART's config fields that transformers 3 wrote into OPUS-MT's config.json (the hub's
+# 2020-21 uploads), with the value MarianMTModel computes: it reads none of them (its
+# modeling code, in 4.57 as in 5.24), so any value loads there and computes that; the
+# run record notes a value that says otherwise.
+LEGACY = {"static_position_embeddings": True, "normalize_before": False,
+          "normalize_embedding": False, "add_final_layer_norm": False,
+          "add_bias_logits": False, "scale_attention": True}
 # Every MarianConfig field: a rule (value -> None, or what this code implements) where it
 # changes the function (`model_config` maps it), a reason where it does not. Fields of
 # every transformers config are convert.GENERIC_IRRELEVANT's.
@@ -36,18 +43,16 @@ FIELDS: dict = {
     "vocab_size": convert.must_be_int(1), "decoder_vocab_size": lambda v: None,
     "num_hidden_layers": lambda v: None,  # An alias of encoder_layers (checked equal).
     "share_encoder_decoder_embeddings": convert.must_be(True, False),
-    # Written by older transformers (BART's config fields) into OPUS-MT's config.json.
-    "static_position_embeddings": convert.must_be(True),
-    "normalize_before": convert.must_be(False), "normalize_embedding": convert.must_be(False),
-    "add_final_layer_norm": convert.must_be(False), "add_bias_logits": convert.must_be(False),
-    "scale_attention": convert.must_be(True),
-    "extra_pos_embeddings": "BART's offset of learned positions: Marian's are static",
+    **{name: "MarianMTModel ignores it (transformers 4 and 5); so does this import"
+       for name in LEGACY},
+    "extra_pos_embeddings": "transformers 3's offset of BART's learned positions: "
+    "MarianMTModel ignores it (its positions are static)",
     "unk_token_id": "the tokenizer's: vocab.json's '<unk>' is taken",
 }
 # tokenizer_config.json: what MarianTokenizer does with each field here.
 TOKENIZER_FIELDS: dict = {
     **convert.TOKENIZER_GENERIC,
-    "separate_vocabs": convert.must_be(True, False), "sp_model_kwargs": convert.must_be({}),
+    "separate_vocabs": convert.must_be(True, False), "sp_model_kwargs": convert.must_be({}, None),
     "unk_token": convert.must_be("<unk>"), "eos_token": convert.must_be("</s>"),
     "pad_token": convert.must_be("<pad>"),
     "source_lang": "names a Moses punctuation normaliser MarianTokenizer never calls",
@@ -68,7 +73,9 @@ def import_folder(folder: Path) -> convert.Imported:
     raise DataError(f"{folder}: tokenizer_config.json's separate_vocabs="
                     f"{tokenizer_config.get('separate_vocabs')} contradicts config.json's "
                     f"share_encoder_decoder_embeddings={shared}")
-  notes = convert.training_only_notes(config)
+  notes = convert.training_only_notes(config) + [
+      f"{name}={config[name]!r}: MarianMTModel ignores it and computes {value!r}, as here"
+      for name, value in LEGACY.items() if name in config and config[name] != value]
 
   vocab_names = ("vocab.json",) if shared else ("vocab.json", "target_vocab.json")
   vocabs = [convert.read_vocabulary(folder, name) for name in vocab_names]
@@ -120,7 +127,9 @@ def import_folder(folder: Path) -> convert.Imported:
     files[name] = json.dumps(convert.permuted_vocab(vocab, order), ensure_ascii=False,
                              indent=0).encode()
   return convert.Imported(ARCHITECTURE, model_config, params,
-                          {"kind": "marian", "separate_vocabularies": not shared}, files, notes,
+                          {"kind": "marian", "separate_vocabularies": not shared, **(
+                              {"clean_up_tokenization_spaces": True} if tokenizer_config.get(
+                                  "clean_up_tokenization_spaces") else {})}, files, notes,
                           languages.from_marian(source_vocab, tokenizer_config))
 
 

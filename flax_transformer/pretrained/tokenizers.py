@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -54,33 +55,64 @@ class PairTokenizer:
                == getattr(other, side).model_bytes() for side in ("source", "target"))
 
 
+def clean_up_tokenization(text: str) -> str:
+  """transformers' `clean_up_tokenization`, which decode applies where a tokenizer's
+  clean_up_tokenization_spaces is true: spaces before English punctuation and
+  contractions dropped."""
+  for before, after in CLEAN_UP:
+    text = text.replace(before, after)
+  return text
+
+
+CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+            (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
+
+
+def special_splitter(specials: Iterable[str]) -> re.Pattern:
+  """A pattern whose split() cuts a text at the special tokens' strings, each kept as its
+  own chunk, as transformers' added-token trie does (the longest at the leftmost place)."""
+  return re.compile("(" + "|".join(map(re.escape, sorted(specials, key=len, reverse=True)))
+                    + ")")
+
+
 class MarianSide:
-  """One side of MarianTokenizer: sentencepiece pieces, each looked up in a vocabulary
-  (piece -> id, vocab.json's), unknown pieces as '<unk>', EOS appended. A leading
-  target-language tag such as '>>fra<<' is one token, as MarianTokenizer keeps it.
-  Outputs are written as MarianTokenizer.decode(ids, skip_special_tokens=True) writes
-  them: pad, EOS and unknown tokens dropped, the pieces joined by the `decoder` model.
+  """One side of MarianTokenizer: the text cut at the special tokens' strings ('</s>',
+  '<unk>', '<pad>': each its own id), the rest as sentencepiece pieces, each looked up in a
+  vocabulary (piece -> id, vocab.json's), unknown pieces as '<unk>', EOS appended. A
+  target-language tag such as '>>fra<<' that starts a chunk is one token, as
+  MarianTokenizer keeps it. Outputs are written as MarianTokenizer.decode(ids,
+  skip_special_tokens=True) writes them: pad, EOS and unknown tokens dropped, the pieces
+  joined by the `decoder` model, then `clean_up_tokenization` where `clean_up`.
   """
 
+  SPECIALS = ("</s>", "<unk>", "<pad>")
+
   def __init__(self, encoder: spm.SentencePieceProcessor, decoder: spm.SentencePieceProcessor,
-               vocab: dict[str, int], *, identity: bytes):
+               vocab: dict[str, int], *, identity: bytes, clean_up: bool = False):
     self._encoder, self._decoder, self._vocab = encoder, decoder, vocab
     self._pieces = [""] * len(vocab)
     for piece, i in vocab.items():
       self._pieces[i] = piece
     self._unk = vocab["<unk>"]
     self._special = {PAD_ID, EOS_ID, self._unk}
-    self._identity = identity
+    self._splitter = special_splitter(self.SPECIALS)
+    self._identity, self._clean_up = identity, clean_up
 
   @property
   def vocab_size(self) -> int:
     return len(self._pieces)
 
   def _split(self, text: str) -> list[str]:
-    code = []
-    if text.startswith(">>") and (end := text.find("<<")) != -1:
-      code, text = [text[:end + 2]], text[end + 2:]
-    return code + self._encoder.encode(text, out_type=str)
+    pieces = []
+    for chunk in self._splitter.split(text):
+      if chunk in self.SPECIALS:
+        pieces.append(chunk)
+      elif chunk:
+        if chunk.startswith(">>") and (end := chunk.find("<<")) != -1:
+          pieces.append(chunk[:end + 2])
+          chunk = chunk[end + 2:]
+        pieces += self._encoder.encode(chunk, out_type=str)
+    return pieces
 
   def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
     """Ids of many texts (no EOS)."""
@@ -96,7 +128,8 @@ class MarianSide:
   def detokenize(self, ids: Iterable[int]) -> str:
     """ids -> text; stops at the first EOS."""
     kept = self.pieces(trim(ids, self._special))
-    return self._decoder.decode_pieces(kept).replace(SPIECE_UNDERLINE, " ").strip()
+    text = self._decoder.decode_pieces(kept).replace(SPIECE_UNDERLINE, " ").strip()
+    return clean_up_tokenization(text) if self._clean_up else text
 
   def model_bytes(self) -> bytes:
     return self._identity
@@ -109,6 +142,7 @@ def load_marian(directory, spec: dict) -> PairTokenizer:
   """Marian's files in `directory`: source.spm, target.spm, vocab.json and, with
   spec["separate_vocabularies"], target_vocab.json (all with the project's ids)."""
   separate = bool(spec.get("separate_vocabularies"))
+  clean_up = bool(spec.get("clean_up_tokenization_spaces", False))
   models, blobs = {}, {}
   for name in ("source.spm", "target.spm"):
     blobs[name] = _read(directory / name)
@@ -122,13 +156,14 @@ def load_marian(directory, spec: dict) -> PairTokenizer:
     return hashlib.sha256(b"".join(blobs[n] for n in names)).hexdigest().encode()
 
   source = MarianSide(models["source.spm"], models["source.spm"], vocabs["vocab.json"],
-                      identity=identity("source.spm", "vocab.json"))
+                      identity=identity("source.spm", "vocab.json"), clean_up=clean_up)
   if not separate:  # transformers decodes a shared vocabulary's outputs with source.spm.
     target = MarianSide(models["target.spm"], models["source.spm"], vocabs["vocab.json"],
-                        identity=identity("target.spm", "vocab.json"))
+                        identity=identity("target.spm", "vocab.json"), clean_up=clean_up)
   else:
     target = MarianSide(models["target.spm"], models["target.spm"], vocabs["target_vocab.json"],
-                        identity=identity("target.spm", "target_vocab.json"))
+                        identity=identity("target.spm", "target_vocab.json"),
+                        clean_up=clean_up)
   return PairTokenizer(source, target, directory)
 
 
