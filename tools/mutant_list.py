@@ -139,7 +139,7 @@ MUTANTS = [
     Mutant("length penalty (5 + |Y|) / 5", f"{SEARCH}:length_penalty",
            "(5.0 + length.astype(jnp.float32)) / 6.0", "(5.0 + length.astype(jnp.float32)) / 5.0",
            ("tests/test_decoding.py::test_beam_equals_exhaustive_search", PAPER)),
-    Mutant("finished hypotheses penalised one token short", f"{SEARCH}:beam_search.step_fn",
+    Mutant("finished hypotheses penalised one token short", f"{SEARCH}:_keep_finished",
            "top_log_probs / length_penalty(s.step + 1, alpha)",
            "top_log_probs / length_penalty(s.step, alpha)",
            ("tests/test_decoding.py::test_beam_equals_exhaustive_search", PAPER)),

@@ -137,6 +137,20 @@ def _previous_token(s: BeamState, k: int) -> jax.Array:
   return jnp.where(s.step > 0, jax.lax.div(s.choices[jnp.maximum(s.step - 1, 0)], k), 0)
 
 
+def _keep_finished(s: BeamState, top_log_probs: jax.Array, top_beams: jax.Array,
+                   may_end: jax.Array, k: int, alpha: float, eos_within_beam: bool):
+  """(ends, scores) of the best K finished hypotheses: those kept so far and the step's
+  candidates that just ended (with eos_within_beam, only those among its K best)."""
+  new_scores = top_log_probs / length_penalty(s.step + 1, alpha)
+  if eos_within_beam:
+    may_end = may_end & (jnp.arange(top_log_probs.shape[1]) < k)
+  new_scores = jnp.where(may_end, new_scores, NEG_INF)
+  pool_scores = jnp.concatenate([s.finished_scores, new_scores], axis=1)
+  pool_ends = jnp.concatenate([s.finished_ends, s.step * k + top_beams], axis=1)
+  finished_scores, finished_pick = jax.lax.top_k(pool_scores, k)
+  return jnp.take_along_axis(pool_ends, finished_pick, axis=1), finished_scores
+
+
 def beam_search(tokens_to_logits: TokensToLogits, cache, *, batch_size: int, beam_size: int,
                 max_decode_len: int, alpha: float = 0.6, eos_id: int = 1,
                 max_lengths: jax.Array | None = None, forced_ids: jax.Array | None = None,
@@ -186,16 +200,8 @@ def beam_search(tokens_to_logits: TokensToLogits, cache, *, batch_size: int, bea
     choices = jax.lax.dynamic_update_index_in_dim(s.choices, choice, s.step, 0)
     cache = _gather_beams(cache, jax.lax.rem(choice, k), b, k)
 
-    # Finished: the best K of those kept so far and those that just ended.
-    new_scores = top_log_probs / length_penalty(s.step + 1, alpha)
-    may_end = ended & ~dead
-    if eos_within_beam:
-      may_end = may_end & (jnp.arange(top_tokens.shape[1]) < k)
-    new_scores = jnp.where(may_end, new_scores, NEG_INF)
-    pool_scores = jnp.concatenate([s.finished_scores, new_scores], axis=1)
-    pool_ends = jnp.concatenate([s.finished_ends, s.step * k + top_beams], axis=1)
-    finished_scores, finished_pick = jax.lax.top_k(pool_scores, k)
-    finished_ends = jnp.take_along_axis(pool_ends, finished_pick, axis=1)
+    finished_ends, finished_scores = _keep_finished(
+        s, top_log_probs, top_beams, ended & ~dead, k, alpha, eos_within_beam)
     return BeamState(s.step + 1, choices, alive_log_probs, finished_ends, finished_scores,
                      cache)
 
