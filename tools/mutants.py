@@ -279,6 +279,8 @@ def main() -> int:
   run["unmutated"], entries = run_all(mutants, args.timeout, len(record["runs"]))
   if not run["unmutated"]["passed"]:
     return 2
+  run["mutants_run"] = len(entries)  # With its seconds: how long a full run takes.
+  run["seconds"] = round(run["unmutated"]["seconds"] + sum(e["seconds"] for e in entries), 1)
   kept = {e["name"]: e for e in record["mutants"]} | {e["name"]: e for e in entries}
   record = {"runs": record["runs"] + [run],
             "mutants": [kept[m.name] for m in MUTANTS if m.name in kept]}
