@@ -6,7 +6,6 @@ marker `<!-- render: rows NAME -->` or `<!-- render: curves NAME -->` takes ARGS
 A bare setting (`<!--{m30k.beam_size}-->`) stays in the doc. Edit a template here, then
 python -m tools.render_docs; --check says which name renders what."""
 
-# flake8: noqa: E501
 FIGURES = {
     # --- README.md: What you will see
     'paper_exact_training_time': r'{run("multi30k_en-de_paper_exact").train_wall_s / 60:.1f} minutes of training',
@@ -31,7 +30,7 @@ FIGURES = {
     'reproduced_validation_bleu_4': r'{run("multi30k_en-de_reproduced").validation_bleu_curve[4][2]:.2f}',
     # --- RESULTS.md: Dropout 0.3 (EN->DE)
     'en_de_6000_step_runs_bleu_spread': r'{(lambda b: max(b) - min(b))([run("multi30k_en-de_" + n).bleu for n in ("d03_6000steps", "6000steps", "4000steps")]):.1f} BLEU',
-    # --- RESULTS.md:   and the same to 7000 and 10000 steps
+    # --- RESULTS.md: Subword regularisation (BPE-dropout), dropout 0.2 (EN->DE)
     'en_de_bpd005_10000steps_b8_a14_bleu': r'{run("multi30k_en-de_bpd0.05_10000steps_b8_a1.4").bleu:.1f}',
     'en_de_bpd005_10000steps_b8_a14_bleu_lowercase': r'{run("multi30k_en-de_bpd0.05_10000steps_b8_a1.4").bleu_lowercase:.1f}',
     'en_de_bpd005_10000steps_b8_a14_chrf': r'{run("multi30k_en-de_bpd0.05_10000steps_b8_a1.4").chrf:.1f}',
@@ -59,7 +58,7 @@ FIGURES = {
     'en_fr_one_command_bleu_below_best': r'{run("multi30k_en-fr_bpd0.02_7000steps").bleu - run("multi30k_en-fr_best_config").bleu:.1f} BLEU below',
     'en_fr_best_config_test_bleu_interval': r'{grep("runs/multi30k_en-fr_best_config/test_bleu_confidence.txt", r"μ = ([\d.]+) ± ([\d.]+)")[0][0]} +- {grep("runs/multi30k_en-fr_best_config/test_bleu_confidence.txt", r"μ = ([\d.]+) ± ([\d.]+)")[0][1]}',
     'en_de_best_config_test_bleu_interval': r'{grep("runs/multi30k_en-de_best_config/test_bleu_confidence.txt", r"μ = ([\d.]+) ± ([\d.]+)")[0][0]} +- {grep("runs/multi30k_en-de_best_config/test_bleu_confidence.txt", r"μ = ([\d.]+) ± ([\d.]+)")[0][1]}',
-    'en_fr_best_config_train_wall_s': r'{run("multi30k_en-fr_best_config").train_wall_s / 60:.1f} minutes',
+    'en_fr_best_config_train_minutes': r'{run("multi30k_en-fr_best_config").train_wall_s / 60:.1f} minutes',
     # --- BENCHMARKS.md: Benchmarks
     'cpu_matmul_peak_gflops': r"{2 * 32 * 2.45:.0f} GFLOP/s in theory",
     # --- BENCHMARKS.md: Train step (`bench/train_step.py`, retired)
@@ -80,7 +79,7 @@ FIGURES = {
     'search_gflop_over_63_steps': r'{sum(search_mflop(m30k.model, load("bench/decode_runs/decode_5.json"))) * 63 / 1000:.1f} GFLOP over',
     # --- BENCHMARKS.md: One search per core (2026-11-26)
     'two_devices_speedup_median': r'{median(r.rows[1].s_per_batch for r in map(load, [f"bench/decode_runs/2026-11-26/run{i}.json" for i in range(1, 6)])) / median(r.rows[3].s_per_batch for r in map(load, [f"bench/decode_runs/2026-11-26/run{i}.json" for i in range(1, 6)])):.2f}x faster',
-    # --- BENCHMARKS.md: runs import_model.py, decode.py and the Translator (--python).
+    # --- BENCHMARKS.md: decode.py against transformers on OPUS-MT's shape (`bench/pretrained_speed.py`, issue 67)
     'pretrained_speed_sentences': r'{bench("pretrained_speed").sentences}',
     'pretrained_speed_mean_output_tokens_ours': r'{bench("pretrained_speed").mean_output_tokens.ours:.1f}',
     'pretrained_speed_mean_output_tokens_transformers': r'{bench("pretrained_speed").mean_output_tokens.transformers:.1f}',
@@ -88,17 +87,17 @@ FIGURES = {
     'pretrained_speed_generate_calls': r'{bench("pretrained_speed").generate_calls}',
     'pretrained_speed_64_sentences': r'{bench("pretrained_speed_64").sentences}',
     'pretrained_speed_64_identical_outputs': r'{bench("pretrained_speed_64").identical_outputs}',
-    'speed_64_before_fit_row_0_vs_transformers': r'{bench("pretrained_speed_64_at_666fe18").rows[0].vs_transformers:.2f}',
-    'speed_64_before_fit_row_1_vs_transformers': r'{bench("pretrained_speed_64_at_666fe18").rows[1].vs_transformers:.2f}',
+    'speed_64_before_fit_decode_py_vs_transformers': r'{bench("pretrained_speed_64_at_666fe18").rows[0].vs_transformers:.2f}',
+    'speed_64_before_fit_translator_vs_transformers': r'{bench("pretrained_speed_64_at_666fe18").rows[1].vs_transformers:.2f}',
     # --- BENCHMARKS.md: Export (`bench/export.py`, issue 47, retired)
-    'export_rows_lines_equal_to_decode_py_row_1': r'{bench("export").rows[1].lines_equal_to_decode_py}',
-    'export_rows_bleu_minus_decode_py_row_2': r'{bench("export").rows[2].bleu_minus_decode_py:+.2f}',
-    'export_rows_speedup_vs_decode_py_row_3': r'{bench("export").rows[3].speedup_vs_decode_py:.2f}',
-    'export_rows_bleu_minus_decode_py_row_3': r'{bench("export").rows[3].bleu_minus_decode_py:+.2f}',
-    'export_greedy_validation_100': r'{bench("export").greedy_validation_100["ctranslate2 int8"]}',
-    'export_rows_speedup_vs_decode_py_row_5': r'{bench("export").rows[5].speedup_vs_decode_py:.2f}',
-    'export_rows_speedup_vs_decode_py_row_4': r'{bench("export").rows[4].speedup_vs_decode_py:.2f}',
-    'export_rows_speedup_vs_decode_py_row_2': r'{bench("export").rows[2].speedup_vs_decode_py:.2f}',
+    'export_stablehlo_lines_equal_to_decode_py': r'{bench("export").rows[1].lines_equal_to_decode_py}',
+    'export_ct2_f32_bleu_minus_decode_py': r'{bench("export").rows[2].bleu_minus_decode_py:+.2f}',
+    'export_ct2_int8_speedup_vs_decode_py': r'{bench("export").rows[3].speedup_vs_decode_py:.2f}',
+    'export_ct2_int8_bleu_minus_decode_py': r'{bench("export").rows[3].bleu_minus_decode_py:+.2f}',
+    'export_ct2_int8_greedy_validation_100': r'{bench("export").greedy_validation_100["ctranslate2 int8"]}',
+    'export_ct2_int8_one_worker_speedup': r'{bench("export").rows[5].speedup_vs_decode_py:.2f}',
+    'export_ct2_f32_one_worker_speedup': r'{bench("export").rows[4].speedup_vs_decode_py:.2f}',
+    'export_ct2_f32_speedup_vs_decode_py': r'{bench("export").rows[2].speedup_vs_decode_py:.2f}',
     # --- BENCHMARKS.md: Input pipeline (`bench/input_pipeline.py`, retired)
     'input_pipeline_tokens_per_s': r'{bench("input_pipeline").tokens_per_s:,.0f}',
     'input_pipeline_nonpad_fraction': r'{bench("input_pipeline").nonpad_fraction:.3f}',
@@ -118,7 +117,7 @@ FIGURES = {
     'scaling_memory_length_exponent_fixed_tokens': r'{bench("scaling").memory_length_exponent_fixed_tokens:.2f}',
     'scaling_step_s_at_length_64': r'{next(p.ms_per_step for p in bench("scaling").by_length if p.length == 64) / 1000:.1f} s at 64',
     'scaling_step_s_at_length_512': r'{next(p.ms_per_step for p in bench("scaling").by_length if p.length == 512) / 1000:.1f} s at 512',
-    # --- BENCHMARKS.md: run C: more of the GPU tests
+    # --- BENCHMARKS.md: One NVIDIA H100, round two (`bench/device_run.sh`, 2026-11-27)
     'h100_readme_job_wall_s': r'{device("2026-11-27_h100_5ecb8c5").readme_job_wall_s:.1f}',
     'h100_readme_job_train_wall_s': r'{device("2026-11-27_h100_5ecb8c5").readme_job_train_wall_s:.1f}',
     'h100_readme_job_decode_wall_s': r'{device("2026-11-27_h100_5ecb8c5").readme_job_decode_wall_s:.1f}',
@@ -173,7 +172,7 @@ FIGURES = {
     'base_config_batch_tokens': r"{load('configs/base.py').batch_tokens}",
     'base_config_rows_per_batch': r"{load('configs/base.py').batch_tokens // load('configs/base.py').max_target_length}",
     'base_rows_at_measured_tokens': r"{24576 // load('configs/base.py').max_target_length} rows of {load('configs/base.py').max_target_length} tokens",
-    # --- docs/decoding.md: {"translations": ["...", "..."]}
+    # --- docs/decoding.md: serve.py: a server and a page
     'serve_option_sets_requests': r'{bench("serve_option_sets").requests}',
     'serve_option_sets_compiles': r'{bench("serve_option_sets").compiles}',
     'serve_option_sets_error_count': r'{bench("serve_option_sets").error_count}',
