@@ -251,9 +251,7 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def _add_routes(app: FastAPI, requests: _Requests, batcher: Batcher, health: dict,
-                languages: tuple[str, str] | None, drain: Drain) -> None:
-  face = libretranslate.LibreTranslate(languages, requests.token, batcher, requests.limits)
-
+                face: libretranslate.LibreTranslate, drain: Drain) -> None:
   @app.get("/", response_class=HTMLResponse)
   async def page():
     return PAGE
@@ -299,9 +297,7 @@ def _add_routes(app: FastAPI, requests: _Requests, batcher: Batcher, health: dic
                          for hyps in found]
     return answer
 
-  @app.get("/frontend/settings")
-  async def frontend_settings():  # Open, as LibreTranslate's.
-    return face.settings()
+  app.add_api_route("/frontend/settings", face.settings)  # Open, as LibreTranslate's.
 
   @app.post("/detect")
   async def detect():  # Not LibreTranslate's 404 page: a line saying why.
@@ -329,6 +325,7 @@ def make_app(translator: Translator, batcher: Batcher, *, workdir: str, token: s
   app.add_middleware(Gate, drain=drain)  # Outside the handlers: it sees CancelledError.
   app.add_middleware(libretranslate.Cors)  # Outermost: the 503s of a drain get its headers.
   _add_error_handlers(app)
+  face = libretranslate.LibreTranslate(languages, token, batcher, limits)
   _add_routes(app, _Requests(batcher, limits, token), batcher,
-              _health(translator, batcher, workdir, limits), languages, drain)
+              _health(translator, batcher, workdir, limits), face, drain)
   return app
