@@ -12,6 +12,14 @@ The aim (issue 60): at 64 clients, >= 70% of the whole-file throughput.
 --option_sets N (issue 68): N requests one after another, each with an alpha no other
 sends, to a serve.py with a fresh compilation cache (capped by --cache_max_mb); after
 each, the server's RSS and the cache's bytes (--json default results/bench/serve_option_sets.json).
+
+--hangups N (issue 74): one server, two phases side by side: --clients live clients
+sending the sentences (the server's default search) while a probe sends requests with
+option sets of their own one after another (each a compile), first alone, then with N
+more clients that each send a request with a new option set and hang up after
+--hangup_s without reading (curl -m 1), again and again. Per phase: the live requests'
+p50/p99, the probe's latencies, the compiles run and skipped, the requests cancelled
+(--json default results/bench/serve_hangups.json).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import http.client
 import json
 import os
 import queue
+import socket
 import subprocess
 import sys
 import threading
@@ -166,6 +175,127 @@ def option_sets(args) -> None:
   write_json(args.json, record)
 
 
+class OptionSets:
+  """Distinct (beam_size, alpha) pairs on serve.py's 0.1 grid from `beams`, not the default's."""
+
+  def __init__(self, beams: tuple[int, ...]):
+    self.pairs = iter([(beam, round(0.1 * k, 1)) for k in range(101) for beam in beams
+                       if (beam, round(0.1 * k, 1)) != (4, 0.6)])
+    self.lock = threading.Lock()
+
+  def next(self) -> dict:
+    with self.lock:
+      beam, alpha = next(self.pairs)
+    return {"beam_size": beam, "alpha": alpha}
+
+
+def hang_up_client(port: int, sets: OptionSets, sentence: str, hangup_s: float,
+                   stop: threading.Event, counts: dict) -> None:
+  """Sends a request with a new option set, waits `hangup_s` for nothing, closes; again."""
+  while not stop.is_set():
+    data = json.dumps({"text": [sentence], **sets.next()}).encode()
+    with socket.create_connection(("127.0.0.1", port)) as connection:
+      connection.sendall(b"POST /translate HTTP/1.1\r\nHost: bench\r\nContent-Type: "
+                         b"application/json\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+      connection.settimeout(hangup_s)
+      try:
+        answered = bool(connection.recv(1))
+      except socket.timeout:
+        answered = False
+    counts["answered" if answered else "hung_up"] += 1
+
+
+def probe(port: int, sets: OptionSets, sentence: str, count: int, stop: threading.Event,
+          seconds: list[float]) -> None:
+  """A live client: `count` requests one after another, each a new option set; then stop."""
+  client = Client(port)
+  for _ in range(count):
+    start_s = time.perf_counter()
+    status, _ = client.call("POST", "/translate", {"text": [sentence], **sets.next()})
+    if status == 200:
+      seconds.append(time.perf_counter() - start_s)
+  stop.set()
+
+
+def live_client(port: int, sentences: list[str], first: int, step: int, stop: threading.Event,
+                seconds: list[float], errors: list[str]) -> None:
+  """Sentences first, first + step, ... (cycling), the server's default search, until stop."""
+  client, i = Client(port), first
+  while not stop.is_set():
+    start_s = time.perf_counter()
+    status, answer = client.call("POST", "/translate", {"text": [sentences[i % len(sentences)]]})
+    seconds.append(time.perf_counter() - start_s)
+    if status != 200:
+      errors.append(f"{status} {answer}")
+    i += step
+
+
+def hangup_phase(args, sentences: list[str], hangups: int, sets: dict) -> dict:
+  """The live clients and the probe, with `hangups` clients hanging up, until the probe ends."""
+  log_path, clients = Path(args.json).with_suffix(".log"), int(args.clients.split(",")[0])
+  start = len(log_path.read_text())
+  stop, counts, probed, live, errors = threading.Event(), {"hung_up": 0, "answered": 0}, [], [], []
+  threads = [threading.Thread(target=probe, args=(args.port, sets["probe"], sentences[0],
+                                                  args.probes, stop, probed))]
+  threads += [threading.Thread(target=live_client, args=(args.port, sentences, i, clients, stop,
+                                                         live, errors)) for i in range(clients)]
+  threads += [threading.Thread(target=hang_up_client, args=(
+      args.port, sets["dead"], sentences[i % len(sentences)], args.hangup_s, stop, counts))
+              for i in range(hangups)]
+  before = Client(args.port).call("GET", "/health")[1]["batching"]
+  started = time.perf_counter()
+  for thread in threads:
+    thread.start()
+  for thread in threads:
+    thread.join()
+  wall = time.perf_counter() - started
+  time.sleep(1.0)  # The last hang-ups' compiles skipped or run, their requests dropped.
+  after = Client(args.port).call("GET", "/health")[1]["batching"]
+  log = log_path.read_text()[start:]
+  live.sort()
+  at = lambda q: 1000 * live[min(len(live) - 1, int(q * len(live)))]  # noqa: E731
+  return {"hangup_clients": hangups, "clients": clients, "wall_s": wall,
+          "live_requests": len(live), "p50_ms": at(0.5), "p99_ms": at(0.99),
+          "max_ms": 1000 * live[-1], "error_count": len(errors), "errors": errors[:5],
+          "probe_s": probed, "probe_max_s": max(probed, default=None),
+          "hangup_requests": counts["hung_up"], "answered_before_hangup": counts["answered"],
+          "compiles_handed": log.count("Compiling SearchConfig"),
+          "compiles_skipped": log.count("Skipped compiling"),
+          "programs_compiled": log.count("Beam search for inputs"),
+          "cancelled": after.get("cancelled", 0) - before.get("cancelled", 0),
+          "searches": after["searches"] - before["searches"],
+          "disconnect_lines": log.count("client disconnected before its answer")}
+
+
+def hangups(args) -> None:
+  """--hangups: live requests' latency without and with clients that hang up (issue 74)."""
+  from flax_transformer import provenance
+  from flax_transformer.data.sources import read_lines
+
+  sentences = read_lines(MULTI30K / "test_2016_flickr.en.gz")[:args.sentences]
+  command = [sys.executable, str(ROOT / "serve.py"), f"--workdir={args.workdir}",
+             f"--port={args.port}", f"--cpu_devices={args.cpu_devices}", "--max_tokens=64",
+             "--max_batch=8", f"--max_wait_ms={args.max_wait_ms}",
+             f"--compilation_cache_dir={args.compilation_cache_dir}"]
+  code = provenance.commit()  # Before the run writes its log beside the JSON.
+  server, ready_s = start(command, Path(args.json).with_suffix(".log"), args.port)
+  sets = {"probe": OptionSets((3,)), "dead": OptionSets((2, 5, 6, 7, 8))}
+  try:
+    rows = [hangup_phase(args, sentences, n, sets) for n in (0, args.hangups)]
+  finally:
+    server.terminate()
+    server.wait(timeout=60)
+  print_table(rows, ["hangup_clients", "clients", "wall_s", "live_requests", "p50_ms", "p99_ms",
+                     "max_ms", "probe_max_s", "hangup_requests", "compiles_handed",
+                     "compiles_skipped", "programs_compiled", "cancelled", "error_count"])
+  record = {"command": bench_command(),
+            "serve_command": " ".join(["python", "serve.py", *command[2:]]),
+            "hangup_s": args.hangup_s, "server_ready_s": ready_s, "rows": rows,
+            "p99_ratio_with_hangups": rows[1]["p99_ms"] / rows[0]["p99_ms"],
+            **code, "packages": provenance.package_versions(), "machine": machine()}
+  write_json(args.json, record)
+
+
 def main():
   flags = parser(__doc__)
   flags.set_defaults(json=str(ROOT / "results/bench/serve.json"))
@@ -181,7 +311,16 @@ def main():
   flags.add_argument("--max_configs", type=int, default=8, help="serve.py's flag (--option_sets)")
   flags.add_argument("--cache_max_mb", type=int, default=4, help="--option_sets: serve.py's "
                      "--compilation_cache_max_mb")
+  flags.add_argument("--hangups", type=int, default=0, help="clients that hang up (issue 74)")
+  flags.add_argument("--probes", type=int, default=3, help="--hangups: requests with new "
+                     "option sets per phase (each a compile); the phase lasts until they are in")
+  flags.add_argument("--hangup_s", type=float, default=1.0, help="--hangups: each waits this "
+                     "long for its answer, then closes (curl -m 1)")
   args = flags.parse_args()
+  if args.hangups:
+    if args.json == str(ROOT / "results/bench/serve.json"):
+      args.json = str(ROOT / "results/bench/serve_hangups.json")
+    return hangups(args)
   if args.option_sets:
     if args.json == str(ROOT / "results/bench/serve.json"):
       args.json = str(ROOT / "results/bench/serve_option_sets.json")
