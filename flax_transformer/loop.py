@@ -18,23 +18,23 @@ from typing import Any
 
 import jax
 
-from flax_transformer import compilation, launch_lock
+from flax_transformer import compilation, host_allocator, launch_lock
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.checkpoints import Checkpointer
 from flax_transformer.data import pipeline as data_lib
 from flax_transformer.data.sources import load_pairs, prepare_datasets
 from flax_transformer.errors import CheckpointSaveError
 from flax_transformer.evaluation import Evaluation
-from flax_transformer import host_allocator
 from flax_transformer.training import distributed, init_from
 from flax_transformer.training import sharding as sharding_lib
 from flax_transformer.training.cadence import work_due_after
-from flax_transformer.training.config_checks import check_config, model_config_from
-from flax_transformer.training.metrics import create_writer, previous_wall_time
+from flax_transformer.training.config_checks import check_config
+from flax_transformer.training.metrics import create_writer
 from flax_transformer.training.profiling import Profile
-from flax_transformer.training.progress import StepMeter, log_line
-from flax_transformer.training.steps import Trainer, train_step_flops
+from flax_transformer.training.progress import StepMeter, log_line, run_meter
+from flax_transformer.training.steps import Trainer
 from flax_transformer.training.stop_request import StopRequest
+from flax_transformer.training.vocabulary import run_vocabulary
 
 # Steps dispatched to the devices that may not have run yet. Dispatch runs ahead of the
 # devices until a value is fetched (the next log step's metrics: 50 steps in the README's
@@ -71,6 +71,20 @@ class Run:
       workdir_lib.check_present(self.workdir, step)
       raise
     self.saved_at = time.monotonic()
+
+  def due_work(self, step: int, state, due) -> dict[str, Any]:
+    """The work `due` (`work_due_after`) after `step`: a save, evaluation, the log line."""
+    workdir_lib.check_present(self.workdir, step)
+    launch_lock.check(self.lock, step, everywhere=True)
+    summary = self.meter.summary(step, self.checkpointer)
+    if due.save:  # Written (asynchronously) while evaluating: a stop then need not wait.
+      self.save(step, state)
+    summary.update(self.evaluation(state.params, due, stop=self.stop.arrived))
+    summary["wall_s"] = self.meter.wall_s()
+    logging.info("%s", log_line(self.config, step, summary))
+    self.writer.write_scalars(step, summary)
+    self.writer.flush()
+    return summary
 
   def close(self, after_error: bool = False) -> None:
     """Waits for the last save, then releases everything setup_run opened (checkpoints,
@@ -125,7 +139,7 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
     logging.info("Data: %s", line)
   train_pairs = load_pairs(config, config.train_split)
   logging.info("Training pairs: %d (%s)", len(train_pairs), config.dataset_name)
-  tokenizer, model_config = _vocabulary(config, workdir, train_pairs, launch, fine_tuning)
+  tokenizer, model_config = run_vocabulary(config, workdir, train_pairs, launch, fine_tuning)
   trainer = trainer or Trainer(model_config, config, mesh)
   trainer.compile_train_step_ahead(train_batching.abstract_batch(process_count,
                                                                  trainer.batch_sharding))
@@ -158,39 +172,9 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
   stop = StopRequest(checkpointer)
   stop.install(start_step)
   opened.callback(stop.uninstall)
-  meter = _step_meter(config, model_config, global_rows, start_step, workdir)
+  meter = run_meter(config, model_config, global_rows, start_step, workdir)
   return Run(config, workdir, trainer, train_iter, checkpointer, evaluation, writer, stop,
              meter, state, start_step, opened, lock=lock)
-
-
-def _vocabulary(config, workdir: workdir_lib.Workdir, train_pairs, launch: dict | None,
-                fine_tuning: init_from.FineTuning | None):
-  """The run's tokenizer (built or loaded) and its model config, whose vocabulary size is
-  the tokenizer's; a fine-tuning run's are its source's. Process 0 records the launch."""
-  if fine_tuning:
-    if jax.process_index() == 0:
-      if not fine_tuning.resuming:
-        init_from.copy_tokenizer(fine_tuning, workdir)
-      _record_launch(config, workdir, fine_tuning.model_config, fine_tuning.vocab_size,
-                     launch, fine_tuning.record_entries())
-    return fine_tuning.tokenizer, fine_tuning.model_config
-  model_config = model_config_from(config)
-  tokenizer = data_lib.build_tokenizer(config, workdir.vocab_file, train_pairs,
-                                       jax.process_index())
-  if tokenizer.vocab_size != model_config.vocab_size:
-    logging.info("Model vocabulary size %d -> %d (the vocabulary's)", model_config.vocab_size,
-                 tokenizer.vocab_size)
-    model_config = model_config.replace(vocab_size=tokenizer.vocab_size)
-  if jax.process_index() == 0:
-    _record_launch(config, workdir, model_config, tokenizer.vocab_size, launch)
-  return tokenizer, model_config
-
-
-def _record_launch(config, workdir: workdir_lib.Workdir, model_config, vocab_size: int,
-                   launch: dict | None, entries: dict | None = None) -> None:
-  workdir_lib.record_launch(workdir, model_config, vocab_size, {
-      **(launch or {}), "config": config.to_dict(), "process_count": jax.process_count()},
-      entries=entries)
 
 
 def _log_devices(config, mesh, process_count: int) -> None:
@@ -200,17 +184,6 @@ def _log_devices(config, mesh, process_count: int) -> None:
                host_allocator.describe(), os.environ.get("XLA_FLAGS", "") or "(none)",
                config.prng_impl, "on" if jax.config.jax_threefry_gpu_kernel_lowering else "off",
                config.cross_entropy_backward)
-
-
-def _step_meter(config, model_config, global_rows: int, start_step: int,
-                workdir: workdir_lib.Workdir) -> StepMeter:
-  # Analytic (XLA's own count differs between backends): gflops_per_s and MFU in the log.
-  step_flops = train_step_flops(model_config, global_rows, config.max_source_length,
-                                config.max_target_length)
-  # Only process 0 logs and writes the wall time: the others need not read every metrics
-  # object of a bucket workdir.
-  return StepMeter(config, step_flops, start_step,
-                   previous_wall_time(workdir) if jax.process_index() == 0 else 0.0)
 
 
 def train_and_evaluate(config, workdir: str, launch: dict | None = None) -> dict[str, Any]:
@@ -247,17 +220,7 @@ def train_and_evaluate(config, workdir: str, launch: dict | None = None) -> dict
         batch = next(run.train_iter)  # Overlaps with the device computing this step.
         continue
 
-      workdir_lib.check_present(run.workdir, step)
-      launch_lock.check(run.lock, step, everywhere=True)
-      summary = run.meter.summary(step, run.checkpointer)
-      if due.save:  # Written (asynchronously) while evaluating: a stop then need not wait.
-        run.save(step, state)
-      summary.update(run.evaluation(state.params, due, stop=run.stop.arrived))
-      summary["wall_s"] = run.meter.wall_s()
-      logging.info("%s", log_line(config, step, summary))
-      run.writer.write_scalars(step, summary)
-      run.writer.flush()
-      last = summary
+      last = run.due_work(step, state, due)
       if run.stop.signal_name and not due.save:  # It arrived while logging or evaluating.
         launch_lock.check(run.lock, step, everywhere=True)  # Evaluating may take minutes.
         run.save(step, state)

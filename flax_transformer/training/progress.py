@@ -13,6 +13,8 @@ import numpy as np
 
 from flax_transformer.checkpoints import Checkpointer
 from flax_transformer.errors import NonFiniteLossError
+from flax_transformer.training.metrics import previous_wall_time
+from flax_transformer.training.steps import train_step_flops
 
 
 def format_duration(seconds: float) -> str:
@@ -87,6 +89,16 @@ class StepMeter:
         summary["mfu"] = summary["gflops_per_s"] * 1e9 / self.peak
     self.pending = []
     return summary
+
+
+def run_meter(config, model_config, global_rows: int, start_step: int, workdir) -> StepMeter:
+  """A run's meter: analytic FLOPs per step (XLA's own count differs between backends:
+  gflops_per_s and MFU in the log) and the wall time of earlier launches (process 0's
+  only: the others need not read every metrics object of a bucket workdir)."""
+  step_flops = train_step_flops(model_config, global_rows, config.max_source_length,
+                                config.max_target_length)
+  return StepMeter(config, step_flops, start_step,
+                   previous_wall_time(workdir) if jax.process_index() == 0 else 0.0)
 
 
 def log_line(config, step: int, summary: dict[str, float]) -> str:
