@@ -24,6 +24,7 @@ from starlette.requests import ClientDisconnect
 from flax_transformer import provenance
 from flax_transformer.errors import ConfigError
 from flax_transformer.serving import auth, hangup, libretranslate
+from flax_transformer.serving.asgi import TrackedSend
 from flax_transformer.serving.batcher import Batcher
 from flax_transformer.serving.drain import Drain, Gate
 from flax_transformer.serving.errors import RequestError
@@ -79,19 +80,13 @@ class CatchAll:
   async def __call__(self, scope, receive, send):
     if scope["type"] != "http":
       return await self.app(scope, receive, send)
-    started = False
-
-    async def send_tracked(message):
-      nonlocal started
-      started = started or message["type"] == "http.response.start"
-      await send(message)
-
+    tracked = TrackedSend(send)
     try:
-      await self.app(scope, receive, send_tracked)
+      await self.app(scope, receive, tracked)
     except Exception as e:  # noqa: BLE001 - the one place every other error ends up.
       what = " ".join(f"{type(e).__name__}: {e}".split())
       log.error("500 %s %s: %s", scope.get("method"), scope.get("path"), what)
-      if not started:
+      if not tracked.started:
         await JSONResponse({"error": f"internal error: {what}"}, status_code=500)(
             scope, receive, send)
 

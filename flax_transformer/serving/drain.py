@@ -20,6 +20,8 @@ import time
 import uvicorn
 from fastapi.responses import JSONResponse
 
+from flax_transformer.serving.asgi import TrackedSend
+
 log = logging.getLogger("flax_transformer.serving")
 
 REFUSED = "the server is shutting down: send this request to another server, or again later"
@@ -71,20 +73,14 @@ class Gate:
     if drain.draining:
       drain.refused += 1
       return await _answer_503(REFUSED, scope, receive, send)
-    started = False
-
-    async def send_tracked(message):
-      nonlocal started
-      started = started or message["type"] == "http.response.start"
-      await send(message)
-
+    tracked = TrackedSend(send)
     drain.in_flight += 1
     try:
-      await self.app(scope, receive, send_tracked)
+      await self.app(scope, receive, tracked)
       drain.drained += drain.draining
     except asyncio.CancelledError:  # uvicorn's shutdown, at the drain's end.
       drain.cut += 1
-      if not started:
+      if not tracked.started:
         await _answer_503(CUT_OFF, scope, receive, send)
     finally:
       drain.in_flight -= 1
