@@ -1,0 +1,39 @@
+"""ISO 639 codes (what LibreTranslate's clients send) <-> models' codes (NLLB-200's
+eng_Latn, M2M100's en): flax_transformer.language_codes, against ISO 639's own tables
+(639-1 two-letter codes of the 639-3 languages NLLB names) and the scripts CLDR gives."""
+
+from flax_transformer import language_codes
+from flax_transformer.pretrained.m2m100_tokenizer import M2M100_CODES
+
+# A slice of NLLB-200's codes (transformers' FAIRSEQ_LANGUAGE_CODES), with the two-script
+# and macrolanguage cases.
+NLLB = ["eng_Latn", "deu_Latn", "fra_Latn", "zho_Hans", "zho_Hant", "yue_Hant", "arb_Arab",
+        "arb_Latn", "ars_Arab", "zsm_Latn", "pes_Arab", "aka_Latn", "twi_Latn", "srp_Cyrl",
+        "kas_Arab", "kas_Deva", "ace_Arab", "ace_Latn", "nob_Latn", "swh_Latn"]
+
+
+def test_iso_forms_of_nllb_codes():
+  table = language_codes.aliases(NLLB)
+  # ISO 639-1 where the language (or its macrolanguage) has one; a second script named.
+  assert {code: form for form, code in table.items()} == {
+      "eng_Latn": "en", "deu_Latn": "de", "fra_Latn": "fr", "zho_Hans": "zh",
+      "zho_Hant": "zh-Hant", "yue_Hant": "yue", "arb_Arab": "ar", "arb_Latn": "ar-Latn",
+      "ars_Arab": "ars", "zsm_Latn": "ms", "pes_Arab": "fa", "aka_Latn": "ak",
+      "twi_Latn": "tw", "srp_Cyrl": "sr", "kas_Arab": "ks", "kas_Deva": "ks-Deva",
+      "ace_Arab": "ace-Arab", "ace_Latn": "ace", "nob_Latn": "nb", "swh_Latn": "sw"}
+
+
+def test_both_forms_resolve_in_any_spelling():
+  for asked, want in (("en", "eng_Latn"), ("eng_Latn", "eng_Latn"), ("EN", "eng_Latn"),
+                      ("zh", "zho_Hans"), ("zh-Hant", "zho_Hant"), ("zh_Hant", "zho_Hant"),
+                      ("eng", "eng_Latn"), ("xx", None), ("de", "deu_Latn")):
+    assert language_codes.resolve(asked, NLLB) == want, asked
+  # M2M100's codes are ISO 639-1 already: each is its own form.
+  codes = M2M100_CODES["m2m100"]
+  assert all(language_codes.resolve(c, codes) == c for c in codes)
+  assert language_codes.resolve("__de__", codes) == "de"
+
+
+def test_listed_gives_the_iso_form_where_one_exists():
+  assert language_codes.listed(["eng_Latn", "zho_Hans", "zho_Hant"]) == [
+      ("en", "eng_Latn"), ("zh", "zho_Hans"), ("zh-Hant", "zho_Hant")]
