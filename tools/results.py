@@ -22,7 +22,7 @@ from pathlib import Path
 from tools.common import MULTI30K, print_table, write_json
 
 
-def main():
+def flags() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--workdir", required=True, help="a trained Multi30k workdir")
   parser.add_argument("--ensemble", default="",
@@ -40,8 +40,11 @@ def main():
                            "its launch records")
   parser.add_argument("--out", help="write the results JSON here (and its hypotheses beside "
                                     "it, as .hyp)")
-  args = parser.parse_args()
+  return parser
 
+
+def main():
+  args = flags().parse_args()
   import jax
 
   from flax_transformer import provenance
@@ -91,26 +94,46 @@ def main():
       "decoded_by": provenance.describe(jax.devices()),
   }
   if ensemble:
-    commands = args.command + [""] * (len(workdirs) - len(args.command))
-    result["members"] = [
-        {"workdir": w, "steps": r[-1]["step"], "train_wall_s": r[-1]["wall_s"],
-         "dropout_rate": json.loads((Path(w) / "run.json").read_text())["model"]["dropout_rate"],
-         "averaged_checkpoints": steps, "command": c}
-        for w, r, steps, c in zip(workdirs, all_records, translator.checkpoint_steps, commands)]
+    result["members"] = _members(workdirs, all_records, translator.checkpoint_steps, args.command)
+  result.update(_time_to_bleu(records))
+  _report(args, result, hypotheses, len(workdirs) if ensemble else 0)
+
+
+def _members(workdirs: list[str], all_records: list[list[dict]], steps, commands: list[str]
+             ) -> list[dict]:
+  """An ensemble's members: each workdir's steps, wall time, dropout, averaged checkpoints
+  and training command (--command, in --workdir, --ensemble order; '' when not given)."""
+  commands = commands + [""] * (len(workdirs) - len(commands))
+  return [{"workdir": w, "steps": r[-1]["step"], "train_wall_s": r[-1]["wall_s"],
+           "dropout_rate": json.loads((Path(w) / "run.json").read_text())["model"]["dropout_rate"],
+           "averaged_checkpoints": s, "command": c}
+          for w, r, s, c in zip(workdirs, all_records, steps, commands)]
+
+
+def _time_to_bleu(records: list[dict]) -> dict:
+  """The wall time and step at which validation (and test, when logged) BLEU first reached
+  30 and 35, and the test BLEU curve when there is one."""
+  out = {}
   for target in (30, 35):
     for key, name in (("bleu", "validation"), ("test_bleu", "test")):
       hit = next((r for r in records if r.get(key, 0) >= target), None)
-      result[f"wall_s_to_{name}_bleu_{target}"] = hit["wall_s"] if hit else None
-      result[f"step_to_{name}_bleu_{target}"] = hit["step"] if hit else None
+      out[f"wall_s_to_{name}_bleu_{target}"] = hit["wall_s"] if hit else None
+      out[f"step_to_{name}_bleu_{target}"] = hit["step"] if hit else None
   if any("test_bleu" in r for r in records):
-    result["test_bleu_curve"] = [(r["step"], round(r["wall_s"]), round(r["test_bleu"], 2))
-                                 for r in records if "test_bleu" in r]
+    out["test_bleu_curve"] = [(r["step"], round(r["wall_s"]), round(r["test_bleu"], 2))
+                              for r in records if "test_bleu" in r]
+  return out
+
+
+def _report(args, result: dict, hypotheses: list[str], members: int) -> None:
+  """Prints the scores; writes the hypotheses into the workdir (and beside --out) and the
+  record to --out."""
   print_table([result], ["pair", "bleu", "bleu_lowercase", "chrf", "steps", "train_wall_s",
                          "wall_s_to_validation_bleu_30", "wall_s_to_validation_bleu_35",
                          "wall_s_to_test_bleu_30", "wall_s_to_test_bleu_35"])
   print(result["bleu_signature"])
   search = "" if (args.beam_size, args.alpha) == (4, 0.6) else f".b{args.beam_size}.a{args.alpha}"
-  search += f".ensemble{len(workdirs)}" if ensemble else ""
+  search += f".ensemble{members}" if members else ""
   text = "\n".join(hypotheses) + "\n"
   Path(args.workdir, f"test_2016_flickr{search}.hyp").write_text(text)
   if args.out:  # Beside the JSON, to be committed: anyone can re-score it with sacrebleu.
