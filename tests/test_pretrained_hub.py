@@ -136,28 +136,60 @@ def opus_mt_2020_folder(tmp_path: Path) -> Path:
 
 def test_hub_folders_import_and_translate_as_transformers(tmp_path):
   """A folder saved by transformers 4.57 (its tokenizer_config.json with
-  clean_up_tokenization_spaces=true) and one with the 2020-21 OPUS-MT config.json keys
-  import; token ids, greedy outputs (ids and text) and summed log-probabilities are
-  transformers' (1e-3); each records its languages."""
-  folders = {"marian_v4": (FIXTURES / "marian_v4",
-                           json.loads((FIXTURES / "marian_v4" / "references.json").read_text())),
-             "opus_mt_2020": (opus_mt_2020_folder(tmp_path),
-                              json.loads((HUB / "opus_mt_2020.json").read_text())["references"])}
-  assert folders["marian_v4"][1]["transformers"].startswith("4.")
-  for name, (folder, ref) in folders.items():
-    workdir = tmp_path / f"{name}_run"
-    importer.import_model(folder, workdir)
-    translator = Translator.from_workdir(workdir, search=SearchConfig(max_extra=20, beam_size=1),
-                                         devices=jax.devices()[:1])
-    vocab = id_map(folder, workdir / "tokenizer", "vocab.json")
-    for source, ids in zip(ref["sources"], ref["source_ids"]):
-      assert translator.tokenizer.source.tokenize(source).tolist() == vocab[ids].tolist()
-    scores = translator.score(ref["sources"], ref["targets"])
-    np.testing.assert_allclose([s for s, _ in scores], ref["log_probs"], atol=1e-3, rtol=0)
-    sources = [vocab[ids].astype(np.int32) for ids in ref["source_ids"]]
-    expected = [[i for i in vocab[ids].tolist() if i != EOS_ID] for ids in ref["greedy"]]
-    assert [h[0][0] for h in translator.translate_nbest_ids(sources)] == expected
-    assert [h[0][0] for h in translator.translate_nbest(ref["sources"])] == ref["greedy_text"]
-    # marian_swish_shared's vocabulary has >>deu<< and >>fra<<: a multilingual target side.
-    languages = workdir_lib.languages(workdir)
-    assert (languages.sources, languages.targets) == (("en",), ("deu", "fra")), name
+  clean_up_tokenization_spaces=true) imports; token ids, greedy outputs (ids and text) and
+  summed log-probabilities are transformers' (1e-3). A folder with the 2020-21 OPUS-MT
+  config.json keys over the same weights imports to the same model, whose outputs
+  transformers 5 gives under that config; each records its languages."""
+  folder = FIXTURES / "marian_v4"
+  ref = json.loads((folder / "references.json").read_text())
+  assert ref["transformers"].startswith("4.")
+  workdir = tmp_path / "marian_v4_run"
+  importer.import_model(folder, workdir)
+  translator = Translator.from_workdir(workdir, search=SearchConfig(max_extra=20, beam_size=1),
+                                       devices=jax.devices()[:1])
+  vocab = id_map(folder, workdir / "tokenizer", "vocab.json")
+  for source, ids in zip(ref["sources"], ref["source_ids"]):
+    assert translator.tokenizer.source.tokenize(source).tolist() == vocab[ids].tolist()
+  scores = translator.score(ref["sources"], ref["targets"])
+  np.testing.assert_allclose([s for s, _ in scores], ref["log_probs"], atol=1e-3, rtol=0)
+  sources = [vocab[ids].astype(np.int32) for ids in ref["source_ids"]]
+  found = [h[0][0] for h in translator.translate_nbest_ids(sources)]
+  assert found == [[i for i in vocab[ids].tolist() if i != EOS_ID] for ids in ref["greedy"]]
+  assert [translator.tokenizer.target.detokenize(ids) for ids in found] == ref["greedy_text"]
+  # marian_swish_shared's vocabulary has >>deu<< and >>fra<<: a multilingual target side.
+  languages = workdir_lib.languages(workdir)
+  assert (languages.sources, languages.targets) == (("en",), ("deu", "fra"))
+
+  hub = json.loads((HUB / "opus_mt_2020.json").read_text())
+  old = importer.import_folder(opus_mt_2020_folder(tmp_path))
+  new = importer.import_folder(folder)
+  assert old.model_config.replace(dropout_rate=0.0) == new.model_config  # 2020's rate: 0.1.
+  jax.tree.map(np.testing.assert_array_equal, old.params, new.params)
+  theirs = hub["references"]  # transformers 5 under the 2020 config, on the same sentences.
+  assert theirs["sources"] == ref["sources"] and theirs["greedy"] == ref["greedy"]
+  np.testing.assert_allclose(theirs["log_probs"], ref["log_probs"], atol=1e-4, rtol=0)
+  directory = tmp_path / "opus_mt_2020_tokenizer"
+  directory.mkdir()
+  for name, data in old.tokenizer_files.items():
+    (directory / name).write_bytes(data)
+  tokenizer = tokenizers.load(directory, old.tokenizer_spec)  # No clean-up: 2020's default.
+  assert [tokenizer.target.detokenize(ids) for ids in found] == theirs["greedy_text"]
+  assert (old.languages.sources, old.languages.targets) == (("en",), ("deu", "fra"))
+
+
+@pytest.mark.parametrize("name", ["marian_gelu_separate", "fsmt"])
+def test_configs_saved_by_transformers_4_import_as_5s_do(tmp_path, name):
+  """The fixture's config.json and tokenizer_config.json as transformers 4.57 saves them
+  (hub/saved_by_4.json) give the model 5.24's files give, and the tokenizer with
+  clean_up_tokenization_spaces."""
+  saved = json.loads((HUB / "saved_by_4.json").read_text())
+  assert saved["transformers"].startswith("4.")
+  folder = tmp_path / name
+  shutil.copytree(FIXTURES / name, folder)
+  for file, content in saved[name].items():
+    (folder / file).write_text(json.dumps(content))
+  old, new = importer.import_folder(folder), importer.import_folder(FIXTURES / name)
+  assert old.model_config == new.model_config
+  jax.tree.map(np.testing.assert_array_equal, old.params, new.params)
+  assert old.tokenizer_spec == {**new.tokenizer_spec, "clean_up_tokenization_spaces": True}
+  assert old.tokenizer_files == new.tokenizer_files
