@@ -27,10 +27,20 @@ from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from flax_transformer.errors import ConfigError
 from flax_transformer.export import layout, write_manifest, write_vocabulary
 from flax_transformer.export.runner import CT2_FORMAT
+from flax_transformer.network import config_fields
+from flax_transformer.network.activations import ACTIVATIONS
 from flax_transformer.network.config import TransformerConfig
 
-# TransformerConfig.activation -> ctranslate2.specs.common_spec.Activation.
-CT2_ACTIVATIONS = {"relu": "RELU", "swish": "SWISH", "gelu": "GELU", "gelu_tanh": "GELUTanh"}
+# The computed config fields (network/config_fields.py) this export writes: any other
+# away from its default is refused. Cannot express: d_k != d_v, or an activation
+# CTranslate2 lacks (network/activations.py's ctranslate2 column).
+HANDLED = frozenset({
+    "vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v", "num_layers",
+    "num_encoder_layers", "num_decoder_layers", "max_len", "share_embeddings",
+    "attention_bias", "positional", "norm", "layer_norm_epsilon", "activation",
+    "scale_embedding", "position_layout", "position_frequencies", "position_offset",
+    "final_logits_bias", "source_vocab_size", "tie_target_embedding", "decoder_start_id",
+    "start_from_zero_embedding"})
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16", "bfloat16")
 
 
@@ -70,6 +80,19 @@ def _set_ffn(spec, layer: layout.Layer) -> None:
   _set_norm(spec.layer_norm, layer.ffn_norm)
 
 
+def check(config: TransformerConfig) -> None:
+  """ConfigError naming what CTranslate2 cannot express, before anything is written."""
+  problem = config_fields.unhandled_field(config, HANDLED)
+  if problem and problem[2] == "unclassified":
+    raise ConfigError(f"--format=ctranslate2: {config_fields.unclassified_message(problem[0])}")
+  if problem:
+    raise ConfigError(f"--format=ctranslate2: this model's {problem[0]}={problem[1]!r} has no "
+                      "equivalent in CTranslate2's TransformerSpec")
+  if ACTIVATIONS[config.activation].ctranslate2 is None:
+    raise ConfigError(f"--format=ctranslate2: CTranslate2 has no {config.activation} "
+                      "activation")
+
+
 def build_spec(config: TransformerConfig, params: dict[str, Any], tokenizer: Tokenizer):
   """Our parameters in a ctranslate2.specs.TransformerSpec (vocabulary registered)."""
   _require_ctranslate2()
@@ -80,11 +103,13 @@ def build_spec(config: TransformerConfig, params: dict[str, Any], tokenizer: Tok
     raise ConfigError(f"CTranslate2 needs d_k = d_v = d_model / num_heads; this model has "
                       f"d_k={config.head_dim_k}, d_v={config.head_dim_v}, "
                       f"d_model={config.d_model}, num_heads={config.num_heads}")
+  check(config)
   ours = layout.unpack(config, params)
   pre_norm = config.norm == "pre"
   spec = transformer_spec.TransformerSpec.from_config(
       (config.encoder_layers, config.decoder_layers), config.num_heads, pre_norm=pre_norm,
-      activation=getattr(common_spec.Activation, CT2_ACTIVATIONS[config.activation]))
+      activation=getattr(common_spec.Activation,
+                         ACTIVATIONS[config.activation].ctranslate2))
   spec.config.layer_norm_epsilon = config.layer_norm_epsilon
   encoder, decoder = spec.encoder, spec.decoder
   encoder.embeddings[0].weight = ours.encoder.embedding

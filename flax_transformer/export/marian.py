@@ -63,7 +63,6 @@ How our model becomes transformers' Marian (models/marian/modeling_marian.py, 5.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -74,14 +73,16 @@ import numpy as np
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from flax_transformer.errors import ConfigError
 from flax_transformer.export import layout, write_manifest
+from flax_transformer.network import config_fields
+from flax_transformer.network.activations import ACTIVATIONS
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.layers import sinusoidal_position_encoding
 
 FORMAT = "flax_transformer.transformers/1"
 LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default, which Marian's layers keep.
-# Config fields that change nothing transformers' Marian computes in inference, or that
-# `convert` maps; any other field away from its default is refused, named, so that a
-# field added to the model is never exported as if it were not there.
+# The computed config fields (network/config_fields.py) this export writes; any other
+# away from its default is refused, named, so that a field added to the model is never
+# exported as if it were not there. Cannot express: pre-norm, learned positions, d_k != d_v.
 # position_layout, position_frequencies and position_offset are checked on the table the
 # model adds (`permutation`).
 MAPPED = {"vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v", "num_layers",
@@ -90,20 +91,16 @@ MAPPED = {"vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v", "num_layer
           "attention_dropout_rate", "activation", "scale_embedding", "position_layout",
           "position_frequencies", "position_offset", "final_logits_bias", "source_vocab_size",
           "tie_target_embedding", "decoder_start_id", "start_from_zero_embedding"}
-NOT_COMPUTED = {"dtype", "param_dtype", "deterministic", "decode", "share_beam_cache",
-                "attention_implementation"}
-ACTIVATIONS = {"relu": "relu", "swish": "swish", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}
 
 
 def check(config: TransformerConfig) -> None:
   """ConfigError naming what Marian cannot express, before anything is written."""
-  defaults = TransformerConfig()
-  for field in dataclasses.fields(config):
-    if (field.name not in MAPPED | NOT_COMPUTED and
-        getattr(config, field.name) != getattr(defaults, field.name)):
-      raise ConfigError(f"--format=transformers: this model's {field.name}="
-                        f"{getattr(config, field.name)!r} has no equivalent in transformers' "
-                        "Marian export")
+  problem = config_fields.unhandled_field(config, MAPPED)
+  if problem and problem[2] == "unclassified":
+    raise ConfigError(f"--format=transformers: {config_fields.unclassified_message(problem[0])}")
+  if problem:
+    raise ConfigError(f"--format=transformers: this model's {problem[0]}={problem[1]!r} has "
+                      "no equivalent in transformers' Marian export")
   if config.norm != "post":
     raise ConfigError("--format=transformers: this model is pre-norm; transformers' Marian "
                       "is post-norm only (no final LayerNorm)")
@@ -203,7 +200,7 @@ def marian_config(config: TransformerConfig) -> dict[str, Any]:
       "d_model": config.d_model, "encoder_layers": config.encoder_layers,
       "decoder_layers": config.decoder_layers, "encoder_attention_heads": config.num_heads,
       "decoder_attention_heads": config.num_heads, "encoder_ffn_dim": config.d_ff,
-      "decoder_ffn_dim": config.d_ff, "activation_function": ACTIVATIONS[config.activation],
+      "decoder_ffn_dim": config.d_ff, "activation_function": ACTIVATIONS[config.activation].transformers[0],
       "max_position_embeddings": config.max_len, "scale_embedding": config.scale_embedding,
       "share_encoder_decoder_embeddings": config.share_embeddings,
       "tie_word_embeddings": config.share_embeddings or config.tie_target_embedding,

@@ -7,9 +7,10 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
+from flax_transformer.network.activations import ACTIVATIONS
+
 POSITIONAL = ("sinusoidal", "learned")
 NORMS = ("post", "pre")
-ACTIVATIONS = ("relu", "swish", "gelu", "gelu_tanh")
 POSITION_LAYOUTS = ("interleaved", "halves")
 POSITION_FREQUENCIES = ("paper", "fairseq")
 
@@ -111,7 +112,7 @@ class TransformerConfig:
                       f"{self.attention_implementation!r}")
     if self.norm not in NORMS:
       problems.append(f"norm must be one of {NORMS}, got {self.norm!r}")
-    for name, allowed in (("activation", ACTIVATIONS), ("position_layout", POSITION_LAYOUTS),
+    for name, allowed in (("activation", tuple(ACTIVATIONS)), ("position_layout", POSITION_LAYOUTS),
                           ("position_frequencies", POSITION_FREQUENCIES)):
       if getattr(self, name) not in allowed:
         problems.append(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")

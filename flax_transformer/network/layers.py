@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from flax_transformer.network.activations import ACTIVATIONS
 from flax_transformer.network.attention import MultiHeadAttention
 from flax_transformer.network.config import TransformerConfig
 
@@ -120,11 +121,6 @@ def _tied_projection_bwd(residuals, g):
 tied_projection.defvjp(_tied_projection_fwd, _tied_projection_bwd)
 
 
-ACTIVATIONS = {"relu": nn.relu, "swish": nn.swish,
-               "gelu": lambda x: nn.gelu(x, approximate=False),
-               "gelu_tanh": lambda x: nn.gelu(x, approximate=True)}
-
-
 class FeedForward(nn.Module):
   """FFN(x) = max(0, x W1 + b1) W2 + b2 (paper eq. 2; another `activation` in place of
   max(0, .)): [B, T, D] -> [B, T, D]."""
@@ -139,7 +135,7 @@ class FeedForward(nn.Module):
                      nn.initializers.xavier_uniform(), ("embed", "mlp")),
                  bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)),
                  name="w1")(x)
-    h = ACTIVATIONS[cfg.activation](h)
+    h = ACTIVATIONS[cfg.activation].fn(h)
     h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
     out = nn.Dense(cfg.d_model, dtype=cfg.dtype, param_dtype=cfg.param_dtype,
                    kernel_init=nn.with_logical_partitioning(

@@ -22,6 +22,7 @@ import numpy as np
 from flax_transformer import new_workdir, storage
 from flax_transformer.errors import DataError
 from flax_transformer.languages import Languages
+from flax_transformer.network.activations import FROM_TRANSFORMERS
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.pretrained import tokenizers
 # Keys of every transformers folder (PretrainedConfig's, PreTrainedTokenizerBase's).
@@ -162,8 +163,7 @@ def must_be_int(minimum: int) -> Rule:
 
 
 # activation_function (transformers' ACT2FN names) -> TransformerConfig.activation.
-ACTIVATIONS = {"swish": "swish", "silu": "swish", "gelu": "gelu", "relu": "relu",
-               "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+ACTIVATIONS = FROM_TRANSFORMERS  # network/activations.py's table, read backwards.
 MAX_POSITIONS = 1 << 16  # A position table beyond it is a typo, not a model (memory).
 TRAINING_ONLY = "training only (dropout, layer drop, initialisation): not the function"
 # The fields MarianConfig and FSMTConfig (BART's family) share, as `check_fields` reads

@@ -27,6 +27,7 @@ from flax_transformer.errors import DataError
 from flax_transformer.languages import Languages
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.layers import sinusoidal_position_encoding
+from flax_transformer.pretrained import bart_config
 from flax_transformer.pretrained import convert
 from flax_transformer.pretrained.fsmt_tokenizer import FILES, SPECIALS, read_merges
 
@@ -139,11 +140,6 @@ def model_config_from(config: dict, where: Path, *, source_size: int, target_siz
     if alias in config and config[alias] != config[field]:
       raise DataError(f"{where}: {alias}={config[alias]} and {field}={config[field]} differ "
                       "(transformers reads the one as the other)")
-  for a, b in (("encoder_ffn_dim", "decoder_ffn_dim"),
-               ("encoder_attention_heads", "decoder_attention_heads")):
-    if config[a] != config[b]:
-      raise DataError(f"{where}: {a}={config[a]} and {b}={config[b]} differ; this model has "
-                      "one value for both")
   shared = config["tie_word_embeddings"]
   if shared and source_size != target_size:
     raise DataError(f"{where}: tie_word_embeddings=True ties the source ({source_size}) and "
@@ -151,23 +147,16 @@ def model_config_from(config: dict, where: Path, *, source_size: int, target_siz
   pad = config["pad_token_id"]
   if not isinstance(pad, int) or pad < 0:
     raise DataError(f"{where}: pad_token_id={pad!r} is not an id")
-  d_model, heads = config["d_model"], config["encoder_attention_heads"]
-  if d_model % heads:
-    raise DataError(f"{where}: d_model={d_model} is not divisible by the {heads} heads")
-  try:
-    return TransformerConfig(
-        vocab_size=target_size, source_vocab_size=None if shared else source_size,
-        d_model=d_model, d_ff=config["encoder_ffn_dim"], num_heads=heads,
-        num_layers=config["encoder_layers"], num_decoder_layers=config["decoder_layers"],
-        dropout_rate=config["dropout"], attention_dropout_rate=config["attention_dropout"],
-        max_len=config["max_position_embeddings"], share_embeddings=shared,
-        attention_bias=True, norm="post", layer_norm_epsilon=1e-5,
-        activation=convert.ACTIVATIONS[config["activation_function"]],
-        scale_embedding=config["scale_embedding"], position_layout="halves",
-        position_frequencies="fairseq", position_offset=pad + 1,
-        decoder_start_id=decoder_start_id)
-  except ValueError as e:
-    raise DataError(f"{where}: {e}") from None
+  return bart_config.model_config_from(
+      config, where, same=bart_config.SAME[:2], vocab_size=target_size,
+      source_vocab_size=None if shared else source_size, d_model=config["d_model"],
+      d_ff=config["encoder_ffn_dim"], num_heads=config["encoder_attention_heads"],
+      num_layers=config["encoder_layers"], num_decoder_layers=config["decoder_layers"],
+      dropout_rate=config["dropout"], attention_dropout_rate=config["attention_dropout"],
+      max_len=config["max_position_embeddings"], share_embeddings=shared, norm="post",
+      activation=convert.ACTIVATIONS[config["activation_function"]],
+      scale_embedding=config["scale_embedding"], position_frequencies="fairseq",
+      position_offset=pad + 1, decoder_start_id=decoder_start_id)
 
 
 def _params(weights: dict, model_config: TransformerConfig, source_order: np.ndarray,

@@ -25,6 +25,7 @@ from flax_transformer.errors import DataError
 from flax_transformer.languages import Languages
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.layers import sinusoidal_position_encoding
+from flax_transformer.pretrained import bart_config
 from flax_transformer.pretrained import convert
 from flax_transformer.pretrained import m2m100_tokenizer as tok
 from flax_transformer.pretrained import weights as streamed
@@ -153,29 +154,15 @@ def _nllb_added(folder: Path, tokenizer_config: dict, model) -> dict[int, str]:
 
 def model_config_from(config: dict, where: Path, *, decoder_start_id: int) -> TransformerConfig:
   """The TransformerConfig of an M2M100Config (`config`: config.json over DEFAULTS)."""
-  for a, b in (("encoder_ffn_dim", "decoder_ffn_dim"),
-               ("encoder_attention_heads", "decoder_attention_heads"),
-               ("encoder_layers", "num_hidden_layers")):
-    if b in config and config[a] != config[b]:
-      raise DataError(f"{where}: {a}={config[a]} and {b}={config[b]} differ; this model has "
-                      "one value for both")
-  d_model, heads = config["d_model"], config["encoder_attention_heads"]
-  if d_model % heads:
-    raise DataError(f"{where}: d_model={d_model} is not divisible by the {heads} heads")
-  try:
-    return TransformerConfig(
-        vocab_size=config["vocab_size"], d_model=d_model, d_ff=config["encoder_ffn_dim"],
-        num_heads=heads, num_layers=config["encoder_layers"],
-        num_decoder_layers=config["decoder_layers"], dropout_rate=config["dropout"],
-        attention_dropout_rate=config["attention_dropout"],
-        max_len=config["max_position_embeddings"], share_embeddings=True,
-        attention_bias=True, norm="pre", layer_norm_epsilon=1e-5,
-        activation=convert.ACTIVATIONS[config["activation_function"]],
-        scale_embedding=config["scale_embedding"], position_layout="halves",
-        position_frequencies="fairseq", position_offset=config["pad_token_id"] + 1,
-        decoder_start_id=decoder_start_id)
-  except ValueError as e:
-    raise DataError(f"{where}: {e}") from None
+  return bart_config.model_config_from(
+      config, where, vocab_size=config["vocab_size"], d_model=config["d_model"],
+      d_ff=config["encoder_ffn_dim"], num_heads=config["encoder_attention_heads"],
+      num_layers=config["encoder_layers"], num_decoder_layers=config["decoder_layers"],
+      dropout_rate=config["dropout"], attention_dropout_rate=config["attention_dropout"],
+      max_len=config["max_position_embeddings"], share_embeddings=True, norm="pre",
+      activation=convert.ACTIVATIONS[config["activation_function"]],
+      scale_embedding=config["scale_embedding"], position_frequencies="fairseq",
+      position_offset=config["pad_token_id"] + 1, decoder_start_id=decoder_start_id)
 
 
 def _params(weights: dict, model_config: TransformerConfig, order: np.ndarray, pad: int,

@@ -20,6 +20,7 @@ from flax_transformer import languages
 from flax_transformer.errors import DataError
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.layers import sinusoidal_position_encoding
+from flax_transformer.pretrained import bart_config
 from flax_transformer.pretrained import convert
 
 ARCHITECTURE = "marian"
@@ -136,36 +137,22 @@ def import_folder(folder: Path) -> convert.Imported:
 def model_config_from(config: dict, where: Path, *, shared: bool, source_size: int,
                       target_size: int, decoder_start_id: int) -> TransformerConfig:
   """The TransformerConfig of a MarianConfig (as its config.json holds it)."""
-  same = [("encoder_ffn_dim", "decoder_ffn_dim"),
-          ("encoder_attention_heads", "decoder_attention_heads"),
-          ("encoder_layers", "num_hidden_layers")]
-  for a, b in same:
-    if a in config and b in config and config[a] != config[b]:
-      raise DataError(f"{where}: {a}={config[a]} and {b}={config[b]} differ; this model has "
-                      "one value for both")
   tied = config.get("tie_word_embeddings", True)
   if shared and not tied:
     raise DataError(f"{where}: tie_word_embeddings=False with shared embeddings has no "
                     "equivalent here (an output matrix apart from one shared embedding)")
-  d_model, heads = config.get("d_model", 1024), config.get("encoder_attention_heads", 16)
-  if d_model % heads:
-    raise DataError(f"{where}: d_model={d_model} is not divisible by the {heads} heads")
-  try:
-    return TransformerConfig(
-        vocab_size=target_size, source_vocab_size=None if shared else source_size,
-        d_model=d_model, d_ff=config.get("encoder_ffn_dim", 4096), num_heads=heads,
-        num_layers=config.get("encoder_layers", 12),
-        num_decoder_layers=config.get("decoder_layers", 12),
-        dropout_rate=config.get("dropout", 0.1),
-        attention_dropout_rate=config.get("attention_dropout", 0.0),
-        max_len=config.get("max_position_embeddings", 1024), share_embeddings=shared,
-        tie_target_embedding=not shared and tied, attention_bias=True, norm="post",
-        layer_norm_epsilon=1e-5,
-        activation=convert.ACTIVATIONS[config.get("activation_function", "gelu")],
-        scale_embedding=config.get("scale_embedding", False), position_layout="halves",
-        decoder_start_id=decoder_start_id)
-  except ValueError as e:
-    raise DataError(f"{where}: {e}") from None
+  return bart_config.model_config_from(
+      config, where, vocab_size=target_size, source_vocab_size=None if shared else source_size,
+      d_model=config.get("d_model", 1024), d_ff=config.get("encoder_ffn_dim", 4096),
+      num_heads=config.get("encoder_attention_heads", 16),
+      num_layers=config.get("encoder_layers", 12),
+      num_decoder_layers=config.get("decoder_layers", 12),
+      dropout_rate=config.get("dropout", 0.1),
+      attention_dropout_rate=config.get("attention_dropout", 0.0),
+      max_len=config.get("max_position_embeddings", 1024), share_embeddings=shared,
+      tie_target_embedding=not shared and tied, norm="post",
+      activation=convert.ACTIVATIONS[config.get("activation_function", "gelu")],
+      scale_embedding=config.get("scale_embedding", False), decoder_start_id=decoder_start_id)
 
 
 def _padding_rows(params: dict) -> list[np.ndarray]:
