@@ -22,24 +22,6 @@ from tools.common import MULTI30K, parser, print_table, write_json  # noqa: E402
 from tools.common import command_line as bench_command  # noqa: E402,F401
 
 
-def while_loop_body(hlo: str) -> list[str]:
-  """The instructions of the largest while loop's body in compiled HLO text: a search's
-  step loop (the others: its backtracking, XLA's own loops; their order varies)."""
-  computations, name = {}, None
-  for line in hlo.splitlines():
-    header = re.match(r"^(?:ENTRY )?%(\S+) .*\{$", line)
-    if header:
-      name = header[1]
-      computations[name] = []
-    elif line.startswith("}"):
-      name = None
-    elif name and line.strip().startswith(("%", "ROOT")):
-      computations[name].append(line.strip())
-  bodies = [re.search(r"body=%([^\s,]+)", line)[1]
-            for lines in computations.values() for line in lines if " while(" in line]
-  return computations[max(bodies, key=lambda body: len(computations[body]))]
-
-
 def train_command(config: str, workdir, overrides: dict) -> list[str]:
   """train.py's argv: configs/`config` into `workdir`, each override as --config.KEY=VALUE."""
   return [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs" / config),

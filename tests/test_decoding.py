@@ -25,9 +25,8 @@ from flax_transformer.translation.translator import Translator
 
 import conftest
 from conftest import TRAINED_TINY_CHECKPOINTS, compile_threads_busy
+from tools.hlo import while_loop_body
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from common import while_loop_body  # noqa: E402  (bench/common.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 EOS = 1
