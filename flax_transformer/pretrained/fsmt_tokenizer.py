@@ -26,7 +26,7 @@ import numpy as np
 import sacremoses
 
 from flax_transformer.data.tokenizer import EOS_ID, trim
-from flax_transformer.pretrained import tokenizers
+from flax_transformer.pretrained import tokenizer_files
 
 FILES = ("vocab-src.json", "vocab-tgt.json", "merges.txt")
 SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # FSMTTokenizer's bos, pad, sep (EOS), unk.
@@ -135,7 +135,7 @@ class FSMTSide:
     pieces = self.pieces(trim(ids, self._special))
     words = "".join(p.replace(" ", "").replace("</w>", " ") for p in pieces).split()
     text = self._detokenizer.detokenize(words)
-    return tokenizers.clean_up_tokenization(text) if self._clean_up else text
+    return tokenizer_files.clean_up_tokenization(text) if self._clean_up else text
 
   def model_bytes(self) -> bytes:
     return self._identity
@@ -146,11 +146,7 @@ def sides(directory, spec: dict, check_vocabulary: Callable[[object, dict], dict
   """(source, target) from an imported workdir's FILES in `directory` (the vocabularies in
   the project's ids, each checked by `check_vocabulary(path, table)`); `spec` is run.json's
   tokenizer entry: {"kind": "fsmt", "langs": [source, target], "do_lower_case": bool}."""
-  blobs = {}
-  for name in FILES:
-    if not (directory / name).is_file():
-      raise FileNotFoundError(f"tokenizer file not found: {directory / name}")
-    blobs[name] = (directory / name).read_bytes()
+  blobs = tokenizer_files.read_files(directory, FILES)
   bpe = BPE(read_merges(blobs["merges.txt"].decode("utf-8")))
   lower = bool(spec.get("do_lower_case", False))
   out = []

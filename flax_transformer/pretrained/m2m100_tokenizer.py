@@ -102,7 +102,7 @@ class M2M100Side:
 
   def __init__(self, model: spm.SentencePieceProcessor, vocab: dict[str, int],
                language_tokens: Sequence[str], *, language: bool, language_first: bool,
-               default_language: str | None, identity: bytes):
+               default_language: str | None, identity: bytes, trailing_space: bool = False):
     self._model, self._vocab, self._identity = model, vocab, identity
     self._pieces = [""] * len(vocab)
     for piece, i in vocab.items():
@@ -113,11 +113,14 @@ class M2M100Side:
     self._special_ids = {vocab[s] for s in specials} | {
         i for i, p in enumerate(self._pieces) if p.startswith("<unused_")
         or p.startswith("madeupword")}
-    from flax_transformer.pretrained.tokenizers import special_splitter
+    from flax_transformer.pretrained.tokenizer_files import special_splitter
     self._splitter = special_splitter(specials)
     self._specials = specials
     self._language, self._first = language, language_first
     self._default = vocab[default_language] if default_language in vocab else None
+    # NllbTokenizer (tokenizers' Metaspace, spaces kept): a chunk's trailing space is a
+    # piece of its own, '▁', where sentencepiece drops it; M2M100Tokenizer's drops it.
+    self._trailing_space = vocab.get(SPIECE_UNDERLINE) if trailing_space else None
 
   @property
   def vocab_size(self) -> int:
@@ -128,11 +131,18 @@ class M2M100Side:
 
   def _ids(self, text: str) -> list[int]:
     ids = []
-    for chunk in self._splitter.split(text):
+    chunks = self._splitter.split(text)
+    for i, chunk in enumerate(chunks):
+      # '<mask>' takes the space before it (lstrip), as NllbTokenizer's added token does.
+      space = (self._trailing_space is not None and chunk[-1:].isspace()
+               and (i + 1 >= len(chunks) or chunks[i + 1] != "<mask>"))
       if chunk in self._specials:
         ids.append(self._vocab[chunk])
-      elif chunk.strip():
+        continue
+      if chunk.strip():
         ids += [self._vocab.get(p, self._unk) for p in self._model.encode(chunk, out_type=str)]
+      if space:
+        ids.append(self._trailing_space)
     return ids
 
   def encode_batch(self, texts: Sequence[str], num_threads: int = 1) -> list[list[int]]:
@@ -165,19 +175,16 @@ def load(directory, spec: dict):
   """An imported M2M100/NLLB workdir's tokenizer (FILES under `directory`; spec:
   {"kind": "m2m100", "language_tokens": [...], "source_language_first": bool,
   "default_source_token": piece or None})."""
-  from flax_transformer.pretrained.tokenizers import PairTokenizer, check_vocabulary
-  blobs = {}
-  for name in FILES:
-    path = directory / name
-    if not path.is_file():
-      raise FileNotFoundError(f"tokenizer file not found: {path}")
-    blobs[name] = path.read_bytes()
+  from flax_transformer.pretrained.tokenizer_files import (PairTokenizer, check_vocabulary,
+                                                           read_files)
+  blobs = read_files(directory, FILES)
   model = _spm(blobs[FILES[0]], directory / FILES[0])
   vocab = check_vocabulary(directory / FILES[1], json.loads(blobs[FILES[1]]))
   identity = hashlib.sha256(blobs[FILES[0]] + blobs[FILES[1]]).hexdigest().encode()
   tokens = [t for t in spec.get("language_tokens", []) if t in vocab]
   common = dict(language_first=bool(spec.get("source_language_first", True)),
-                default_language=spec.get("default_source_token"), identity=identity)
+                default_language=spec.get("default_source_token"), identity=identity,
+                trailing_space=spec.get("tokenizer_class", "").startswith("Nllb"))
   source = M2M100Side(model, vocab, tokens, language=True, **common)
   target = M2M100Side(model, vocab, tokens, language=False, **common)
   return PairTokenizer(source, target, directory)

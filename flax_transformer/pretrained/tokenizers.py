@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -21,58 +20,12 @@ import sentencepiece as spm
 from flax_transformer.data import tokenizer_kinds
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, trim
 from flax_transformer.errors import DataError
+from flax_transformer.pretrained import tokenizer_files
+from flax_transformer.pretrained.tokenizer_files import (  # noqa: F401 (re-exported)
+    CLEAN_UP, PairTokenizer, check_vocabulary, clean_up_tokenization, special_splitter,
+    vocabulary_ids)
 
 SPIECE_UNDERLINE = "\u2581"
-
-
-class PairTokenizer:
-  """A source and a target side (`source`, `target`); as a whole it tokenizes sources and
-  detokenizes targets, so code written for one shared vocabulary reads as before."""
-
-  def __init__(self, source, target, path):
-    self.source, self.target, self.path = source, target, path
-
-  @property
-  def vocab_size(self) -> int:
-    """The target vocabulary's size (the model's `vocab_size`, its logits)."""
-    return self.target.vocab_size
-
-  def tokenize(self, text: str) -> np.ndarray:
-    return self.source.tokenize(text)
-
-  def detokenize(self, ids: Iterable[int]) -> str:
-    return self.target.detokenize(ids)
-
-  def pieces(self, ids: Iterable[int]) -> list[str]:
-    return self.target.pieces(ids)
-
-  def model_bytes(self) -> bytes:
-    return self.source.model_bytes() + self.target.model_bytes()
-
-  def same_vocabulary(self, other) -> bool:
-    """Whether both sides mean the same pieces by the same ids (an ensemble's members)."""
-    return all(hasattr(other, side) and getattr(self, side).model_bytes()
-               == getattr(other, side).model_bytes() for side in ("source", "target"))
-
-
-def clean_up_tokenization(text: str) -> str:
-  """transformers' `clean_up_tokenization`, which decode applies where a tokenizer's
-  clean_up_tokenization_spaces is true: spaces before English punctuation and
-  contractions dropped."""
-  for before, after in CLEAN_UP:
-    text = text.replace(before, after)
-  return text
-
-
-CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
-            (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
-
-
-def special_splitter(specials: Iterable[str]) -> re.Pattern:
-  """A pattern whose split() cuts a text at the special tokens' strings, each kept as its
-  own chunk, as transformers' added-token trie does (the longest at the leftmost place)."""
-  return re.compile("(" + "|".join(map(re.escape, sorted(specials, key=len, reverse=True)))
-                    + ")")
 
 
 class MarianSide:
@@ -145,11 +98,11 @@ def load_marian(directory, spec: dict) -> PairTokenizer:
   clean_up = bool(spec.get("clean_up_tokenization_spaces", False))
   models, blobs = {}, {}
   for name in ("source.spm", "target.spm"):
-    blobs[name] = _read(directory / name)
+    blobs.update(tokenizer_files.read_files(directory, [name]))
     models[name] = spm.SentencePieceProcessor(model_proto=blobs[name])
   vocabs = {}
   for name in ("vocab.json", "target_vocab.json") if separate else ("vocab.json",):
-    blobs[name] = _read(directory / name)
+    blobs.update(tokenizer_files.read_files(directory, [name]))
     vocabs[name] = check_vocabulary(directory / name, json.loads(blobs[name]))
 
   def identity(*names):
@@ -165,37 +118,6 @@ def load_marian(directory, spec: dict) -> PairTokenizer:
                         identity=identity("target.spm", "target_vocab.json"),
                         clean_up=clean_up)
   return PairTokenizer(source, target, directory)
-
-
-def vocabulary_ids(path, vocab, specials) -> dict[str, int]:
-  """`vocab` if it is a piece -> id table with ids 0..n-1, each once, and every one of
-  `specials`; else a DataError naming `path`'s problem."""
-  if not isinstance(vocab, dict) or not all(
-      isinstance(i, int) and not isinstance(i, bool) for i in vocab.values()):
-    raise DataError(f"{path}: not a JSON object of piece -> integer id")
-  if sorted(vocab.values()) != list(range(len(vocab))):
-    raise DataError(f"{path}: ids are not 0..{len(vocab) - 1}, each once")
-  for piece in specials:
-    if piece not in vocab:
-      raise DataError(f"{path}: no {piece!r} piece")
-  return vocab
-
-
-def check_vocabulary(path, vocab) -> dict[str, int]:
-  """A piece -> id table with ids 0..n-1, '<pad>' 0, '</s>' 1 and an '<unk>' (an imported
-  workdir's), or a DataError naming `path`'s problem."""
-  vocabulary_ids(path, vocab, ("<pad>", "</s>", "<unk>"))
-  for piece, wanted in (("<pad>", PAD_ID), ("</s>", EOS_ID)):
-    if vocab[piece] != wanted:
-      raise DataError(f"{path}: {piece!r} has id {vocab[piece]}, the project needs "
-                      f"{wanted} (import_model.py writes it so)")
-  return vocab
-
-
-def _read(path) -> bytes:
-  if not path.is_file():
-    raise FileNotFoundError(f"tokenizer file not found: {path}")
-  return path.read_bytes()
 
 
 def load_fsmt(directory, spec: dict) -> PairTokenizer:
