@@ -79,27 +79,10 @@ def import_folder(folder: Path) -> convert.Imported:
       for name, value in LEGACY.items() if name in config and config[name] != value]
 
   vocab_names = ("vocab.json",) if shared else ("vocab.json", "target_vocab.json")
-  vocabs = [convert.read_vocabulary(folder, name) for name in vocab_names]
+  vocabs, orders, decoder_start_id = _vocabularies(folder, config, vocab_names)
   source_vocab, target_vocab = vocabs[0], vocabs[-1]
-  where = folder / "config.json"
-  sizes = (config.get("vocab_size", 58101), config.get("decoder_vocab_size")
-           or config.get("vocab_size", 58101))
-  for vocab, size, name in ((source_vocab, sizes[0], "vocab_size"),
-                            (target_vocab, sizes[1], "decoder_vocab_size")):
-    if len(vocab) != size:
-      raise DataError(f"{where}: {name}={size}, but the vocabulary file has {len(vocab)} pieces")
-  pad, eos = config.get("pad_token_id", 58100), config.get("eos_token_id", 0)
-  for piece, value, name in (("<pad>", pad, "pad_token_id"), ("</s>", eos, "eos_token_id")):
-    if target_vocab.get(piece) != value:
-      raise DataError(f"{where}: {name}={value}, but {vocab_names[-1]} has {piece!r} at "
-                      f"{target_vocab.get(piece)}")
-  orders = [convert.project_order(len(v), pad=v["<pad>"], eos=v["</s>"], unk=v["<unk>"])
-            for v in vocabs]
   source_order, target_order = orders[0], orders[-1]
-  start = config.get("decoder_start_token_id", pad)
-  if not 0 <= start < len(target_vocab):
-    raise DataError(f"{where}: decoder_start_token_id={start} is not a target id")
-  decoder_start_id = int(np.argsort(target_order)[start])
+  where = folder / "config.json"
 
   model_config = model_config_from(config, where, shared=shared,
                                    source_size=len(source_vocab), target_size=len(target_vocab),
@@ -118,6 +101,42 @@ def import_folder(folder: Path) -> convert.Imported:
     model_config = model_config.replace(final_logits_bias=True)
     params["decoder"]["final_logits_bias"] = final_bias
 
+  files = _tokenizer_files(folder, vocab_names, vocabs, orders)
+  return convert.Imported(ARCHITECTURE, model_config, params,
+                          {"kind": "marian", "separate_vocabularies": not shared, **(
+                              {"clean_up_tokenization_spaces": True} if tokenizer_config.get(
+                                  "clean_up_tokenization_spaces") else {})}, files, notes,
+                          languages.from_marian(source_vocab, tokenizer_config))
+
+
+def _vocabularies(folder: Path, config: dict, vocab_names: tuple[str, ...]):
+  """(the vocabulary files' tables, each one's order of project ids, the decoder start's
+  new id), each table checked against config.json's sizes and special ids."""
+  vocabs = [convert.read_vocabulary(folder, name) for name in vocab_names]
+  source_vocab, target_vocab = vocabs[0], vocabs[-1]
+  where = folder / "config.json"
+  sizes = (config.get("vocab_size", 58101), config.get("decoder_vocab_size")
+           or config.get("vocab_size", 58101))
+  for vocab, size, name in ((source_vocab, sizes[0], "vocab_size"),
+                            (target_vocab, sizes[1], "decoder_vocab_size")):
+    if len(vocab) != size:
+      raise DataError(f"{where}: {name}={size}, but the vocabulary file has {len(vocab)} pieces")
+  pad, eos = config.get("pad_token_id", 58100), config.get("eos_token_id", 0)
+  for piece, value, name in (("<pad>", pad, "pad_token_id"), ("</s>", eos, "eos_token_id")):
+    if target_vocab.get(piece) != value:
+      raise DataError(f"{where}: {name}={value}, but {vocab_names[-1]} has {piece!r} at "
+                      f"{target_vocab.get(piece)}")
+  orders = [convert.project_order(len(v), pad=v["<pad>"], eos=v["</s>"], unk=v["<unk>"])
+            for v in vocabs]
+  start = config.get("decoder_start_token_id", pad)
+  if not 0 <= start < len(target_vocab):
+    raise DataError(f"{where}: decoder_start_token_id={start} is not a target id")
+  return vocabs, orders, int(np.argsort(orders[-1])[start])
+
+
+def _tokenizer_files(folder: Path, vocab_names, vocabs, orders) -> dict[str, bytes]:
+  """The workdir's tokenizer/: the two sentencepiece models (checked), the vocabularies
+  in the project's ids."""
   files = {name: convert.read_bytes(folder, name) for name in ("source.spm", "target.spm")}
   for name, data in files.items():
     try:
@@ -127,11 +146,7 @@ def import_folder(folder: Path) -> convert.Imported:
   for name, vocab, order in zip(vocab_names, vocabs, orders):
     files[name] = json.dumps(convert.permuted_vocab(vocab, order), ensure_ascii=False,
                              indent=0).encode()
-  return convert.Imported(ARCHITECTURE, model_config, params,
-                          {"kind": "marian", "separate_vocabularies": not shared, **(
-                              {"clean_up_tokenization_spaces": True} if tokenizer_config.get(
-                                  "clean_up_tokenization_spaces") else {})}, files, notes,
-                          languages.from_marian(source_vocab, tokenizer_config))
+  return files
 
 
 def model_config_from(config: dict, where: Path, *, shared: bool, source_size: int,
