@@ -3,7 +3,7 @@
 python bench/wmt_scale.py --scratch DIR [--pairs 4500000] [--json PATH]
 
 Stages, each in its own process (so that its peak RSS is its own):
-  generate    bench/wmt_corpus.py's pairs written as the statmt.org archives
+  generate    tools/wmt_corpus.py's pairs written as the statmt.org archives
   prepare     tfds's own wmt14_translate/de-en builder -> array_record (offline)
   vocab       the shared sentencepiece vocabulary (config.vocab_size, 37k), trained
               as train.py trains it: config.vocab_max_sentences pairs, evenly spread
@@ -43,8 +43,7 @@ def _config(args):
 def stage_generate(args) -> dict:
   import numpy as np
 
-  import wmt14_offline
-  import wmt_corpus
+  from tools import wmt14_offline, wmt_corpus
 
   train = wmt_corpus.write_subset_texts(MULTI30K, args.pairs, seed=0)
   dev = list(wmt_corpus.pairs(MULTI30K, 3000, seed=1))
@@ -71,7 +70,7 @@ def stage_generate(args) -> dict:
 
 
 def stage_prepare(args) -> dict:
-  import wmt14_offline
+  from tools import wmt14_offline
 
   wmt14_offline.prepare("de-en", args.scratch / "data", args.scratch / "archives",
                         args.scratch / "tfds_scratch")

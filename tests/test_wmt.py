@@ -23,10 +23,9 @@ import conftest
 from conftest import http_server, translation_info
 from flax_transformer.data import sources
 from flax_transformer.data import wmt
+from tools import wmt14_offline, wmt_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-import wmt14_offline  # noqa: E402  (bench/: shared with bench/wmt_scale.py)
 
 # Disjoint slices of Multi30k's line-aligned EN/DE/FR training files per subset.
 SLICES = {"training-parallel-europarl-v7.tgz": (0, 300), "training-parallel-commoncrawl.tgz":
@@ -121,7 +120,6 @@ def test_50k_pairs_through_the_input_path(multi30k_dir, tmp_path):
   batches that equal those of tokenizing on the fly, resumed exactly."""
   import numpy as np
 
-  import wmt_corpus
   from flax_transformer.data import pipeline as data
   from flax_transformer.data import token_cache
   from flax_transformer.data import tokenizer as tokenizer_lib
