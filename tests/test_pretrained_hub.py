@@ -193,3 +193,38 @@ def test_configs_saved_by_transformers_4_import_as_5s_do(tmp_path, name):
   jax.tree.map(np.testing.assert_array_equal, old.params, new.params)
   assert old.tokenizer_spec == {**new.tokenizer_spec, "clean_up_tokenization_spaces": True}
   assert old.tokenizer_files == new.tokenizer_files
+
+
+def test_the_exported_runner_tokenizes_as_the_import(sides, tmp_path):
+  """export.py's runner restates the Marian tokenizer (it travels without the package):
+  on every committed string it gives the imported tokenizer's ids and texts, clean-up
+  included where the spec asks for it."""
+  from flax_transformer.export.runner import _MarianVocabulary
+
+  for name in ("marian_swish_shared", "marian_gelu_separate_target"):
+    plain, clean, *_ = sides[name]
+    for tokenizer in (plain, clean):
+      runner = _MarianVocabulary(Path(tokenizer.path), tokenizer.spec)
+      for text in _REF["strings"]:
+        ids = runner.encode(text)
+        assert ids == tokenizer.source.encode_batch([text])[0], text
+        targets = [i for i in ids if i < tokenizer.target.vocab_size and i != EOS_ID]
+        assert runner.decode(targets) == tokenizer.target.detokenize(targets), text
+
+
+def test_a_transformers_export_keeps_the_clean_up(tmp_path):
+  """export.py --format=transformers of a model imported with
+  clean_up_tokenization_spaces=true writes it so that MarianTokenizer's outputs are ours
+  (a trained workdir's, and one imported without it, write false)."""
+  from flax_transformer.export.marian import tokenizer_files
+
+  for folder, wanted in ((FIXTURES / "marian_v4", True),
+                         (FIXTURES / "marian_swish_shared", False)):
+    imported = importer.import_folder(folder)
+    directory = tmp_path / folder.name
+    directory.mkdir()
+    for name, data in imported.tokenizer_files.items():
+      (directory / name).write_bytes(data)
+    tokenizer = tokenizers.load(directory, imported.tokenizer_spec)
+    written = tokenizer_files(imported.model_config, tokenizer)["tokenizer_config.json"]
+    assert written["clean_up_tokenization_spaces"] is wanted

@@ -250,7 +250,9 @@ def tokenizer_files(config: TransformerConfig, tokenizer) -> dict[str, Any]:
   files["tokenizer_config.json"] = {
       "tokenizer_class": "MarianTokenizer", "unk_token": "<unk>", "eos_token": pieces[1],
       "pad_token": pieces[0], "model_max_length": config.max_len, "separate_vocabs": separate,
-      "clean_up_tokenization_spaces": False}  # Our outputs are sentencepiece's text as is.
+      # As our outputs are written: an imported tokenizer's clean-up, else none.
+      "clean_up_tokenization_spaces": bool((getattr(tokenizer, "spec", None) or {}).get(
+          "clean_up_tokenization_spaces"))}
   return files
 
 

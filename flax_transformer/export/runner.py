@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -48,9 +49,10 @@ class _SentencePieceVocabulary:
 
 class _MarianVocabulary:
   """An imported Marian (OPUS-MT) model's tokenizer, as transformers' MarianTokenizer:
-  sentencepiece pieces looked up in vocab.json (target_vocab.json for the targets where
-  separate; ids already the project's), a leading '>>tag<<' one token; outputs without
-  pad, EOS and unknown tokens. (flax_transformer.pretrained.tokenizers', restated: this
+  the text cut at special tokens' strings, sentencepiece pieces looked up in vocab.json
+  (target_vocab.json for the targets where separate; ids already the project's), a
+  '>>tag<<' starting a piece of text one token; outputs without pad, EOS and unknown
+  tokens, cleaned up as transformers does where the spec says. (flax_transformer.pretrained.tokenizers', restated: this
   file travels without the package.)"""
 
   def __init__(self, folder: Path, spec: dict):
@@ -71,6 +73,10 @@ class _MarianVocabulary:
     self._joiner = spm.SentencePieceProcessor(model_file=str(
         folder / ("target.spm" if separate else "source.spm")))
     self._dropped = {target["<pad>"], target["</s>"], target["<unk>"]}
+    # transformers' clean_up_tokenization, where tokenizer_config.json asked for it.
+    self._clean_up = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"),
+                      (" n't", "n't"), (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"),
+                      (" 're", "'re")) if spec.get("clean_up_tokenization_spaces") else ()
 
   def source_piece(self, i: int) -> str:
     return self._source_pieces[i]
@@ -79,15 +85,24 @@ class _MarianVocabulary:
     return self._target_pieces[i]
 
   def encode(self, line: str) -> list[int]:
-    code = []
-    if line.startswith(">>") and (end := line.find("<<")) != -1:
-      code, line = [line[:end + 2]], line[end + 2:]
+    pieces = []
+    for chunk in re.split("(</s>|<unk>|<pad>)", line):  # Special tokens' text: one token.
+      if chunk in ("</s>", "<unk>", "<pad>"):
+        pieces.append(chunk)
+      elif chunk:
+        if chunk.startswith(">>") and (end := chunk.find("<<")) != -1:
+          pieces.append(chunk[:end + 2])
+          chunk = chunk[end + 2:]
+        pieces += self.sp.encode(chunk, out_type=str)
     unknown = self.vocab["<unk>"]
-    return [self.vocab.get(p, unknown) for p in code + self.sp.encode(line, out_type=str)]
+    return [self.vocab.get(p, unknown) for p in pieces]
 
   def decode(self, ids: list[int]) -> str:
     pieces = [self._target_pieces[i] for i in ids if i not in self._dropped]
-    return self._joiner.decode_pieces(pieces).replace("\u2581", " ").strip()
+    text = self._joiner.decode_pieces(pieces).replace("\u2581", " ").strip()
+    for before, after in self._clean_up:
+      text = text.replace(before, after)
+    return text
 
 
 class _Model:
