@@ -80,13 +80,15 @@ def test_an_anchor_survives_a_reformat_and_names_where_its_function_moved(tmp_pa
 
 
 def test_only_changed_mutants_are_stale():
-  """A record whose digest or pattern differs from a mutant's lists just that mutant."""
-  record = json.loads((ROOT / mutants.RECORD).read_text())
-  first, second = record["mutants"][0], record["mutants"][1]
-  record["mutants"][0] = {**first, "digest": "0" * 16}
-  record["mutants"][1] = {**second, "new": second["new"] + " "}
-  del record["mutants"][2]
-  assert mutants.stale(record) == [m.name for m in mutants.MUTANTS[:3]]
+  """Against a record of every mutant as it stands, one whose function's digest or whose
+  pattern differs, and one the record lacks, are the stale ones: just those."""
+  current = [{**m._asdict(), "tests": list(m.tests), "digest": mutants.anchor(m).digest}
+             for m in mutants.MUTANTS]
+  assert mutants.stale({"mutants": current}) == []
+  current[0] = {**current[0], "digest": "0" * 16}
+  current[1] = {**current[1], "new": current[1]["new"] + " "}
+  del current[2]
+  assert mutants.stale({"mutants": current}) == [m.name for m in mutants.MUTANTS[:3]]
 
 
 # The cheapest mutant to run live: its one named test takes seconds (results/bench/mutants.json).
