@@ -30,17 +30,17 @@ def files_of(workdir) -> dict[str, bytes]:
   return {p.name: p.read_bytes() for p in sorted((workdir / "tokenizer").iterdir())}
 
 
-@pytest.mark.parametrize("where", ["local", "bucket"])
+@pytest.mark.parametrize("where", ["local", "gcs_bucket", "s3_bucket"])
 def test_two_imports_racing_for_one_workdir_leave_one_whole_model(tmp_path, monkeypatch,
                                                                   request, where):
   """Two imports of different models (shared and separate vocabularies) into one new
-  workdir, local or in a bucket (gs://, the emulator), both checked and converted before
+  workdir, local or in a bucket (gs:// on the emulator, s3:// on moto), both checked and converted before
   either writes (a barrier there): one wins, the other ends with one ConfigError line,
   and the workdir is the winner's whole: its tokenizer files, its run record and its
   parameters, as its import alone gives. Before: both wrote into the one folder; the
   loser's record_run refused it after its tokenizer files had overwritten the winner's."""
   root = tmp_path if where == "local" else storage.as_path(
-      f"{request.getfixturevalue('gcs_bucket')}/{tmp_path.name}")
+      f"{request.getfixturevalue(where)}/{tmp_path.name}")
   alone = {}
   for folder in (SHARED, SEPARATE):
     alone[folder] = root / f"alone_{folder.name}"
@@ -74,8 +74,8 @@ def test_two_imports_racing_for_one_workdir_leave_one_whole_model(tmp_path, monk
                           "ran (its files are kept, none of this one's were written there): "
                           "use a new --workdir")
   else:  # The loser's claim failed, or came after the winner's whole workdir.
-    assert re.fullmatch(rf"--workdir={re.escape(str(workdir))}: (another import is writing "
-                        r"it .*|exists and is not empty: use a new one)", str(error)), error
+    assert re.fullmatch(rf"--workdir={re.escape(str(workdir))}(: another import is writing "
+                        r"it .*| exists and is not empty: use a new one)", str(error)), error
   storage.drop_cached_listings(root)
   assert sorted(p.name for p in root.iterdir()) == sorted(
       ["raced", *(p.name for p in alone.values())])  # No staging folder left.
