@@ -228,3 +228,22 @@ def test_a_transformers_export_keeps_the_clean_up(tmp_path):
     tokenizer = tokenizers.load(directory, imported.tokenizer_spec)
     written = tokenizer_files(imported.model_config, tokenizer)["tokenizer_config.json"]
     assert written["clean_up_tokenization_spaces"] is wanted
+
+
+def test_special_tokens_written_as_added_token_objects_import(tmp_path):
+  """4.x releases wrote a special token made as an AddedToken as an object: the same token
+  where it strips nothing; one that strips spaces (another tokenization) is refused."""
+  from flax_transformer.errors import DataError
+
+  folder = tmp_path / "added"
+  shutil.copytree(FIXTURES / "marian_v4", folder)
+  config = json.loads((folder / "tokenizer_config.json").read_text())
+  token = {"__type": "AddedToken", "content": "</s>", "lstrip": False, "normalized": True,
+           "rstrip": False, "single_word": False}
+  (folder / "tokenizer_config.json").write_text(json.dumps({**config, "eos_token": token}))
+  assert importer.import_folder(folder).tokenizer_files == importer.import_folder(
+      FIXTURES / "marian_v4").tokenizer_files
+  (folder / "tokenizer_config.json").write_text(json.dumps(
+      {**config, "eos_token": {**token, "lstrip": True}}))
+  with pytest.raises(DataError, match="eos_token=.* has no equivalent here .only '</s>'"):
+    importer.import_folder(folder)

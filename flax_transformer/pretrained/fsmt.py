@@ -28,7 +28,7 @@ from flax_transformer.languages import Languages
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.layers import sinusoidal_position_encoding
 from flax_transformer.pretrained import bart_config
-from flax_transformer.pretrained import convert
+from flax_transformer.pretrained import convert, hub_keys
 from flax_transformer.pretrained.fsmt_tokenizer import FILES, SPECIALS, read_merges
 
 ARCHITECTURE = "fsmt"
@@ -66,9 +66,11 @@ FIELDS: dict = {
 # tokenizer_config.json: what FSMTTokenizer does with each field here.
 TOKENIZER_FIELDS: dict = {
     "langs": _langs, "do_lower_case": convert.must_be(True, False),
-    "bos_token": convert.must_be(SPECIALS[0]), "pad_token": convert.must_be(SPECIALS[1]),
-    "sep_token": convert.must_be(SPECIALS[2]), "eos_token": convert.must_be(SPECIALS[2], None),
-    "unk_token": convert.must_be(SPECIALS[3]),
+    "bos_token": hub_keys.special_token(SPECIALS[0]),
+    "pad_token": hub_keys.special_token(SPECIALS[1]),
+    "sep_token": hub_keys.special_token(SPECIALS[2]),
+    "eos_token": hub_keys.special_token(SPECIALS[2], None),
+    "unk_token": hub_keys.special_token(SPECIALS[3]),
     "tokenizer_class": convert.must_be("FSMTTokenizer"),
     # Tokens kept whole: the specials only (the text is split at them).
     "added_tokens_decoder": lambda v: None if isinstance(v, dict) and all(

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import unicodedata
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -30,9 +29,7 @@ from flax_transformer.pretrained import tokenizer_files
 
 FILES = ("vocab-src.json", "vocab-tgt.json", "merges.txt")
 SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # FSMTTokenizer's bos, pad, sep (EOS), unk.
-# transformers' trie matches the longest special string at the leftmost place.
-_SPECIAL_SPLIT = re.compile("(" + "|".join(map(re.escape, sorted(SPECIALS, key=len,
-                                                                  reverse=True))) + ")")
+_SPECIAL_SPLIT = tokenizer_files.special_splitter(SPECIALS)  # As transformers' trie cuts.
 
 
 def remove_non_printing_chars(text: str) -> str:

@@ -25,6 +25,18 @@ def must_be(*allowed) -> Rule:
   return lambda value: None if value in allowed else f"only {' or '.join(map(repr, allowed))}"
 
 
+def special_token(*contents) -> Rule:
+  """A special token's entry: its text, as transformers writes it, or the object 4.x
+  releases wrote for an AddedToken ({"__type": "AddedToken", "content": ...}) where it
+  strips nothing around itself and matches inside words (what the text alone means)."""
+  def rule(value):
+    if isinstance(value, dict):
+      plain = not any(value.get(flag) for flag in ("lstrip", "rstrip", "single_word"))
+      value = value.get("content") if plain else value
+    return None if value in contents else f"only {' or '.join(map(repr, contents))}"
+  return rule
+
+
 def refused(why: str) -> Rule:
   """A key whose every value changes the function in a way not implemented here."""
   return lambda value: why

@@ -21,7 +21,7 @@ from flax_transformer.errors import DataError
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.layers import sinusoidal_position_encoding
 from flax_transformer.pretrained import bart_config
-from flax_transformer.pretrained import convert
+from flax_transformer.pretrained import convert, hub_keys
 
 ARCHITECTURE = "marian"
 CLASSES = ("MarianMTModel",)
@@ -54,8 +54,8 @@ FIELDS: dict = {
 TOKENIZER_FIELDS: dict = {
     **convert.TOKENIZER_GENERIC,
     "separate_vocabs": convert.must_be(True, False), "sp_model_kwargs": convert.must_be({}, None),
-    "unk_token": convert.must_be("<unk>"), "eos_token": convert.must_be("</s>"),
-    "pad_token": convert.must_be("<pad>"),
+    "unk_token": hub_keys.special_token("<unk>"), "eos_token": hub_keys.special_token("</s>"),
+    "pad_token": hub_keys.special_token("<pad>"),
     "source_lang": "names a Moses punctuation normaliser MarianTokenizer never calls",
     "target_lang": "as source_lang", "tokenizer_class": "checked",
     "added_tokens_decoder": "the specials, checked with the vocabulary",
