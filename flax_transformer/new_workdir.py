@@ -53,7 +53,7 @@ def check_new(workdir: Workdir, ignore: tuple[str, ...] = ()) -> None:
 
 
 def _create_locally(workdir: Workdir, fill: Callable[[Workdir], None]) -> None:
-  root = workdir.root
+  root = workdir.root.resolve()  # A symlink's target is filled, not the link replaced.
   staging = root.with_name(f".{root.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
   try:
     root.parent.mkdir(parents=True, exist_ok=True)
