@@ -61,6 +61,7 @@ PLACEHOLDERS = {
     "workdirs/a": "{tiny}", "workdirs/b": "{tiny}",
     "some_producer": "echo 'A dog runs.'", "some_consumer": "cat",
     "opus-mt-en-de": str(ROOT / "tests/fixtures/marian_swish_shared"),  # A tiny OPUS-MT.
+    "nllb-200-distilled-600M": str(ROOT / "tests/fixtures/nllb"),  # A tiny NLLB-200.
 }
 # train.py: the tiny config's sizes (tests/conftest.train_command's run) for a few steps,
 # after the doc's own overrides (the last wins); an init_from run's model and vocabulary

@@ -68,6 +68,17 @@ def test_token_ids_are_transformers(imported):
       languages.target_tokens.values())
 
 
+def test_tokenizer_corners_are_transformers(imported):
+  """Special tokens' strings inside a text, spaces kept (NLLB's tokenizers pipeline keeps a
+  trailing one as a piece) or dropped (M2M100's sentencepiece), unicode, a language code
+  inside a text, '<mask>' taking the space before it."""
+  _, _, workdir, ref, to_ours = imported
+  _, tokenizer = read_run(workdir)
+  assert len(ref["edge_texts"]) == len(ref["edge_source_ids"]) >= 9
+  for text, ids in zip(ref["edge_texts"], ref["edge_source_ids"]):
+    assert tokenizer.source.tokenize(text).tolist() == to_ours[ids].tolist(), text
+
+
 def test_nllb_legacy_behaviour_puts_the_source_language_after_eos(tmp_path):
   """tokenizer_config.json's legacy_behaviour=true: pieces, EOS, then the language code."""
   import shutil
@@ -203,3 +214,81 @@ def test_bf16_tensors_import_as_stored_or_cast(tmp_path):
   save_file(mixed, str(folder / "model.safetensors"))
   with pytest.raises(DataError, match="several dtypes"):
     importer.import_folder(folder, dtype="stored")
+
+
+def test_the_vocabulary_is_padded_to_split_and_the_padding_is_never_produced(tmp_path):
+  """409 ids split over no tensor axis of 2, 4 or 8: the import pads to 512 rows whose
+  logits are -inf (no probability, never an output, no gradient)."""
+  importer.import_model(FIXTURES / "nllb", tmp_path / "run")
+  model_config, tokenizer = read_run(tmp_path / "run")
+  assert (model_config.vocab_size, model_config.vocab_padding) == (512, 512 - 409)
+  assert tokenizer.target.vocab_size == 512
+  params, _ = load_params(tmp_path / "run", model_config)
+  model = Transformer(model_config.replace(deterministic=True))
+  source = tokenizer.source.tokenize("A man in a red shirt.")[None]
+  target = tokenizer.target.tokenize("deu_Latn Ein Mann.")[None]
+
+  def loss(p):
+    logits = model.apply({"params": p}, source, target)
+    return -jax.nn.log_softmax(logits)[0, 0, target[0, 0]], logits
+
+  grads, logits = jax.grad(loss, has_aux=True)(params)
+  assert np.all(np.isneginf(np.asarray(logits)[..., 409:]))
+  assert np.all(np.isfinite(np.asarray(logits)[..., :409]))
+  assert not np.any(np.asarray(grads["shared_embedding"]["embedding"])[409:])
+  assert tokenizer.target.detokenize(list(range(409, 512)) + [EOS_ID]) == ""
+
+
+@pytest.mark.devices(8)
+def test_eight_devices_fsdp_by_tensor_equal_one_device(tmp_path):
+  """The padded vocabulary splits over the tensor axis: on a mesh fsdp 4 x tensor 2, the
+  imported NLLB's parameters placed by the training rules (vocabulary and heads over
+  'tensor'), beam-4 outputs and scores into three targets equal one device's."""
+  from flax import linen as nn
+  from configs import tiny
+
+  from flax_transformer.training import sharding as sharding_lib
+  from flax_transformer.training.steps import Trainer
+  from flax_transformer.translation.programs import make_score_fn, make_search_fn
+
+  importer.import_model(FIXTURES / "nllb", tmp_path / "run")
+  model_config, _ = read_run(tmp_path / "run")
+  params, _ = load_params(tmp_path / "run", model_config)
+  ref = json.loads((FIXTURES / "nllb" / "references.json").read_text(encoding="utf-8"))
+  to_ours = np.argsort(convert.project_order(409, pad=1, eos=2, unk=3))
+  rows = range(8)  # Eight sentences: DE, FR and EN targets of the first sources.
+  inputs, prefix, targets = (np.zeros((8, max(len(ref["source_ids"][i]) for i in rows)),
+                                      np.int32), np.zeros((8, 1), np.int32),
+                             np.zeros((8, max(len(ref["target_ids"][i]) for i in rows)),
+                                      np.int32))
+  for row in rows:
+    inputs[row, :len(ref["source_ids"][row])] = to_ours[ref["source_ids"][row]]
+    targets[row, :len(ref["target_ids"][row])] = to_ours[ref["target_ids"][row]]
+    prefix[row, 0] = to_ours[ref["target_ids"][row][0]]
+  search = SearchConfig(beam_size=4, alpha=0.0, max_extra=20, eos_within_beam=True)
+  search_fn, score_fn = jax.jit(make_search_fn(model_config, search)), jax.jit(
+      make_score_fn(model_config))
+  one_device = jax.device_put(params, jax.devices()[0])
+  one = search_fn(one_device, inputs, jax.random.PRNGKey(0), prefix)
+  one_scores = score_fn(one_device, inputs, targets)
+
+  mesh = sharding_lib.make_mesh({"fsdp": 4, "tensor": 2})
+  trainer = Trainer(model_config, tiny.get_config(), mesh)
+  placed = jax.device_put(params, trainer.state_shardings.params)
+  embedding = placed["shared_embedding"]["embedding"]
+  assert embedding.sharding.spec[0] == "tensor"  # The vocabulary is split.
+  with jax.set_mesh(mesh), nn.logical_axis_rules(trainer.rules):
+    batch = jax.device_put(inputs, trainer.batch_sharding)
+    sharded = search_fn(placed, batch, jax.random.PRNGKey(0),
+                        jax.device_put(prefix, trainer.batch_sharding))
+    sharded_scores = score_fn(placed, batch, jax.device_put(targets, trainer.batch_sharding))
+  np.testing.assert_array_equal(sharded.sequences, one.sequences)
+  np.testing.assert_allclose(sharded.scores, one.scores, atol=1e-4)
+  np.testing.assert_allclose(jax.tree.leaves(sharded_scores), jax.tree.leaves(one_scores),
+                             atol=1e-4)
+  kept = [i for i in rows if not ref["at_limit"][len(ref["source_ids"]) + i]]
+  best = np.asarray(sharded.sequences)[:, 0]
+  for i in kept:  # transformers' beam output, too.
+    want = to_ours[ref["beam4"][i]].tolist()
+    got = best[i][best[i] != 0].tolist()
+    assert got == want, i

@@ -88,6 +88,10 @@ class TransformerConfig:
   # start_from_zero_embedding) and padding's logit is its bias alone, as in OPUS-MT's
   # transformers models, whose padding row is zeros. Needs decoder_start_id=0.
   start_from_zero_embedding: bool = False
+  # The last `vocab_padding` ids are rows added so that the vocabulary splits over a
+  # tensor axis (NLLB's 256,206 splits over none): their logits are -inf, so they are never
+  # produced, carry no probability, and take no gradient; an export drops them.
+  vocab_padding: int = 0
 
   def __post_init__(self):
     problems = []
@@ -134,6 +138,8 @@ class TransformerConfig:
     if not 0 <= int(self.decoder_start_id) < self.vocab_size:
       problems.append(f"decoder_start_id must be in [0, vocab_size={self.vocab_size}), got "
                       f"{self.decoder_start_id}")
+    if not 0 <= int(self.vocab_padding) < self.vocab_size - 2:
+      problems.append(f"vocab_padding must be in [0, vocab_size - 2), got {self.vocab_padding}")
     if self.start_from_zero_embedding and self.decoder_start_id:
       problems.append(f"start_from_zero_embedding starts the decoder from id 0's (zero) row; "
                       f"decoder_start_id={self.decoder_start_id} names another")

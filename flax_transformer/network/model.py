@@ -148,6 +148,9 @@ class Decoder(nn.Module):
                         nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
                         (cfg.vocab_size,), cfg.param_dtype)
       logits = logits + jnp.asarray(bias, logits.dtype)
+    if cfg.vocab_padding:  # Rows added for sharding: never produced (config.vocab_padding).
+      real = jnp.arange(logits.shape[-1]) < cfg.vocab_size - cfg.vocab_padding
+      logits = jnp.where(real, logits, -jnp.inf)
     logits = nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
     return logits.astype(jnp.float32)
 

@@ -34,6 +34,9 @@ ARCHITECTURE = "m2m_100"
 CLASSES = ("M2M100ForConditionalGeneration",)
 EMBEDDINGS = ("model.shared.weight", "model.encoder.embed_tokens.weight",
               "model.decoder.embed_tokens.weight", "lm_head.weight")
+# The vocabulary is padded to a multiple of it (masked rows, config.vocab_padding), so that
+# it splits over a tensor axis of up to 128 devices: 256,206 ids (NLLB) split over none.
+VOCAB_MULTIPLE = 128
 # M2M100Config's defaults, for fields a config.json leaves out.
 DEFAULTS = {"vocab_size": 128112, "max_position_embeddings": 1024, "encoder_layers": 12,
             "encoder_ffn_dim": 4096, "encoder_attention_heads": 16, "decoder_layers": 12,
@@ -94,8 +97,17 @@ def import_folder(folder: Path, dtype: str = "float32") -> convert.Imported:
   weights = streamed.read(folder, dtype)
   model_config = model_config.replace(param_dtype=weights.param_dtype)
   params = _params(weights, model_config, order, pad, folder / "model.safetensors")
+  padded = -(-rows // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+  if padded != rows:
+    embedding = params["shared_embedding"]["embedding"]
+    params["shared_embedding"]["embedding"] = np.concatenate(
+        [embedding, np.zeros((padded - rows, embedding.shape[1]), embedding.dtype)])
+    model_config = model_config.replace(vocab_size=padded, vocab_padding=padded - rows)
+    notes.append(f"vocabulary padded from {rows} to {padded} rows (a multiple of "
+                 f"{VOCAB_MULTIPLE}, for tensor sharding): ids {rows}.. are never produced")
   spm_bytes, _ = tok.read_spm(folder)
-  files = {tok.FILES[0]: spm_bytes, tok.FILES[1]: tok.dumps(convert.permuted_vocab(vocab, order))}
+  permuted = tok.fill_rows(convert.permuted_vocab(vocab, order), padded, folder / "config.json")
+  files = {tok.FILES[0]: spm_bytes, tok.FILES[1]: tok.dumps(permuted)}
   languages = Languages(sources=tuple(codes), targets=tuple(codes), target_by="decoder_prefix",
                         target_tokens=dict(codes), source_tokens=dict(codes))
   return convert.Imported(ARCHITECTURE, model_config, params, spec, files, notes, languages)
