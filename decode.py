@@ -56,6 +56,10 @@ flags.DEFINE_float("top_p", SEARCH.top_p,
                    "Sampling: keep the smallest set of tokens with mass >= p.")
 flags.DEFINE_integer("seed", 0, "Sampling seed.")
 shared.define_model_flags()
+flags.DEFINE_string("source_lang", None, "The inputs' language, where the model translates "
+                    "from several (run.json's 'languages'); default: its only one.")
+flags.DEFINE_string("target_lang", None, "The language to translate into, where the model "
+                    "translates into several; default: its only one.")
 flags.DEFINE_string("reference", None, "Reference translations, one per line: print scores.")
 flags.DEFINE_list("metrics", ["bleu", "chrf", "ter"], "Scores with --reference (sacrebleu).")
 flags.DEFINE_string("sacrebleu_tokenize", None, "sacrebleu BLEU tokenizer (13a, intl, ...).")
@@ -105,7 +109,8 @@ def main(argv):
                batch_tokens=FLAGS.batch_tokens, seed=FLAGS.seed,
                average_last=FLAGS.average_last, checkpoint_step=FLAGS.checkpoint_step,
                ensemble=FLAGS.ensemble, prefix_path=FLAGS.prefix, score_path=FLAGS.score,
-               split_sentences=FLAGS.split_sentences)
+               split_sentences=FLAGS.split_sentences, source_lang=FLAGS.source_lang,
+               target_lang=FLAGS.target_lang)
 
   cli.set_cpu_devices(FLAGS.cpu_devices)
   cli.run_main(argv, work)

@@ -47,9 +47,10 @@ flags.DEFINE_integer("max_configs", 8, "Search option sets (beam, alpha) kept co
                      "never is).", lower_bound=1)
 flags.DEFINE_float("max_wait_ms", 5.0, "How long the first waiting request waits for others "
                    "to join its batch.", lower_bound=0.0)
-flags.DEFINE_list("languages", None, "SOURCE,TARGET language codes LibreTranslate's clients "
-                  "see (GET /languages). Default: those the workdir records (its training "
-                  "config's source_lang and target_lang, or an imported FSMT model's).")
+flags.DEFINE_list("languages", None, "SOURCE,TARGET: the one pair LibreTranslate's clients "
+                  "see (GET /languages), for a workdir that records none (an older OPUS-MT "
+                  "import). Default: the languages the workdir records (run.json's "
+                  "'languages': every source with its targets; older workdirs their pair).")
 flags.DEFINE_string("compilation_cache_dir", compilation.default_cache_dir(),
                     "jax's persistent compilation cache ('' = off).")
 flags.DEFINE_integer("compilation_cache_max_mb", 2048, "Cap of the compilation cache's "

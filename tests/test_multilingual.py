@@ -1,13 +1,23 @@
 """One model, many languages (issue 76): each call names its direction, a batch may mix
 targets, the target chosen as the workdir's languages record says (directions.py)."""
 
+import gzip
 import json
+import re
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
+import jax
 import pytest
 
-from flax_transformer.languages import UnknownLanguageError
+import conftest
+from flax_transformer.languages import Languages, UnknownLanguageError
 from flax_transformer.pretrained import importer
+from flax_transformer.translation.search_config import SearchConfig
 from flax_transformer.translation.translator import Translator
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,3 +58,181 @@ def test_a_target_the_model_does_not_know_is_one_line_naming_those_it_does(tagge
     tagged.translate(TEXTS, target_lang="it")
   with pytest.raises(UnknownLanguageError, match=r"^the model does not translate from 'de'"):
     tagged.translate(TEXTS, source_lang="de", target_lang="fra")
+
+
+# --- A model trained here on Multi30k's six directions (config.languages) ---------------
+
+LANGUAGES = ("en", "de", "fr")
+DIRECTIONS = [(s, t) for s in LANGUAGES for t in LANGUAGES if s != t]
+SEARCH = SearchConfig(max_extra=5)
+TOKEN = "multilingual-token"
+
+
+def val_lines(multi30k_dir, language: str, fits, count: int = 2) -> list[str]:
+  """The first lines of Multi30k's validation set in `language` that `fits` (the server's
+  16 tokens)."""
+  with gzip.open(Path(multi30k_dir) / f"val.{language}.gz", "rt", encoding="utf-8") as f:
+    return [line.strip() for line in f if fits(line.strip())][:count]
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory, multi30k_dir) -> Path:
+  """A tiny run on every direction between en, de and fr (80 steps: outputs that differ
+  by direction), trained once for the session."""
+  def build(folder):
+    done = subprocess.run(conftest.train_command(
+        folder / "run", multi30k_dir, "--config.languages=en,de,fr",
+        "--config.num_train_steps=80", "--config.checkpoint_every_steps=80"),
+        env=conftest.cpu_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+  return conftest.once_per_run(tmp_path_factory, "three_languages", build) / "run"
+
+
+@pytest.fixture(scope="module")
+def three_translator(three) -> Translator:
+  # The server's devices and batch shape: [8, 16] on 2 devices.
+  return Translator.from_workdir(three, search=SEARCH, average_last=5, batch_tokens=128,
+                                 devices=jax.devices()[:2])
+
+
+@pytest.fixture(scope="module")
+def sources(multi30k_dir, three_translator) -> dict[str, list[str]]:
+  fits = lambda line: len(three_translator.tokenizer.source.tokenize(line)) <= 16  # noqa: E731
+  return {language: val_lines(multi30k_dir, language, fits) for language in LANGUAGES}
+
+
+@pytest.fixture(scope="module")
+def by_direction(three_translator, sources) -> dict:
+  """The Translator's translations of each language's lines, per direction."""
+  return {(s, t): three_translator.translate(sources[s], source_lang=s, target_lang=t)
+          for s, t in DIRECTIONS}
+
+
+@pytest.fixture(scope="module")
+def three_server(three, tmp_path_factory):
+  log = tmp_path_factory.mktemp("serve3") / "serve.log"
+  with open(log, "wb") as out:
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "serve.py"), f"--workdir={three}", "--port=0",
+         "--cpu_devices=2", "--max_tokens=16", "--max_batch=8", "--max_extra=5",
+         f"--compilation_cache_dir={conftest.XLA_CACHE}"],
+        stdout=out, stderr=subprocess.STDOUT, env=dict(conftest.cpu_env(), SERVE_TOKEN=TOKEN))
+  deadline = time.time() + 400
+  while not (serving := re.search(r"Serving \S+ on (http://127\.0\.0\.1:\d+)/",
+                                  log.read_text())):
+    assert process.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+    time.sleep(0.5)
+  yield serving[1]
+  process.terminate()
+  process.wait(timeout=60)
+
+
+def post(url: str, path: str, body: dict, token: str | None = TOKEN) -> tuple[int, object]:
+  request = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers={
+      "Content-Type": "application/json", **({"Authorization": f"Bearer {token}"}
+                                             if token else {})})
+  try:
+    with urllib.request.urlopen(request, timeout=300) as response:
+      return response.status, json.loads(response.read())
+  except urllib.error.HTTPError as e:
+    return e.code, json.loads(e.read())
+
+
+def test_the_record_of_a_run_on_three_languages(three):
+  record = json.loads((three / "run.json").read_text())
+  assert Languages.from_json(record["languages"]) == Languages.trained(LANGUAGES)
+  assert len(DIRECTIONS) == len(Languages.trained(LANGUAGES).pairs()) == 6
+  metrics = [json.loads(line) for line in (three / "metrics.jsonl").read_text().splitlines()]
+  assert metrics[-1]["step"] == 80
+
+
+def test_six_directions_differ_and_a_mixed_batch_equals_each_target_alone(
+    three_translator, sources, by_direction):
+  """The forced target token chooses the language: each source's translations differ by
+  target; one batch mixing the targets equals each target's batch alone."""
+  for s in LANGUAGES:
+    others = [t for t in LANGUAGES if t != s]
+    assert by_direction[s, others[0]] != by_direction[s, others[1]], s
+  lines = [line for s in LANGUAGES for line in sources[s]]
+  rows = [(s, t) for s in LANGUAGES for _ in sources[s] for t in [LANGUAGES[
+      (LANGUAGES.index(s) + 1) % 3]]]
+  mixed = three_translator.translate(lines, source_lang=[s for s, _ in rows],
+                                     target_lang=[t for _, t in rows])
+  alone = [by_direction[s, t][i % 2] for i, (s, t) in enumerate(rows)]
+  assert mixed == alone
+
+
+def test_decode_py_answers_each_direction_as_the_translator(three, sources, by_direction,
+                                                            tmp_path):
+  for s, t in DIRECTIONS:
+    (tmp_path / f"{s}.txt").write_text("\n".join(sources[s]) + "\n")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "decode.py"), f"--workdir={three}",
+         f"--input={tmp_path / f'{s}.txt'}", f"--source_lang={s}", f"--target_lang={t}",
+         "--max_extra=5", "--batch_tokens=128", "--cpu_devices=2",
+         f"--compilation_cache_dir={conftest.XLA_CACHE}"],
+        env=conftest.cpu_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == by_direction[s, t], (s, t)
+
+
+def test_decode_py_without_a_target_or_with_one_it_does_not_know_is_one_line(three, tmp_path):
+  (tmp_path / "in.txt").write_text("A dog.\n")
+  for args, line in (([], "error: name a target language: it knows en -> de, fr; de -> en, "
+                          "fr; fr -> en, de"),
+                     (["--target_lang=it"], "error: the model does not translate into 'it': "
+                                            "it knows en -> de, fr; de -> en, fr; fr -> en, de")):
+    done = subprocess.run([sys.executable, str(ROOT / "decode.py"), f"--workdir={three}",
+                           f"--input={tmp_path / 'in.txt'}", *args],
+                          env=conftest.cpu_env(), capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [line], done.stderr
+
+
+def test_serve_and_libretranslate_answer_each_direction_as_the_translator(
+    three_server, sources, by_direction):
+  """serve.py's own /translate (source_lang, target_lang) and LibreTranslate's, through
+  the real libretranslatepy client: /languages lists every source with its targets, the
+  six directions equal the Translator's, /detect names each language, and source 'auto'
+  picks each line's language."""
+  from libretranslatepy import LibreTranslateAPI
+
+  client = LibreTranslateAPI(three_server + "/", api_key=TOKEN)
+  assert client.languages() == [
+      {"code": "en", "name": "English", "targets": ["de", "fr"]},
+      {"code": "de", "name": "German", "targets": ["en", "fr"]},
+      {"code": "fr", "name": "French", "targets": ["en", "de"]}]
+  for s, t in DIRECTIONS:
+    want = by_direction[s, t]
+    assert post(three_server, "/translate", {"text": sources[s], "source_lang": s,
+                                             "target_lang": t}) == (
+        200, {"translations": want}), (s, t)
+    assert [client.translate(line, s, t) for line in sources[s]] == want, (s, t)
+  for s in LANGUAGES:
+    for line in sources[s]:
+      found = client.detect(line)
+      assert found[0]["language"] == s and 0 < found[0]["confidence"] <= 100, (line, found)
+      confidences = [d["confidence"] for d in found]  # Every source, most likely first.
+      assert sorted(d["language"] for d in found) == sorted(LANGUAGES)
+      assert confidences == sorted(confidences, reverse=True), found
+    t = next(c for c in LANGUAGES if c != s)
+    status, answer = post(three_server, "/translate", {"q": sources[s], "source": "auto",
+                                                       "target": t, "api_key": TOKEN}, None)
+    assert status == 200 and answer["translatedText"] == by_direction[s, t]
+    assert [d["language"] for d in answer["detectedLanguage"]] == [s] * len(sources[s])
+
+
+def test_a_pair_the_server_does_not_know_is_a_400_naming_those_it_does(three_server):
+  known = "this server translates en to de, fr; de to en, fr; fr to en, de (GET /languages)"
+  for fields, error in (({"source": "en", "target": "it"}, f"it is not supported as target: "
+                         f"{known}"),
+                        ({"source": "it", "target": "de"}, f"it is not supported as source: "
+                         f"{known}"),
+                        ({"source": "de", "target": "de"}, f"de is not supported into de: "
+                         f"{known}")):
+    assert post(three_server, "/translate", {"q": "A dog.", "api_key": TOKEN, **fields},
+                None) == (400, {"error": error}), fields
+  assert post(three_server, "/translate", {"text": ["A dog."], "target_lang": "it"}) == (
+      400, {"error": "the model does not translate into 'it': it knows en -> de, fr; de -> en, "
+                     "fr; fr -> en, de"})
+  assert post(three_server, "/translate", {"text": ["A dog."]})[0] == 400  # No target named.

@@ -70,7 +70,6 @@ def run_serve(*, workdir: str, ensemble: Sequence[str], host: str, port: int,
               compilation_cache_max_mb: int) -> None:
   """serve.py's body, its flags as arguments (floats: as `check_floats`')."""
   _check_serving_installed()
-  from flax_transformer import workdir as workdir_lib
   from flax_transformer.serving import drain
   from flax_transformer.serving.app import Limits, make_app, on_grid
   from flax_transformer.serving.batcher import Batcher
@@ -96,7 +95,7 @@ def run_serve(*, workdir: str, ensemble: Sequence[str], host: str, port: int,
                   body_timeout_s=floats["body_timeout_s"], alpha_step=floats["alpha_step"])
   token = (token if token is not None else os.environ.get(TOKEN_VARIABLE)) or None
   in_flight = drain.Drain()
-  languages = tuple(languages or ()) or workdir_lib.language_pair(workdir)
+  languages = tuple(languages) if languages else None  # None: the workdir's record.
   server = make_app(translator, batcher, workdir=workdir, token=token, limits=limits,
                     drain=in_flight, languages=languages)
   print(f"Serving {workdir} on http://{host}:{listening.getsockname()[1]}/", flush=True)

@@ -102,8 +102,10 @@ def run_decode(*, workdir: str, input_path: str, output_path: str, reference: st
                attention_plot: str | None, attention_sentences: int = 1,
                compilation_cache_dir: str = "", prefix_path: str | None = None,
                score_path: str | None = None, split_sentences: bool = False,
+               source_lang: str | None = None, target_lang: str | None = None,
                **from_workdir) -> None:
   """decode.py's work; `from_workdir` goes to `Translator.from_workdir` (search included)."""
+  direction = direction_of(workdir, source_lang, target_lang)
   unknown = [m for m in metrics if m not in METRICS]
   if unknown:
     raise DataError(f"--metrics: unknown {unknown}; choose from {', '.join(METRICS)}")
@@ -115,13 +117,13 @@ def run_decode(*, workdir: str, input_path: str, output_path: str, reference: st
                       f"{', '.join(given)}")
   sentences = _read(input_path, "input")
   if split_sentences:
-    run_split(workdir, sentences, output_path, prefix_path, score_path, attention_plot,
-              reference, compilation_cache_dir=compilation_cache_dir, **from_workdir)
+    run_split(workdir, sentences, output_path, prefix_path, score_path, attention_plot, reference,
+              compilation_cache_dir=compilation_cache_dir, direction=direction, **from_workdir)
     return
   if score_path:
     targets = _read_aligned(score_path, "--score", input_path, len(sentences))
     run_score(Translator.from_workdir(workdir, **from_workdir), sentences, targets,
-              score_path, output_path, compilation_cache_dir)
+              score_path, output_path, compilation_cache_dir, direction)
     return
   prefixes = (_read_aligned(prefix_path, "--prefix", input_path, len(sentences))
               if prefix_path else None)
@@ -140,7 +142,7 @@ def run_decode(*, workdir: str, input_path: str, output_path: str, reference: st
   with tqdm(total=sum(map(bool, searched)), desc="translated", unit=" sentences",
             file=sys.stderr, mininterval=5.0, dynamic_ncols=True) as progress, \
       _naming("--prefix", prefix_path):
-    results = translator.translate_nbest(sentences, progress, prefixes)
+    results = translator.translate_nbest(sentences, progress, prefixes, **direction)
   with _output(output_path) as out:
     for i, hyps in enumerate(results):
       out.writelines(output_lines(i, hyps, nbest))
@@ -157,8 +159,16 @@ def run_decode(*, workdir: str, input_path: str, output_path: str, reference: st
       print(f"attention plot of input line {line + 1} written to {path}", file=sys.stderr)
 
 
+def direction_of(workdir: str, source_lang: str | None, target_lang: str | None) -> dict:
+  """Translator's source_lang and target_lang, checked against the workdir's languages
+  before anything loads (a pair it does not translate: one line naming those it does)."""
+  source, target = workdir_lib.languages(workdir).check_pair(source_lang, target_lang)
+  return dict(source_lang=source, target_lang=target)
+
+
 def run_split(workdir: str, texts: Sequence[str], output_path: str, *others,
-              compilation_cache_dir: str = "", **from_workdir) -> None:
+              compilation_cache_dir: str = "", direction: dict | None = None,
+              **from_workdir) -> None:
   """decode.py --split_sentences: each line a text of sentences (the workdir's source
   language's rules; English's where it records none), one translated line per line."""
   given = [f for f, v in zip(("--prefix", "--score", "--attention_plot", "--reference"), others)
@@ -166,27 +176,29 @@ def run_split(workdir: str, texts: Sequence[str], output_path: str, *others,
   if given or from_workdir["search"].nbest > 1:
     raise DataError(f"--split_sentences translates whole texts: drop "
                     f"{', '.join(given or ['--nbest'])}")
-  pair = workdir_lib.language_pair(workdir)
-  language = pair[0] if pair else "en"
+  direction = direction or {}
+  language = direction.get("source_lang") or "en"
   translator = Translator.from_workdir(workdir, compilation_cache_dir=compilation_cache_dir,
                                        **from_workdir)
   logging.info("Splitting each line into %s sentences", language)
   with tqdm(desc="translated", unit=" sentences", file=sys.stderr, mininterval=5.0,
             dynamic_ncols=True) as progress:
-    translations = translator.translate_texts(texts, language, progress)
+    translations = translator.translate_texts(texts, language, progress,
+                                              target_lang=direction.get("target_lang"))
   with _output(output_path) as out:
     out.writelines(_one_line(text) + "\n" for text in translations)
 
 
 def run_score(translator: Translator, sentences: Sequence[str], targets: Sequence[str],
-              targets_path: str, output_path: str, compilation_cache_dir: str) -> None:
+              targets_path: str, output_path: str, compilation_cache_dir: str,
+              direction: dict | None = None) -> None:
   """decode.py --score: per pair one line 'logprob<TAB>tokens' (natural log, EOS counted)."""
   compilation.enable_cache(compilation_cache_dir)
   logging.info("Scoring on %d %s device(s)", len(translator.devices),
                translator.devices[0].platform)
   with tqdm(total=len(sentences), desc="scored", unit=" pairs", file=sys.stderr,
             mininterval=5.0, dynamic_ncols=True) as progress, _naming("--score", targets_path):
-    results = translator.score(sentences, targets, progress)
+    results = translator.score(sentences, targets, progress, **(direction or {}))
   with _output(output_path) as out:
     for log_prob, tokens in results:
       out.write(f"{log_prob:.4f}\t{tokens}\n")

@@ -15,7 +15,7 @@ import decimal
 import json
 import logging
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -23,7 +23,8 @@ from starlette.requests import ClientDisconnect
 
 from flax_transformer import provenance
 from flax_transformer.errors import ConfigError
-from flax_transformer.serving import auth, hangup, libretranslate
+from flax_transformer.languages import Languages
+from flax_transformer.serving import auth, hangup, language_api, libretranslate
 from flax_transformer.serving.asgi import TrackedSend
 from flax_transformer.serving.batcher import Batcher
 from flax_transformer.serving.drain import Drain, Gate
@@ -63,6 +64,12 @@ def on_grid(alpha: float, step: float) -> float:
   return min(float(steps * grid), MAX_ALPHA)
 
 
+# Open without the token, as LibreTranslate's are: the page, the languages, its settings.
+OPEN_ROUTES = frozenset({"/", "/languages", "/frontend/settings"})
+# LibreTranslate's routes, whose api_key may come in the body: checked once it is read.
+BODY_KEY_ROUTES = frozenset({"/translate", "/detect"})
+
+
 class _Disconnected(Exception):
   """The client went away before its body was complete."""
 
@@ -98,12 +105,16 @@ class TranslateRequest(BaseModel):
   alpha: float | None = None
   nbest: int | None = None
   prefix: list[str] | None = None
+  source_lang: str | None = None  # 'auto': each text's detected (language_api.py).
+  target_lang: str | None = None  # Needed where the model has several targets.
 
 
 class ScoreRequest(BaseModel):
   model_config = ConfigDict(extra="forbid", strict=True)
   source: list[str]
   target: list[str]
+  source_lang: str | None = None
+  target_lang: str | None = None
 
 
 def _one_line(error: ValidationError, model: type[BaseModel]) -> str:
@@ -127,6 +138,13 @@ class _Requests:
     auth.check(self.token, auth.bearer(request), 401,
                "missing bearer token (header 'Authorization: Bearer <token>')", "bad bearer token")
 
+  async def guard(self, request: Request) -> None:
+    """The app's one token check, a dependency of every route: the bearer token, except
+    on OPEN_ROUTES; BODY_KEY_ROUTES take LibreTranslate's api_key too, which may come in
+    the body: their handlers check the token once it is read."""
+    if request.url.path not in OPEN_ROUTES | BODY_KEY_ROUTES:
+      self.check_token(request)
+
   async def _body(self, request: Request) -> bytes:
     most = self.limits.max_body_bytes
     declared = request.headers.get("content-length")
@@ -141,8 +159,7 @@ class _Requests:
     return b"".join(chunks)
 
   async def parse(self, request: Request, schema: type[BaseModel]):
-    """The request's body as `schema`, once its token is checked."""
-    self.check_token(request)
+    """The request's body as `schema` (its token checked by `guard`)."""
     return self.validate(await self.read(request), schema)
 
   async def read(self, request: Request) -> bytes:
@@ -252,8 +269,7 @@ def _add_routes(app: FastAPI, requests: _Requests, batcher: Batcher, health: dic
     return PAGE
 
   @app.get("/health")
-  async def get_health(request: Request):
-    requests.check_token(request)
+  async def get_health():
     # In flight: requests the server has begun to read and not yet answered, this one aside.
     return {**health, "batching": dict(batcher.stats), "in_flight": drain.in_flight - 1}
 
@@ -283,7 +299,9 @@ def _add_routes(app: FastAPI, requests: _Requests, batcher: Batcher, health: dic
       # A forced prefix leaves room for EOS within the model's max_len (as Translator).
       requests.check_sentences("prefix", body.prefix, batcher.prefix_length,
                                min(batcher.max_tokens, batcher.max_len - 1))
-    found = await asyncio.wrap_future(batcher.translate(body.text, search, body.prefix))
+    directions = face.api.directions(body.text, body.source_lang, body.target_lang)
+    found = await asyncio.wrap_future(batcher.translate(body.text, search, body.prefix,
+                                                        directions))
     answer = {"translations": [hyps[0][0] for hyps in found]}
     if body.alpha is not None:  # The alpha searched with: the request's, on the grid.
       answer["alpha"] = search.alpha
@@ -294,9 +312,18 @@ def _add_routes(app: FastAPI, requests: _Requests, batcher: Batcher, health: dic
 
   app.add_api_route("/frontend/settings", face.settings)  # Open, as LibreTranslate's.
 
+  _add_detect_and_score(app, requests, batcher, face)
+
+
+def _add_detect_and_score(app: FastAPI, requests: _Requests, batcher: Batcher,
+                          face: libretranslate.LibreTranslate) -> None:
   @app.post("/detect")
-  async def detect():  # Not LibreTranslate's 404 page: a line saying why.
-    face.detect()
+  async def detect(request: Request):  # LibreTranslate's: q -> its language, best first.
+    checked = auth.bearer(request) is not None or face.check_query_key(request)
+    if auth.bearer(request) is not None:
+      requests.check_token(request)
+    raw = await requests.read(request)
+    return face.detect(await libretranslate.fields_of(request, raw) or {}, checked)
 
   @app.post("/score")
   async def score(request: Request):
@@ -304,23 +331,30 @@ def _add_routes(app: FastAPI, requests: _Requests, batcher: Batcher, health: dic
     requests.check_paired("source", body.source, "target", body.target)
     requests.check_sentences("source", body.source)
     requests.check_sentences("target", body.target)
-    return {"scores": await asyncio.wrap_future(batcher.score(body.source, body.target))}
+    directions = face.api.directions(body.source, body.source_lang, body.target_lang)
+    return {"scores": await asyncio.wrap_future(batcher.score(body.source, body.target,
+                                                              directions))}
 
 
 def make_app(translator: Translator, batcher: Batcher, *, workdir: str, token: str | None = None,
              limits: Limits = Limits(), drain: Drain | None = None,
-             languages: tuple[str, str] | None = None) -> FastAPI:
+             languages: Languages | tuple[str, str] | None = None) -> FastAPI:
   """The app serving `translator`'s model through `batcher`; `token`: when set, API calls
   need the header `Authorization: Bearer <token>`; `drain`: what a shutdown drains
-  (drain.run); `languages`: the (source, target) pair LibreTranslate's clients see."""
-  app = FastAPI(title="flax-transformer", docs_url=None, redoc_url=None, openapi_url=None)
+  (drain.run); `languages`: what the model translates between (default: the
+  translator's record; a (source, target) pair names a model's one pair)."""
+  requests = _Requests(batcher, limits, token)
+  # One token check for every route, those added later too (`_Requests.guard`).
+  app = FastAPI(title="flax-transformer", docs_url=None, redoc_url=None, openapi_url=None,
+                dependencies=[Depends(requests.guard)])
   app.add_middleware(hangup.CancelOnDisconnect)  # Innermost: a hang-up cancels the handler.
   app.add_middleware(CatchAll)
   drain = drain or Drain()
   app.add_middleware(Gate, drain=drain)  # Outside the handlers: it sees CancelledError.
   app.add_middleware(libretranslate.Cors)  # Outermost: the 503s of a drain get its headers.
   _add_error_handlers(app)
-  face = libretranslate.LibreTranslate(languages, token, batcher, limits)
-  _add_routes(app, _Requests(batcher, limits, token), batcher,
+  face = libretranslate.LibreTranslate(language_api.for_model(
+      translator.languages if languages is None else languages), token, batcher, limits)
+  _add_routes(app, requests, batcher,
               _health(translator, batcher, workdir, limits), face, drain)
   return app

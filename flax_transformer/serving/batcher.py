@@ -33,6 +33,8 @@ import threading
 import time
 from typing import Sequence
 
+from flax_transformer.serving.batch_jobs import (Family, Job, answer, direction,
+                                                  family_key, languages_of)
 from flax_transformer.translation import search_memory
 from flax_transformer.translation.batching import bucket_length
 from flax_transformer.translation.search_config import SearchConfig
@@ -50,48 +52,6 @@ def row_ladder(devices: int, max_batch: int) -> list[int]:
     ladder.append(rows)
     rows *= 4
   return ladder + [top]
-
-
-def _answer(future: concurrent.futures.Future, result=None, error: BaseException | None = None
-            ) -> None:
-  """Sets `future`'s result (or `error`) unless it is done: its caller may have cancelled
-  it (uvicorn's shutdown, any Python caller), and its batch-mates are answered all the
-  same. set_running_or_notify_cancel makes a cancel and the answer exclusive: a cancel
-  between it and set_result fails."""
-  if future.done() or not future.set_running_or_notify_cancel():
-    return
-  if error is None:
-    future.set_result(result)
-  else:
-    future.set_exception(error)
-
-
-def _family_key(search: SearchConfig) -> SearchConfig:
-  """The option set whose programs serve `search`: its nbest is the beam's."""
-  return dataclasses.replace(search, nbest=search.beam_size)
-
-
-@dataclasses.dataclass
-class _Job:
-  kind: str  # "translate" or "score"
-  sentences: list[str]  # The sources.
-  search: SearchConfig | None
-  future: concurrent.futures.Future
-  prefixes: list[str] | None = None  # Translate: per sentence, its forced prefix.
-  targets: list[str] | None = None  # Score: per sentence, its target.
-
-
-@dataclasses.dataclass
-class _Family:
-  """The searches of one option set: a Translator per [rows, width], the programs
-  (rows, width, prefixed) that have run once (ready: their use compiles nothing), and
-  those compiling on the compile thread."""
-  translators: dict[tuple[int, int | None], Translator] = dataclasses.field(default_factory=dict)
-  ready: set[tuple[int, int, bool]] = dataclasses.field(default_factory=set)
-  compiling: dict[tuple[int, int, bool], concurrent.futures.Future] = dataclasses.field(
-      default_factory=dict)
-  # Per program compiling: the requests waiting for it (none left wanting it: skipped).
-  waiters: dict[tuple[int, int, bool], list] = dataclasses.field(default_factory=dict)
 
 
 class Batcher:
@@ -118,12 +78,16 @@ class Batcher:
     # of arrays already on that sharding returns them as they are (one copy per device).
     self._params = base._placed_params
     self._model = base
-    self._families: collections.OrderedDict[SearchConfig, _Family] = collections.OrderedDict()
+    # A model that forces its target's token runs the forced-prefix program for every
+    # request; warming names one of its targets (directions.py).
+    self._forces = base.languages.target_by == "decoder_prefix"
+    self._warm_target = base.languages.targets[0] if self._forces else None
+    self._families: collections.OrderedDict[SearchConfig, Family] = collections.OrderedDict()
     self._families_lock = threading.Lock()  # Used by warm()'s, the search and compile threads.
-    # Per option set (_family_key): requests submitted and not yet answered; the lock's.
+    # Per option set (family_key): requests submitted and not yet answered; the lock's.
     self._waiting: collections.Counter[SearchConfig] = collections.Counter()
     self._compiler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compile")
-    self._queue: queue.Queue[_Job] = queue.Queue()
+    self._queue: queue.Queue[Job] = queue.Queue()
     # cancelled: requests dropped unsearched, their futures cancelled (clients gone).
     self.stats = {"requests": 0, "sentences": 0, "searches": 0, "cancelled": 0}
     self._stats_lock = threading.Lock()
@@ -149,22 +113,26 @@ class Batcher:
     return bucket_length(min(length, self.max_tokens), WIDTH_MULTIPLE)
 
   def translate(self, sentences: Sequence[str], search: SearchConfig,
-                prefixes: Sequence[str] | None = None) -> concurrent.futures.Future:
-    """-> Future of, per sentence, `search.nbest` (translation, score) pairs, best first."""
-    return self._submit(_Job("translate", list(sentences), search, concurrent.futures.Future(),
-                             prefixes=None if prefixes is None else list(prefixes)))
+                prefixes: Sequence[str] | None = None, directions=None
+                ) -> concurrent.futures.Future:
+    """-> Future of, per sentence, `search.nbest` (translation, score) pairs, best first.
+    directions: per sentence, its (source, target) languages (requests mix them)."""
+    return self._submit(Job("translate", list(sentences), search, concurrent.futures.Future(),
+                             prefixes=None if prefixes is None else list(prefixes),
+                             directions=directions))
 
-  def score(self, sources: Sequence[str], targets: Sequence[str]) -> concurrent.futures.Future:
+  def score(self, sources: Sequence[str], targets: Sequence[str], directions=None
+            ) -> concurrent.futures.Future:
     """-> Future of, per pair, {"logprob": log P(target | source), "tokens": target tokens
-    (EOS included)}, from `Translator.score`."""
-    return self._submit(_Job("score", list(sources), None, concurrent.futures.Future(),
-                             targets=list(targets)))
+    (EOS included)}, from `Translator.score` (directions: as `translate`'s)."""
+    return self._submit(Job("score", list(sources), None, concurrent.futures.Future(),
+                             targets=list(targets), directions=directions))
 
   def check_fits(self, search: SearchConfig) -> None:
     """A ConfigError (one line) if `search`'s largest batch (split over the devices)
     cannot fit in a device's memory; nothing for an option set already compiled."""
     with self._families_lock:
-      if _family_key(search) in self._families:
+      if family_key(search) in self._families:
         return
     search.check_vocabulary(self._model.model_config.vocab_size)
     width = self.widths[-1]
@@ -181,8 +149,10 @@ class Batcher:
     scorer = self._translator(self.default_search, self.ladder[-1], None)
     samples = [self._sentence_of_width(width) for width in self.widths]
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-      runs = [pool.submit(self._run_once, search, (rows, width, False)) for rows, width in shapes]
-      runs.append(pool.submit(scorer.score, samples, samples))  # One batch per width.
+      runs = [pool.submit(self._run_once, search, (rows, width, self._forces))
+              for rows, width in shapes]
+      runs.append(pool.submit(scorer.score, samples, samples,  # One batch per width.
+                              target_lang=self._warm_target))
       for run in runs:
         run.result()
     seconds = time.perf_counter() - start
@@ -192,12 +162,12 @@ class Batcher:
 
   # --- The search thread -------------------------------------------------------------------
 
-  def _submit(self, job: _Job) -> concurrent.futures.Future:
+  def _submit(self, job: Job) -> concurrent.futures.Future:
     with self._stats_lock:
       self.stats["requests"] += 1
       self.stats["sentences"] += len(job.sentences)
     if job.search is not None:  # Its option set is pinned until it is answered (or cancelled).
-      key = _family_key(job.search)
+      key = family_key(job.search)
       with self._families_lock:
         self._waiting[key] += 1
       job.future.add_done_callback(lambda _: self._answered(key))
@@ -222,7 +192,7 @@ class Batcher:
           break
         jobs.append(job)
         count += len(job.sentences)
-      groups: dict[tuple, list[_Job]] = collections.defaultdict(list)
+      groups: dict[tuple, list[Job]] = collections.defaultdict(list)
       for job in jobs:
         if job.future.cancelled():  # Nobody waits for it: no search, no compile.
           with self._stats_lock:
@@ -238,13 +208,13 @@ class Batcher:
         except Exception as e:  # noqa: BLE001 - an error goes to its requests, not the thread.
           self._fail(members, e)
 
-  def _fail(self, jobs: list[_Job], error: BaseException) -> None:
+  def _fail(self, jobs: list[Job], error: BaseException) -> None:
     logging.error("%s of %d request(s) failed: %s", jobs[0].kind, len(jobs), error,
                   exc_info=error)
     for job in jobs:
-      _answer(job.future, error=error)
+      answer(job.future, error=error)
 
-  def _plan(self, jobs: list[_Job]) -> list[tuple[int, int, list[tuple[int, int]]]]:
+  def _plan(self, jobs: list[Job]) -> list[tuple[int, int, list[tuple[int, int]]]]:
     """The searches of one group: (rows, width, its (job, sentence) indices) each."""
     by_width: dict[int, list[tuple[int, int]]] = collections.defaultdict(list)
     for j, job in enumerate(jobs):
@@ -259,9 +229,9 @@ class Batcher:
         plan.append((next(r for r in self.ladder if r >= len(chunk)), width, chunk))
     return plan
 
-  def _translate(self, search: SearchConfig, jobs: list[_Job]) -> None:
+  def _translate(self, search: SearchConfig, jobs: list[Job]) -> None:
     plan = self._plan(jobs)
-    prefixed = jobs[0].prefixes is not None
+    prefixed = jobs[0].prefixes is not None or self._forces
     with self._families_lock:
       family = self._family(search)
       missing = {(rows, width, prefixed) for rows, width, _ in plan} - family.ready
@@ -272,17 +242,19 @@ class Batcher:
     for rows, width, chunk in plan:
       translator = self._translator(search, rows, width)
       sentences = [jobs[j].sentences[i] for j, i in chunk]
+      given = jobs[0].prefixes is not None
       found = translator.translate_nbest(
-          sentences, prefixes=[jobs[j].prefixes[i] for j, i in chunk] if prefixed else None)
+          sentences, prefixes=[jobs[j].prefixes[i] for j, i in chunk] if given else None,
+          **languages_of([direction(jobs[j], i) for j, i in chunk]))
       with self._stats_lock:
         self.stats["searches"] += 1
       for (j, i), hyps in zip(chunk, found):
         results[j][i] = hyps[:search.nbest]
     for job, result in zip(jobs, results):
-      _answer(job.future, result)
+      answer(job.future, result)
 
   def _compile_then_requeue(self, search: SearchConfig, keys: set[tuple[int, int, bool]],
-                            jobs: list[_Job]) -> None:
+                            jobs: list[Job]) -> None:
     """Compiles `keys`' programs on the compile thread (once, however many groups wait
     for them), then puts `jobs` back in the queue (or fails them with the compile's error)."""
     with self._families_lock:
@@ -317,7 +289,7 @@ class Batcher:
     from then on it is ready. Skipped if every request waiting for it was cancelled."""
     rows, width, prefixed = key
     with self._families_lock:
-      known = self._families.get(_family_key(search))  # Not made more recently used.
+      known = self._families.get(family_key(search))  # Not made more recently used.
       waiters = known.waiters.pop(key, []) if known else []  # None: warm()'s.
       if waiters and all(job.future.cancelled() for job in waiters):  # Requeued, dropped.
         known.compiling.pop(key, None)
@@ -327,8 +299,9 @@ class Batcher:
       family = self._family(search)  # Dropped meanwhile? Its users find the key missing.
     sample = self._sentence_of_width(width)
     try:
-      self._translator(search, rows, width).translate_nbest([sample],
-                                                            prefixes=[""] if prefixed else None)
+      self._translator(search, rows, width).translate_nbest(
+          [sample], prefixes=[""] if prefixed and not self._forces else None,
+          target_lang=self._warm_target)
       with self._families_lock:
         family.ready.add(key)
     finally:  # A failed compile (a passing out-of-memory, say) is tried anew by the next.
@@ -336,16 +309,18 @@ class Batcher:
         family.compiling.pop(key, None)
         family.waiters.pop(key, None)
 
-  def _score(self, jobs: list[_Job]) -> None:
+  def _score(self, jobs: list[Job]) -> None:
     sources = [s for job in jobs for s in job.sentences]
     targets = [t for job in jobs for t in job.targets]
+    directions = [direction(job, i) for job in jobs for i in range(len(job.sentences))]
     found = [{"logprob": logprob, "tokens": tokens} for logprob, tokens in
-             self._translator(self.default_search, self.ladder[-1], None).score(sources, targets)]
+             self._translator(self.default_search, self.ladder[-1], None).score(
+                 sources, targets, **languages_of(directions))]
     with self._stats_lock:
       self.stats["searches"] += 1
     start = 0
     for job in jobs:
-      _answer(job.future, found[start:start + len(job.sentences)])
+      answer(job.future, found[start:start + len(job.sentences)])
       start += len(job.sentences)
 
   def _translator(self, search: SearchConfig, rows: int, width: int | None) -> Translator:
@@ -361,19 +336,19 @@ class Batcher:
             self._model.model_configs, self._params, self.tokenizer,
             dataclasses.replace(search, nbest=search.beam_size), batch_tokens=budget,
             devices=self.devices, checkpoint_steps=self._model.checkpoint_steps,
-            whole_batches=True)
+            whole_batches=True, languages=self._model.languages)
       return family.translators[key]
 
-  def _family(self, search: SearchConfig) -> _Family:
+  def _family(self, search: SearchConfig) -> Family:
     """`search`'s family (made, and the least recently used idle other than the
     default's dropped beyond max_configs); the caller holds the lock. Its Translators'
     nbest is the beam: n-best lists are the beam's first nbest, so one program serves
     every nbest (callers cut the lists)."""
-    search = _family_key(search)
+    search = family_key(search)
     family = self._families.get(search)
     if family is None:
       if len(self._families) >= self.max_configs:
-        default = _family_key(self.default_search)
+        default = family_key(self.default_search)
         idle = [s for s, f in self._families.items()  # Oldest first.
                 if s != default and not self._waiting[s] and not f.compiling]
         for dropped in idle[:len(self._families) - self.max_configs + 1]:
@@ -384,7 +359,7 @@ class Batcher:
           logging.info("%d option sets have requests waiting: %s is compiled over the cap "
                        "of %d (--max_configs) until they are answered", len(self._families),
                        search, self.max_configs)
-      family = self._families[search] = _Family()
+      family = self._families[search] = Family()
     self._families.move_to_end(search)
     return family
 

@@ -1,17 +1,18 @@
 """LibreTranslate's API on serve.py, for the clients that speak it (libretranslatepy, browser
 extensions, office plug-ins, apps with a "LibreTranslate URL" setting).
 
-POST /translate with `q` (a string or a list of strings), `source` (or "auto": no
-detection, the pair's source is taken), `target`, `format` ("text" or "html": markup.py),
+POST /translate with `q` (a string or a list of strings), `source` (or "auto": each text's
+detected, among the model's sources), `target`, `format` ("text" or "html": markup.py),
 `alternatives` (N others per text, from the n-best search) and `api_key` (serve.py's
 token), as JSON, a form (urlencoded or multipart) or the query string ->
-{"translatedText": a string or a list}; GET /languages -> the workdir's pair; GET
+{"translatedText": a string or a list}; GET /languages -> the workdir's languages, each
+with its targets; POST /detect -> q's language among the sources (language_api.py); GET
 /frontend/settings -> LibreTranslate's settings from serve.py's limits. Each text is
 split into sentences (sentences.py), searched in the batcher's batches with every other
 request's, and joined back with its own whitespace. A body with `text` instead of `q` is
 serve.py's own /translate (app.py). Errors: {"error": one line}, with
 LibreTranslate's status codes (400 a bad request or an unsupported language or option,
-403 a bad api_key, 404 /detect). Any origin may call these routes (CORS), as
+403 a bad api_key). Any origin may call these routes (CORS), as
 LibreTranslate's.
 """
 
@@ -26,14 +27,10 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 
 from flax_transformer.serving import auth, markup
+from flax_transformer.serving.language_api import NAMES, LanguageApi
 from flax_transformer.serving.errors import RequestError
 from flax_transformer.translation import sentences
 
-# Names /languages gives the codes of the pairs people train most; others show their code.
-NAMES = {"ar": "Arabic", "cs": "Czech", "de": "German", "en": "English", "es": "Spanish",
-         "fi": "Finnish", "fr": "French", "hi": "Hindi", "it": "Italian", "ja": "Japanese",
-         "ko": "Korean", "nl": "Dutch", "pl": "Polish", "pt": "Portuguese", "ro": "Romanian",
-         "ru": "Russian", "tr": "Turkish", "uk": "Ukrainian", "zh": "Chinese"}
 FIELDS = {"q", "source", "target"}  # Any of them, and no `text`: a LibreTranslate request.
 ROUTES = ("/translate", "/languages", "/detect", "/frontend/settings")
 FRONTEND_TIMEOUT_MS = 500  # LibreTranslate's default (its web page's typing pause).
@@ -95,26 +92,21 @@ async def _multipart(request: Request, body: bytes) -> list[tuple[str, str]]:
 
 
 class LibreTranslate:
-  """The LibreTranslate face (serve.py answering as a LibreTranslate server would, for
-  LibreTranslate's clients): `pair` (source, target) or None (serve.py --languages not given and the
-  workdir records none); `batcher` searches (its default search, its token limit);
-  `limits` (app.Limits): texts per request (max_sentences), characters per text
-  (max_chars), the widest beam (max_beam: alternatives + 1 at most)."""
+  """The face: `languages` (language_api.LanguageApi: the workdir's languages, or serve.py
+  --languages' pair, and the source detector); `batcher` searches (its default search, its
+  token limit); `limits` (app.Limits): texts per request (max_sentences), characters per
+  text (max_chars), the widest beam (max_beam: alternatives + 1 at most)."""
 
-  def __init__(self, pair: tuple[str, str] | None, token: str | None, batcher, limits):
-    self.pair, self.token = pair, token
+  def __init__(self, languages: LanguageApi, token: str | None, batcher, limits):
+    self.api, self.token = languages, token
     self._batcher, self._limits = batcher, limits
 
   def languages(self) -> list[dict]:
-    if self.pair is None:
-      return []
-    source, target = self.pair
-    return [{"code": source, "name": NAMES.get(source, source), "targets": [target]},
-            {"code": target, "name": NAMES.get(target, target), "targets": []}]
+    return self.api.listing()
 
   def settings(self) -> dict:
     """GET /frontend/settings: LibreTranslate's keys, from this server's limits."""
-    source, target = self.pair or ("auto", "auto")
+    source, target = self.api.default_pair()
     return {"charLimit": self._limits.max_chars, "frontendTimeout": FRONTEND_TIMEOUT_MS,
             "apiKeys": self.token is not None, "keyRequired": self.token is not None,
             "suggestions": False, "filesTranslation": False, "supportedFilesFormat": [],
@@ -132,10 +124,17 @@ class LibreTranslate:
       self.check_key(key)
     return key is not None
 
-  def detect(self):
-    pair = "" if self.pair is None else f": it translates {self.pair[0]} to {self.pair[1]}"
-    raise RequestError(404, f"this server does not detect languages{pair} (send source "
-                            "'auto' to /translate to take its source language)")
+  def detect(self, fields: dict, key_checked: bool) -> list[dict]:
+    """POST /detect: q's language among the model's sources (its first text's, for a list,
+    as LibreTranslate)."""
+    if not key_checked:
+      self.check_key(fields.get("api_key"))
+    q = fields.get("q")
+    text = q[0] if isinstance(q, list) and q else q
+    if not text or not isinstance(text, str):
+      raise RequestError(400, "Invalid request: missing q parameter")
+    self._check_texts([text])
+    return self.api.detect(text)
 
   def _check_languages(self, source, target) -> None:
     for field, value in (("source", source), ("target", target)):
@@ -143,15 +142,7 @@ class LibreTranslate:
         raise RequestError(400, f"Invalid request: missing {field} parameter")
       if not value.isprintable() or len(value) > 32:  # Echoed below: no lone surrogate.
         raise RequestError(400, f"Invalid request: {field} is not a language code")
-    if self.pair is None:
-      raise RequestError(400, "this server's workdir records no language pair: start "
-                              "serve.py with --languages=SOURCE,TARGET")
-    if source not in (self.pair[0], "auto"):
-      raise RequestError(400, f"{source} is not supported as source: this server translates "
-                              f"{self.pair[0]} to {self.pair[1]} (GET /languages)")
-    if target != self.pair[1]:
-      raise RequestError(400, f"{target} is not supported as target: this server translates "
-                              f"{self.pair[0]} to {self.pair[1]} (GET /languages)")
+    self.api.check(source, target)
 
   def _alternatives(self, value) -> int:
     """LibreTranslate's `alternatives`: a number (of any JSON type int() takes), below 0
@@ -206,34 +197,43 @@ class LibreTranslate:
       text_format = ascii(text_format)[:40]  # Echoed: valid text whatever was sent.
       raise RequestError(400, f"{text_format} format is not supported (formats: text, html)")
     self._check_texts(texts)
-    if text_format == "html":
-      translations, others = await self._html(texts), [[] for _ in texts]  # As LibreTranslate.
+    target = fields["target"]
+    sources, detected = self.api.sources_of(texts, fields["source"], target)
+    directions = [(source, target) for source in sources]
+    if text_format == "html":  # No alternatives, as LibreTranslate.
+      translations, others = await self._html(texts, directions), [[] for _ in texts]
     else:
-      translations, others = await self._text(texts, alternatives)
+      translations, others = await self._text(texts, alternatives, directions)
     one = isinstance(q, str)
     answer = {"translatedText": translations[0] if one else translations}
-    if fields["source"] == "auto":  # Not detected: the pair's one source (docs/decoding.md).
-      detected = {"confidence": 100, "language": self.pair[0]}
-      answer["detectedLanguage"] = detected if one else [detected] * len(q)
+    if detected is not None:
+      answer["detectedLanguage"] = detected[0] if one else detected
     if alternatives:
       answer["alternatives"] = others[0] if one else others
     return answer
 
-  async def _found(self, texts: list[str], alternatives: int = 0):
-    """Each text's sentences searched in the batcher's batches: (layouts, n-best lists)."""
+  async def _found(self, texts: list[str], directions: list, alternatives: int = 0):
+    """Each text's sentences (split as its source language's) searched in the batcher's
+    batches, each in its text's direction: (layouts, n-best lists)."""
     batcher = self._batcher
-    inputs, layouts = sentences.layout(texts, self.pair[0], batcher.max_tokens,
-                                       batcher.source_length)
+    inputs, layouts, rows = [], [], []
+    for text, direction in zip(texts, directions):
+      found, (layout,) = sentences.layout([text], direction[0] or "en", batcher.max_tokens,
+                                          batcher.source_length)
+      inputs += found
+      layouts.append(layout)
+      rows += [direction] * len(found)
     search = self._search(alternatives)
-    found = await asyncio.wrap_future(batcher.translate(inputs, search)) if inputs else []
+    found = (await asyncio.wrap_future(batcher.translate(inputs, search, directions=rows))
+             if inputs else [])
     return layouts, found
 
-  async def _text(self, texts: list[str], alternatives: int
+  async def _text(self, texts: list[str], alternatives: int, directions: list
                   ) -> tuple[list[str], list[list[str]]]:
     """Translations, and up to `alternatives` others per text. As LibreTranslate's
     (argos-translate's hypotheses): the k-th alternative of a split text joins its
     sentences' k-th hypotheses; duplicates and the translation itself left out."""
-    layouts, found = await self._found(texts, alternatives)
+    layouts, found = await self._found(texts, directions, alternatives)
     ranked = [sentences.join(layouts, [hyps[min(k, len(hyps) - 1)][0] for hyps in found])
               for k in range(alternatives + 1)]
     others = []
@@ -246,9 +246,11 @@ class LibreTranslate:
       others.append(unique)
     return ranked[0], others
 
-  async def _html(self, texts: list[str]) -> list[str]:
+  async def _html(self, texts: list[str], directions: list) -> list[str]:
     """Each document's text nodes translated (their sentences split), its markup kept."""
     documents = [markup.Document(text) for text in texts]
-    layouts, found = await self._found([node for d in documents for node in d.texts])
+    layouts, found = await self._found(
+        [node for d in documents for node in d.texts],
+        [direction for d, direction in zip(documents, directions) for _ in d.texts])
     nodes = iter(sentences.join(layouts, [hyps[0][0] for hyps in found]))
     return [d.render([next(nodes) for _ in d.texts]) for d in documents]

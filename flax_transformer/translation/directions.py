@@ -5,7 +5,8 @@ target_by "source_tag": the target's tag is put before the source text (OPUS-MT'
 text', tokenized by its tokenizer as one token); "decoder_prefix": the target's token is
 forced as the decoder's first output (its ids as the target side tokenizes its text: a
 sentencepiece user-defined symbol is '▁' and itself, as training's targets start), before
-any prefix the caller forces, and cut from the hypotheses before they are written; "none": nothing (one target).
+any prefix the caller forces, and cut from the hypotheses before they are written;
+"none": nothing (one target).
 The target is per row: one compiled search serves a batch of mixed targets (forced ids are
 data, search.py).
 """

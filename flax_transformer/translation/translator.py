@@ -283,14 +283,18 @@ class Translator:
     return [hyps[0][0] for hyps in self.translate_nbest(sentences, progress, prefixes,
                                                         source_lang, target_lang)]
 
-  def translate_texts(self, texts: Sequence[str], language: str, progress=None) -> list[str]:
+  def translate_texts(self, texts: Sequence[str], language: str, progress=None,
+                      target_lang: str | None = None) -> list[str]:
     """One translation per text, each split into sentences by `language`'s rules
     (sentences.py, sentencex), the sentences translated together, each text joined back
     with its own whitespace and newlines; a sentence over the model's max_len is cut at
-    it, with a warning, and translated in pieces (decode.py --split_sentences)."""
+    it, with a warning, and translated in pieces (decode.py --split_sentences).
+    `language` is the source's (source_lang), target_lang as `translate_nbest`'s."""
     inputs, layouts = sentences_lib.layout(
         texts, language, self.max_len, lambda s: len(self.tokenizer.source.tokenize(s)))
-    return sentences_lib.join(layouts, self.translate(inputs, progress))
+    direction = dict(source_lang=language if language in self.languages.sources else None,
+                     target_lang=target_lang)
+    return sentences_lib.join(layouts, self.translate(inputs, progress, **direction))
 
   def score(self, sources: Sequence[str], targets: Sequence[str], progress=None,
             source_lang: Codes = None, target_lang: Codes = None) -> list[tuple[float, int]]:
