@@ -8,6 +8,7 @@ import sys
 
 EXIT_BAD_INPUT = 2  # Bad config, data, workdir: the message says what to fix.
 EXIT_FAILED = 1  # The run itself failed (the loss diverged, a checkpoint could not be written).
+EXIT_FORCED = 130  # 128 + SIGINT: a second Ctrl-C ended training at once (stop_request).
 
 
 class ConfigError(ValueError):

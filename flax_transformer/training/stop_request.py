@@ -10,8 +10,7 @@ import sys
 import jax
 
 from flax_transformer.checkpoints import Checkpointer
-
-EXIT_FORCED = 130  # 128 + SIGINT: what a shell reports for a process Ctrl-C ended.
+from flax_transformer.errors import EXIT_FORCED
 
 
 class StopRequest:
