@@ -490,6 +490,53 @@ def test_a_cancelled_request_is_dropped_and_its_batch_mates_answered(translator,
   assert batcher.stats["searches"] == 2 and batcher.stats["cancelled"] == 2
 
 
+def _post(app, path: str, body: dict) -> tuple[int, dict]:
+  """(status, JSON answer) of POST `body` (JSON) to the ASGI `app` in this process, its
+  connection open until the answer (as an ASGI server's receive: blocks once the body
+  is in)."""
+  import asyncio
+
+  data, sent, calls = json.dumps(body).encode(), [], []
+
+  async def receive():
+    if calls:
+      await asyncio.Event().wait()
+    calls.append(1)
+    return {"type": "http.request", "body": data, "more_body": False}
+
+  async def send(message):
+    sent.append(message)
+
+  scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+           "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+           "root_path": "", "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(data)).encode())],
+           "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+  asyncio.run(app(scope, receive, send))
+  status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+  return status, json.loads(b"".join(m.get("body", b"") for m in sent
+                                     if m["type"] == "http.response.body"))
+
+
+def test_a_request_whose_search_no_memory_holds_is_a_422_line(translator, batcher):
+  """A server whose --max_beam lets a request ask for a beam of 10^5 (10^8): its option
+  set's largest batch, [8, 64] on 2 devices, is refused by the memory estimate (the
+  int32 bound) in one line, before anything compiles; wrong types by the schema."""
+  from flax_transformer.serving.app import Limits, make_app
+
+  app = make_app(translator, batcher, workdir="wd", limits=Limits(max_beam=10**9))
+  families = list(batcher._families)
+  for options, words in [
+      ({"beam_size": 100_000}, "beam_size=100000: a search of 4 sentence(s) x 64 tokens"),
+      ({"beam_size": 10**8}, "beam_size=100000000 x the vocabulary's"),
+      ({"beam_size": 2.5}, "field 'beam_size': Input should be a valid integer"),
+      ({"beam_size": True}, "field 'beam_size': Input should be a valid integer"),
+      ({"alpha": True}, "field 'alpha': Input should be a valid number")]:
+    status, answer = _post(app, "/translate", {"text": ["A dog."], **options})
+    assert status == 422 and answer["error"].startswith(words), (options, answer)
+  assert list(batcher._families) == families  # No option set made, nothing compiled.
+
+
 def _sent_then_hung_up(server, body: dict) -> socket.socket:
   """A client that sent POST /translate `body` whole and reads nothing: close the socket
   and it has hung up (curl -m 1)."""
