@@ -724,11 +724,9 @@ def test_libretranslate_cors_multipart_query_strings_auto_and_what_it_refuses(se
       ("alternatives", {**fields, "alternatives": "3 please"}, 400,
        "Invalid request: alternatives parameter is not a number")]:
     assert server.call("/translate", body, token=None) == (status, {"error": error}), what
-  # /detect of a one-source model: that source (its api_key checked, as LibreTranslate's).
-  assert _http(server, "POST", "/detect", f"q=Hallo&api_key={TOKEN}".encode())[::2] == (
-      200, [{"confidence": 100.0, "language": "en"}])
-  assert _http(server, "POST", "/detect", b"q=Hallo")[::2] == (403, {
-      "error": "missing api_key: this server needs its token as api_key"})
+  assert _http(server, "POST", "/detect", b"q=Hallo")[::2] == (404, {
+      "error": "this server does not detect languages: it translates en to de (send source "
+               "'auto' to /translate to take its source language)"})
   # A token outside the body is checked before the body is read: no 408 after 2 s of
   # waiting for 400 bytes never sent (at 8795e60 the body was read first).
   for credential, status in [({"Authorization": "Bearer guess"}, 401), ({}, 403)]:
@@ -818,3 +816,60 @@ def test_sigterm_during_a_compile_answers_the_accepted_requests_and_503s_new_one
       "drained 2 of the 2 request(s) in flight, refused 1 new one(s) with 503, cut off 0 at "
       "the 25 s drain time"), log[-3000:]
   assert "Traceback" not in log
+
+
+def _status(app, method: str, path: str, headers=()) -> int:
+  """The status of `method` `path` with an empty JSON object as body, sent to the ASGI
+  `app` in this process."""
+  import asyncio
+
+  data, sent, calls = b"{}", [], []
+
+  async def receive():
+    if calls:
+      await asyncio.Event().wait()
+    calls.append(1)
+    return {"type": "http.request", "body": data, "more_body": False}
+
+  async def send(message):
+    sent.append(message)
+
+  scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+           "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+           "root_path": "", "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", b"2"), *headers],
+           "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+  asyncio.run(app(scope, receive, send))
+  return next(m["status"] for m in sent if m["type"] == "http.response.start")
+
+
+def test_every_route_without_the_token_is_refused_but_libretranslates_open_ones(translator,
+                                                                               batcher):
+  """The token is one dependency of the whole app: every route, one added after the app
+  was made too, answers 401 without it; only OPEN_ROUTES (open as LibreTranslate's)
+  answer, and BODY_KEY_ROUTES (LibreTranslate's api_key may come in the body) refuse
+  once the body is read."""
+  from fastapi.routing import APIRoute
+
+  from flax_transformer.serving.app import BODY_KEY_ROUTES, OPEN_ROUTES, make_app
+
+  app = make_app(translator, batcher, workdir="wd", token=TOKEN)
+
+  @app.get("/added_later")
+  async def added_later():
+    return {"ok": True}
+
+  routes = [(method, route.path) for route in app.routes if isinstance(route, APIRoute)
+            for method in route.methods]
+  assert {path for _, path in routes} >= (OPEN_ROUTES | BODY_KEY_ROUTES
+                                          | {"/health", "/score", "/added_later"})
+  for method, path in routes:
+    status = _status(app, method, path)
+    if path in OPEN_ROUTES:
+      assert status == 200, (method, path, status)
+    elif path in BODY_KEY_ROUTES:
+      assert 400 <= status < 500, (method, path, status)
+    else:
+      assert status == 401, (method, path, status)
+  assert _status(app, "GET", "/added_later", [(b"authorization", f"Bearer {TOKEN}".encode())]
+                 ) == 200
