@@ -139,7 +139,11 @@ def test_frontend_settings_and_errors_naming_the_q_item(server):
 
 def test_what_libretranslates_own_api_tests_check(server):
   """libretranslate/tests/test_api/ (LibreTranslate 1.9.6), run against serve.py with its
-  pair (en-de for their en-es). /detect's checks are H7's (language identification)."""
+  pair (en-de for their en-es). What cannot pass as written there: the unsupported
+  language's exact line "zz is not supported" (here it goes on to name the pair, so it
+  starts so); GET /health's {"status": "ok"} (serve.py's own /health: its bearer token
+  when it has one, and more keys); GET /spec (serve.py serves no OpenAPI spec). POST
+  /detect's language answers are language identification's (issue 76)."""
   form = lambda fields: urllib.parse.urlencode({"api_key": TOKEN, **fields}).encode()  # noqa: E731
   # test_api_translate: a form, format text.
   status, _, answer = _http(server, "POST", "/translate", form(
@@ -165,3 +169,6 @@ def test_what_libretranslates_own_api_tests_check(server):
   assert _http(server, "POST", "/languages")[0] == 405
   # test_api_get_frontend_settings.
   assert _http(server, "GET", "/frontend/settings")[0] == 200
+  # ..._must_fail_bad_request_type of /detect and /health.
+  assert _http(server, "GET", "/detect")[0] == 405
+  assert _http(server, "POST", "/health")[0] == 405
