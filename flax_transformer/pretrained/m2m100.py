@@ -97,11 +97,8 @@ def import_folder(folder: Path, dtype: str = "float32") -> convert.Imported:
   weights = streamed.read(folder, dtype)
   model_config = model_config.replace(param_dtype=weights.param_dtype)
   params = _params(weights, model_config, order, pad, folder / "model.safetensors")
-  padded = -(-rows // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+  padded = padded_rows(rows)  # _params padded the embedding.
   if padded != rows:
-    embedding = params["shared_embedding"]["embedding"]
-    params["shared_embedding"]["embedding"] = np.concatenate(
-        [embedding, np.zeros((padded - rows, embedding.shape[1]), embedding.dtype)])
     model_config = model_config.replace(vocab_size=padded, vocab_padding=padded - rows)
     notes.append(f"vocabulary padded from {rows} to {padded} rows (a multiple of "
                  f"{VOCAB_MULTIPLE}, for tensor sharding): ids {rows}.. are never produced")
@@ -164,6 +161,10 @@ def _nllb_added(folder: Path, tokenizer_config: dict, model) -> dict[int, str]:
   return {**{base + i: c for i, c in enumerate(codes)}, base + len(codes): "<mask>"}
 
 
+def padded_rows(rows: int) -> int:
+  return -(-rows // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
 def model_config_from(config: dict, where: Path, *, decoder_start_id: int) -> TransformerConfig:
   """The TransformerConfig of an M2M100Config (`config`: config.json over DEFAULTS)."""
   return bart_config.model_config_from(
@@ -185,8 +186,11 @@ def _params(weights: dict, model_config: TransformerConfig, order: np.ndarray, p
   if shared.shape != (model_config.vocab_size, model_config.d_model):
     raise DataError(f"{where}: the embedding is {list(shared.shape)}, config.json says "
                     f"[{model_config.vocab_size}, {model_config.d_model}]")
-  params: dict = {"shared_embedding": {"embedding": shared[order]}, "encoder": {},
-                  "decoder": {}}
+  # Permuted into the padded rows in one allocation (NLLB's matrix is 1 GB).
+  embedding = np.zeros((padded_rows(len(order)), shared.shape[1]), shared.dtype)
+  np.take(shared, order, axis=0, out=embedding[:len(order)])
+  del shared
+  params: dict = {"shared_embedding": {"embedding": embedding}, "encoder": {}, "decoder": {}}
   rows = model_config.max_len + model_config.position_offset
   table = sinusoidal_position_encoding(rows, model_config.d_model, layout="halves",
                                        frequencies="fairseq")

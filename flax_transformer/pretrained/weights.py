@@ -10,6 +10,7 @@ tensor must share one dtype, which becomes the model's param_dtype).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -19,29 +20,66 @@ from flax_transformer.errors import DataError
 DTYPES = ("float32", "stored")
 
 
+# safetensors' dtype names -> numpy's (bf16: ml_dtypes', which jax brings).
+NUMPY_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+                "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8",
+                "BOOL": "bool"}
+
+
+def read_header(path: Path) -> tuple[dict, int]:
+  """(name -> {dtype, shape, data_offsets}, where the data starts) of a safetensors file:
+  an 8-byte little-endian header length, then the JSON header (the format's whole
+  specification); a malformed one is a DataError."""
+  try:
+    with open(path, "rb") as f:
+      length = int.from_bytes(f.read(8), "little")
+      if not 2 <= length <= 100_000_000:
+        raise ValueError(f"header length {length}")
+      header = json.loads(f.read(length))
+    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+    for name, entry in tensors.items():
+      begin, finish = entry["data_offsets"]
+      if entry["dtype"] not in NUMPY_DTYPES or not 0 <= begin <= finish:
+        raise ValueError(f"tensor {name!r}: {entry}")
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise DataError(f"{path}: not a readable safetensors file ({e})") from None
+  return tensors, 8 + length
+
+
 class StreamedWeights(dict):
-  """The tensors of a safetensors file by name, each read from the file when popped."""
+  """The tensors of a safetensors file by name, each read from the file when popped.
+
+  Read with pread, not through safetensors' mmap: the pages of a mapped file stay resident
+  (and counted in the process' RSS) after their tensor is converted, so a mapped 13 GB
+  file would add 13 GB to the import's peak (bench/import_memory.py measured it)."""
 
   def __init__(self, path: Path, dtype: str = "float32"):
-    from safetensors import SafetensorError, safe_open
+    import ml_dtypes  # noqa: F401 (numpy's 'bfloat16')
     if dtype not in DTYPES:
       raise DataError(f"--dtype={dtype!r} is not one of {list(DTYPES)}")
-    try:
-      self._file = safe_open(str(path), framework="numpy")
-      names = list(self._file.keys())
-      stored = {name: self._file.get_slice(name).get_dtype() for name in names}
-    except (SafetensorError, OSError, ValueError) as e:
-      raise DataError(f"{path}: not a readable safetensors file ({e})") from None
-    super().__init__((name, None) for name in names)
+    self._entries, self._start = read_header(path)
+    super().__init__((name, None) for name in self._entries)
     self.path, self.dtype = path, dtype
-    self.stored_dtypes = sorted(set(stored.values()))
+    self.stored_dtypes = sorted({e["dtype"] for e in self._entries.values()})
     if dtype == "stored" and len(self.stored_dtypes) > 1:
       raise DataError(f"{path}: tensors of several dtypes {self.stored_dtypes}: --dtype=stored "
                       "needs one (the default, float32, casts each)")
 
   def _read(self, name: str) -> np.ndarray:
-    tensor = self._file.get_tensor(name)
-    return tensor if self.dtype == "stored" else np.asarray(tensor, np.float32)
+    entry = self._entries[name]
+    begin, finish = entry["data_offsets"]
+    dtype = np.dtype(NUMPY_DTYPES[entry["dtype"]])
+    count = int(np.prod(entry["shape"], dtype=np.int64))
+    if finish - begin != dtype.itemsize * count:
+      raise DataError(f"{self.path}: tensor {name!r} does not fit its shape {entry['shape']} "
+                      f"and dtype {entry['dtype']}")
+    with open(self.path, "rb") as f:
+      f.seek(self._start + begin)
+      tensor = np.fromfile(f, dtype, count)  # One allocation, written in place.
+    if tensor.size != count:
+      raise DataError(f"{self.path}: tensor {name!r} is cut short (a truncated file?)")
+    tensor = tensor.reshape(entry["shape"])
+    return tensor if self.dtype == "stored" else tensor.astype(np.float32, copy=False)
 
   def pop(self, name, *default):
     if name not in self:
