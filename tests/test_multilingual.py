@@ -15,6 +15,7 @@ import jax
 import pytest
 
 import conftest
+from flax_transformer.data import multilingual
 from flax_transformer.languages import Languages, UnknownLanguageError
 from flax_transformer.pretrained import importer
 from flax_transformer.translation.search_config import SearchConfig
@@ -82,7 +83,9 @@ def three(tmp_path_factory, multi30k_dir) -> Path:
   def build(folder):
     done = subprocess.run(conftest.train_command(
         folder / "run", multi30k_dir, "--config.languages=en,de,fr",
-        "--config.num_train_steps=80", "--config.checkpoint_every_steps=80"),
+        "--config.num_train_steps=80", "--config.checkpoint_every_steps=80",
+        "--config.eval_every_steps=80", "--config.bleu_every_steps=80",
+        "--config.num_bleu_sentences=4"),
         env=conftest.cpu_env(), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
 
@@ -144,7 +147,30 @@ def test_the_record_of_a_run_on_three_languages(three):
   assert Languages.from_json(record["languages"]) == Languages.trained(LANGUAGES)
   assert len(DIRECTIONS) == len(Languages.trained(LANGUAGES).pairs()) == 6
   metrics = [json.loads(line) for line in (three / "metrics.jsonl").read_text().splitlines()]
-  assert metrics[-1]["step"] == 80
+  last = metrics[-1]
+  assert last["step"] == 80
+  per_direction = [last[f"bleu_{s}-{t}"] for s, t in DIRECTIONS]  # In-training BLEU each.
+  assert last["bleu"] == pytest.approx(sum(per_direction) / 6)
+  assert all(f"chrf_{s}-{t}" in last for s, t in DIRECTIONS)
+
+
+def test_directions_are_sampled_by_temperature():
+  """Each direction's share of a pass: n ** (1 / T), normalised (Arivazhagan et al. 2019);
+  T = 1 keeps the corpora's proportions, a large T evens them out; every pair's target
+  starts with its language's token."""
+  assert multilingual.shares([900, 100], 1.0) == [900, 100]
+  assert multilingual.shares([900, 100], 1e9) == [500, 500]
+  assert multilingual.shares([900, 100], 2.0) == [750, 250]  # sqrt: 30 : 10.
+  with pytest.raises(multilingual.ConfigError, match="pair_temperature=0"):
+    multilingual.shares([1, 1], 0)
+  parts = {("en", "de"): [(f"e{i}", f"d{i}") for i in range(9)],
+           ("de", "fr"): [(f"d{i}", f"f{i}") for i in range(1)]}
+  mixed = multilingual.MultilingualPairs(parts, Languages.trained(["en", "de", "fr"]), 1e9)
+  pairs = [mixed[i] for i in range(len(mixed))]
+  assert len(pairs) == 10 and pairs.count(("d0", "<2fr> f0")) == 5  # Repeated to its share.
+  assert sorted(p for p in pairs if p[1].startswith("<2de> ")) == sorted(
+      {(s, f"<2de> {t}") for s, t in parts["en", "de"]} & set(pairs))
+  assert sum(p[1].startswith("<2de> ") for p in pairs) == 5  # Subsampled to its share.
 
 
 def test_six_directions_differ_and_a_mixed_batch_equals_each_target_alone(
