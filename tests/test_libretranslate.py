@@ -172,3 +172,16 @@ def test_what_libretranslates_own_api_tests_check(server):
   # ..._must_fail_bad_request_type of /detect and /health.
   assert _http(server, "GET", "/detect")[0] == 405
   assert _http(server, "POST", "/health")[0] == 405
+
+
+def test_what_libretranslates_own_detect_tests_check(server):
+  """libretranslate/tests/test_api/test_api_detect_language.py (1.9.6) against serve.py
+  (with its api_key: this server has a token): a form q -> 200, a list of {confidence,
+  language}; no q -> 400 with an error."""
+  status, _, answer = _http(server, "POST", "/detect", urllib.parse.urlencode(
+      {"q": "Hello", "api_key": TOKEN}).encode())
+  assert status == 200 and len(answer) >= 1, answer
+  assert {"confidence", "language"} <= answer[0].keys()
+  # No parameters (the key aside: in the query string, checked before the body).
+  status, _, answer = _http(server, "POST", "/detect?api_key=" + TOKEN)
+  assert status == 400 and "error" in answer

@@ -23,7 +23,8 @@ from starlette.requests import ClientDisconnect
 
 from flax_transformer import provenance
 from flax_transformer.errors import ConfigError
-from flax_transformer.serving import auth, hangup, libretranslate
+from flax_transformer.languages import Languages
+from flax_transformer.serving import auth, hangup, language_api, libretranslate
 from flax_transformer.serving.asgi import TrackedSend
 from flax_transformer.serving.batcher import Batcher
 from flax_transformer.serving.drain import Drain, Gate
@@ -104,12 +105,16 @@ class TranslateRequest(BaseModel):
   alpha: float | None = None
   nbest: int | None = None
   prefix: list[str] | None = None
+  source_lang: str | None = None  # 'auto': each text's detected (language_api.py).
+  target_lang: str | None = None  # Needed where the model has several targets.
 
 
 class ScoreRequest(BaseModel):
   model_config = ConfigDict(extra="forbid", strict=True)
   source: list[str]
   target: list[str]
+  source_lang: str | None = None
+  target_lang: str | None = None
 
 
 def _one_line(error: ValidationError, model: type[BaseModel]) -> str:
@@ -294,7 +299,9 @@ def _add_routes(app: FastAPI, requests: _Requests, batcher: Batcher, health: dic
       # A forced prefix leaves room for EOS within the model's max_len (as Translator).
       requests.check_sentences("prefix", body.prefix, batcher.prefix_length,
                                min(batcher.max_tokens, batcher.max_len - 1))
-    found = await asyncio.wrap_future(batcher.translate(body.text, search, body.prefix))
+    directions = face.api.directions(body.text, body.source_lang, body.target_lang)
+    found = await asyncio.wrap_future(batcher.translate(body.text, search, body.prefix,
+                                                        directions))
     answer = {"translations": [hyps[0][0] for hyps in found]}
     if body.alpha is not None:  # The alpha searched with: the request's, on the grid.
       answer["alpha"] = search.alpha
@@ -305,9 +312,18 @@ def _add_routes(app: FastAPI, requests: _Requests, batcher: Batcher, health: dic
 
   app.add_api_route("/frontend/settings", face.settings)  # Open, as LibreTranslate's.
 
+  _add_detect_and_score(app, requests, batcher, face)
+
+
+def _add_detect_and_score(app: FastAPI, requests: _Requests, batcher: Batcher,
+                          face: libretranslate.LibreTranslate) -> None:
   @app.post("/detect")
-  async def detect():  # Not LibreTranslate's 404 page: a line saying why.
-    face.detect()
+  async def detect(request: Request):  # LibreTranslate's: q -> its language, best first.
+    checked = auth.bearer(request) is not None or face.check_query_key(request)
+    if auth.bearer(request) is not None:
+      requests.check_token(request)
+    raw = await requests.read(request)
+    return face.detect(await libretranslate.fields_of(request, raw) or {}, checked)
 
   @app.post("/score")
   async def score(request: Request):
@@ -315,15 +331,18 @@ def _add_routes(app: FastAPI, requests: _Requests, batcher: Batcher, health: dic
     requests.check_paired("source", body.source, "target", body.target)
     requests.check_sentences("source", body.source)
     requests.check_sentences("target", body.target)
-    return {"scores": await asyncio.wrap_future(batcher.score(body.source, body.target))}
+    directions = face.api.directions(body.source, body.source_lang, body.target_lang)
+    return {"scores": await asyncio.wrap_future(batcher.score(body.source, body.target,
+                                                              directions))}
 
 
 def make_app(translator: Translator, batcher: Batcher, *, workdir: str, token: str | None = None,
              limits: Limits = Limits(), drain: Drain | None = None,
-             languages: tuple[str, str] | None = None) -> FastAPI:
+             languages: Languages | tuple[str, str] | None = None) -> FastAPI:
   """The app serving `translator`'s model through `batcher`; `token`: when set, API calls
   need the header `Authorization: Bearer <token>`; `drain`: what a shutdown drains
-  (drain.run); `languages`: the (source, target) pair LibreTranslate's clients see."""
+  (drain.run); `languages`: what the model translates between (default: the
+  translator's record; a (source, target) pair names a model's one pair)."""
   requests = _Requests(batcher, limits, token)
   # One token check for every route, those added later too (`_Requests.guard`).
   app = FastAPI(title="flax-transformer", docs_url=None, redoc_url=None, openapi_url=None,
@@ -334,7 +353,8 @@ def make_app(translator: Translator, batcher: Batcher, *, workdir: str, token: s
   app.add_middleware(Gate, drain=drain)  # Outside the handlers: it sees CancelledError.
   app.add_middleware(libretranslate.Cors)  # Outermost: the 503s of a drain get its headers.
   _add_error_handlers(app)
-  face = libretranslate.LibreTranslate(languages, token, batcher, limits)
+  face = libretranslate.LibreTranslate(language_api.for_model(
+      translator.languages if languages is None else languages), token, batcher, limits)
   _add_routes(app, requests, batcher,
               _health(translator, batcher, workdir, limits), face, drain)
   return app
