@@ -247,3 +247,20 @@ def test_special_tokens_written_as_added_token_objects_import(tmp_path):
       {**config, "eos_token": {**token, "lstrip": True}}))
   with pytest.raises(DataError, match="eos_token=.* has no equivalent here .only '</s>'"):
     importer.import_folder(folder)
+
+
+def test_an_added_token_beyond_the_specials_is_refused(tmp_path):
+  """transformers cuts an added token's text out of sources as it cuts the specials';
+  this tokenizer cuts the specials only, so a folder with another is one line."""
+  from flax_transformer.errors import DataError
+
+  folder = tmp_path / "added"
+  shutil.copytree(FIXTURES / "marian_swish_shared", folder)
+  config = json.loads((folder / "tokenizer_config.json").read_text())
+  config["added_tokens_decoder"]["511"] = {"content": "<sep>", "lstrip": False,
+                                           "normalized": False, "rstrip": False,
+                                           "single_word": False, "special": False}
+  (folder / "tokenizer_config.json").write_text(json.dumps(config))
+  with pytest.raises(DataError, match="added_tokens_decoder=.* has no equivalent here "
+                                      r"\(only the special tokens"):
+    importer.import_folder(folder)

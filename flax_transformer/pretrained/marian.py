@@ -58,7 +58,11 @@ TOKENIZER_FIELDS: dict = {
     "pad_token": hub_keys.special_token("<pad>"),
     "source_lang": "names a Moses punctuation normaliser MarianTokenizer never calls",
     "target_lang": "as source_lang", "tokenizer_class": "checked",
-    "added_tokens_decoder": "the specials, checked with the vocabulary",
+    # Tokens kept whole: the specials only (the text is cut at them); an added one would
+    # be cut out of sources too, which this tokenizer does not do.
+    "added_tokens_decoder": lambda v: None if isinstance(v, dict) and all(
+        isinstance(t, dict) and t.get("content") in ("</s>", "<unk>", "<pad>")
+        for t in v.values()) else "only the special tokens '</s>', '<unk>', '<pad>'",
 }
 
 
