@@ -90,6 +90,7 @@ def run_serve(*, workdir: str, ensemble: Sequence[str], host: str, port: int,
   compilation.enable_cache(cache_dir, compilation_cache_max_mb << 20)  # Before compiles.
   batcher = Batcher(translator, max_batch=max_batch, max_wait_s=floats["max_wait_ms"] / 1000,
                     max_tokens=max_tokens, max_configs=max_configs)
+  batcher.check_fits(search)  # Warming compiles every shape: none that cannot fit.
   batcher.warm()
   limits = Limits(max_sentences=max_sentences, max_beam=max_beam,
                   body_timeout_s=floats["body_timeout_s"], alpha_step=floats["alpha_step"])
