@@ -724,9 +724,11 @@ def test_libretranslate_cors_multipart_query_strings_auto_and_what_it_refuses(se
       ("alternatives", {**fields, "alternatives": "3 please"}, 400,
        "Invalid request: alternatives parameter is not a number")]:
     assert server.call("/translate", body, token=None) == (status, {"error": error}), what
-  assert _http(server, "POST", "/detect", b"q=Hallo")[::2] == (404, {
-      "error": "this server does not detect languages: it translates en to de (send source "
-               "'auto' to /translate to take its source language)"})
+  # /detect of a one-source model: that source (its api_key checked, as LibreTranslate's).
+  assert _http(server, "POST", "/detect", f"q=Hallo&api_key={TOKEN}".encode())[::2] == (
+      200, [{"confidence": 100.0, "language": "en"}])
+  assert _http(server, "POST", "/detect", b"q=Hallo")[::2] == (403, {
+      "error": "missing api_key: this server needs its token as api_key"})
   # A token outside the body is checked before the body is read: no 408 after 2 s of
   # waiting for 400 bytes never sent (at 8795e60 the body was read first).
   for credential, status in [({"Authorization": "Bearer guess"}, 401), ({}, 403)]:
