@@ -98,7 +98,8 @@ def main(argv):
       interactive.run_interactive(
           workdir=FLAGS.workdir, output_path=FLAGS.output, search=search, seed=FLAGS.seed,
           compilation_cache_dir=FLAGS.compilation_cache_dir, average_last=FLAGS.average_last,
-          checkpoint_step=FLAGS.checkpoint_step, ensemble=FLAGS.ensemble)
+          checkpoint_step=FLAGS.checkpoint_step, ensemble=FLAGS.ensemble,
+          source_lang=FLAGS.source_lang, target_lang=FLAGS.target_lang)
       return
     run_decode(workdir=FLAGS.workdir, input_path=FLAGS.input, output_path=FLAGS.output,
                reference=FLAGS.reference, metrics=FLAGS.metrics,

@@ -203,6 +203,17 @@ def test_decode_py_answers_each_direction_as_the_translator(three, sources, by_d
     assert done.stdout.splitlines() == by_direction[s, t], (s, t)
 
 
+def test_decode_py_interactive_takes_the_direction_too(three, sources, by_direction):
+  done = subprocess.run(
+      [sys.executable, str(ROOT / "decode.py"), f"--workdir={three}", "--interactive",
+       "--source_lang=de", "--target_lang=fr", "--max_extra=5", "--cpu_devices=2",
+       f"--compilation_cache_dir={conftest.XLA_CACHE}"],
+      input="\n".join(sources["de"]) + "\n", env=conftest.cpu_env(), capture_output=True,
+      text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.splitlines() == by_direction["de", "fr"]
+
+
 def test_decode_py_without_a_target_or_with_one_it_does_not_know_is_one_line(three, tmp_path):
   (tmp_path / "in.txt").write_text("A dog.\n")
   for args, line in (([], "error: name a target language: it knows en -> de, fr; de -> en, "

@@ -7,7 +7,7 @@ import sys
 from typing import BinaryIO, TextIO
 
 from flax_transformer import compilation
-from flax_transformer.cli.translate import output_lines
+from flax_transformer.cli.translate import direction_of, output_lines
 from flax_transformer.data.sources import split_lines_lenient
 from flax_transformer.errors import DataError
 from flax_transformer.translation.translator import Translator
@@ -23,13 +23,16 @@ def wanted(flag: bool | None, input_path: str, stdin=None, batch_only=()) -> boo
 
 
 def run_interactive(*, workdir: str, output_path: str, compilation_cache_dir: str = "",
-                    stdin: BinaryIO | None = None, **from_workdir) -> None:
+                    stdin: BinaryIO | None = None, source_lang: str | None = None,
+                    target_lang: str | None = None, **from_workdir) -> None:
   """Reads stdin a line at a time; writes each line's translation (nbest: K lines
   'index ||| translation ||| score', as decode.py) and flushes it before reading on.
 
   Each line is its own batch of one row per device (no waiting for a batch to
-  fill); `from_workdir` goes to `Translator.from_workdir`, its batch_tokens aside.
+  fill); `from_workdir` goes to `Translator.from_workdir`, its batch_tokens aside;
+  source_lang, target_lang: the direction, checked first (translate.direction_of).
   """
+  direction = direction_of(workdir, source_lang, target_lang)
   from_workdir["batch_tokens"] = 1  # Rows per batch: one per device, the fewest.
   translator = Translator.from_workdir(workdir, **from_workdir)
   compilation.enable_cache(compilation_cache_dir)  # Before the first search compiles.
@@ -42,7 +45,7 @@ def run_interactive(*, workdir: str, output_path: str, compilation_cache_dir: st
       lines, invalid = split_lines_lenient(raw)
       if invalid:
         logging.warning("input line %d is not valid UTF-8 (bad bytes replaced)", index + 1)
-      hyps = translator.translate_nbest(lines or [""])[0]
+      hyps = translator.translate_nbest(lines or [""], **direction)[0]
       out.writelines(output_lines(index, hyps, nbest))
       out.flush()
   except KeyboardInterrupt:  # Ctrl-C is how a user leaves the loop: no traceback.
