@@ -302,3 +302,21 @@ def test_eight_devices_fsdp_by_tensor_equal_one_device(tmp_path):
     want = to_ours[ref["beam4"][i]].tolist()
     got = best[i][best[i] != 0].tolist()
     assert got == want, i
+
+
+def test_clean_up_tokenization_spaces_true_is_applied_on_decode(tmp_path):
+  """A tokenizer_config.json with clean_up_tokenization_spaces=true (transformers 4.3x
+  saved NLLB's so): outputs written as transformers 4.57's decode writes them then."""
+  import shutil
+  folder = tmp_path / "nllb_v4"
+  shutil.copytree(FIXTURES / "nllb_v4", folder)
+  config = json.loads((folder / "tokenizer_config.json").read_text())
+  (folder / "tokenizer_config.json").write_text(json.dumps(
+      dict(config, clean_up_tokenization_spaces=True)))
+  importer.import_model(folder, tmp_path / "run")
+  _, tokenizer = read_run(tmp_path / "run")
+  ref = json.loads((folder / "references.json").read_text(encoding="utf-8"))
+  to_ours = np.argsort(convert.project_order(409, pad=1, eos=2, unk=3))
+  assert len(ref["cleanup_ids"]) == len(ref["cleanup_text"]) == 2
+  for ids, text in zip(ref["cleanup_ids"], ref["cleanup_text"]):
+    assert tokenizer.target.detokenize(to_ours[ids].tolist()) == text

@@ -134,7 +134,9 @@ def _tokenizer(folder: Path, tokenizer_config: dict, rows: int):
     first = not tokenizer_config.get("legacy_behaviour", False)
     default = tokenizer_config.get("src_lang") or ("eng_Latn" if "eng_Latn" in tokens else None)
   spec = {"kind": "m2m100", "tokenizer_class": kind, "language_tokens": list(tokens.values()),
-          "source_language_first": first, "default_source_token": default}
+          "source_language_first": first, "default_source_token": default,
+          "clean_up_tokenization_spaces": bool(tokenizer_config.get(
+              "clean_up_tokenization_spaces", False))}
   return vocab, tokens, spec
 
 

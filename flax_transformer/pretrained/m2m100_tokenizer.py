@@ -114,6 +114,7 @@ class M2M100Side:
         i for i, p in enumerate(self._pieces) if p.startswith("<unused_")
         or p.startswith("madeupword")}
     from flax_transformer.pretrained.tokenizer_files import special_splitter
+    self.clean_up = False  # load() sets it from run.json's spec.
     self._splitter = special_splitter(specials)
     self._specials = specials
     self._language, self._first = language, language_first
@@ -165,7 +166,11 @@ class M2M100Side:
   def detokenize(self, ids: Iterable[int]) -> str:
     """ids -> text up to the first EOS, special tokens (languages included) dropped."""
     kept = self.pieces(trim(ids, self._special_ids))
-    return self._model.decode_pieces(kept).replace(SPIECE_UNDERLINE, " ").strip()
+    text = self._model.decode_pieces(kept).replace(SPIECE_UNDERLINE, " ").strip()
+    if not self.clean_up:
+      return text
+    from flax_transformer.pretrained.tokenizer_files import clean_up_tokenization
+    return clean_up_tokenization(text)
 
   def model_bytes(self) -> bytes:
     return self._identity
@@ -187,6 +192,9 @@ def load(directory, spec: dict):
                 trailing_space=spec.get("tokenizer_class", "").startswith("Nllb"))
   source = M2M100Side(model, vocab, tokens, language=True, **common)
   target = M2M100Side(model, vocab, tokens, language=False, **common)
+  # tokenizer_config.json's clean_up_tokenization_spaces (4.3x wrote true): applied on
+  # decode as transformers applies it.
+  source.clean_up = target.clean_up = bool(spec.get("clean_up_tokenization_spaces", False))
   return PairTokenizer(source, target, directory)
 
 
