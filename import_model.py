@@ -1,7 +1,8 @@
 """Import a pretrained translation model: python import_model.py --from=DIR --workdir=W
 
 DIR is a transformers-format folder (config.json, model.safetensors and the tokenizer's
-files) of a Marian (OPUS-MT) model. W becomes a workdir that decode.py, serve.py,
+files) of a Marian (OPUS-MT), FSMT (fairseq's WMT19) or M2M100 / NLLB-200 model (their
+tensors read one at a time; --dtype=stored keeps bf16/fp16 as stored). W becomes a workdir that decode.py, serve.py,
 export.py, average_checkpoints.py and Translator.from_workdir use as they use one trained
 here; its run.json names DIR and the sha256 of its files. A folder of another
 architecture, a missing file, or a config field with no equivalent here is one line on
