@@ -74,3 +74,30 @@ def test_a_malformed_document_comes_back_well_formed_with_all_of_its_text():
   assert out == ('<div>Unclosed <b>bold <i>both</i></b></div> stray end <ul><li>one</li>'
                  '<li>two</li></ul><p>a</p><p>b &amp; c <img src="x.png" alt="a &quot;b&quot;">'
                  '&lt;span</p>')
+
+
+def test_mentions_and_hashtags_whose_href_does_not_spell_their_text_are_kept():
+  """Mastodon's TextFormatter (app/lib/text_formatter.rb, main at 039d555): a hashtag is
+  <a href="#{tag_url}" class="mention hashtag">#<span>tag</span></a>, its href
+  percent-encoded by Rails (#Müll -> /tags/M%C3%BCll); a mention is <span class="h-card">
+  <a class="u-url mention">@<span>name</span></a></span> (no translate="no" there, and
+  `pretty_acct` "bob@other.example" where the href is the profile's URL). Neither is
+  prose: left as written, whatever its href."""
+  source = ('<p>Heute <a href="https://social.example/tags/M%C3%BCll" class="mention hashtag" '
+            'rel="tag">#<span>Müll</span></a> und <span class="h-card"><a href="https://other.'
+            'example/@Bob" class="u-url mention">@<span>bob@other.example</span></a></span> '
+            'sowie <a href="https://social.example/tags/CATS">#<span>cats</span></a></p>')
+  document = Document(source)
+  assert document.texts == ["Heute ", " und ", " sowie "]
+  assert document.render(["A ", " B ", " C "]) == source.replace("Heute ", "A ").replace(
+      " und ", " B ").replace(" sowie ", " C ")
+
+
+def test_cdata_comments_and_declarations_come_back_as_written():
+  """A CDATA section (SVG and MathML in HTML have them) ends with ']]>' as it began; a
+  document's comments and declarations are written back byte for byte."""
+  source = ('<!DOCTYPE html><!-- note --><p>Text <svg><![CDATA[x < y && y > z]]></svg> more'
+            '</p><?php echo 1 ?>')
+  document = Document(source)
+  assert document.texts == ["Text ", " more"]
+  assert document.render(document.texts) == source

@@ -7,8 +7,9 @@ inline tags (<b>, <a href>, <br>, nested spans) where they were, each text node
 translated on its own (its sentences split as plain text's). Left as they are: the text
 of <code>, <pre>, <kbd>, <samp>, <var>, <textarea>, <script>, <style>, of an element with
 translate="no" (HTML's attribute) or class "notranslate", text with no letter (emoji,
-numbers, punctuation), URLs, @mentions and #hashtags within text, and a link's text that
-is part of its href (Mastodon's mention, hashtag and shortened-URL links).
+numbers, punctuation), URLs, @mentions and #hashtags within text, a link's text that is
+part of its href (percent-decoded, any case: Mastodon's shortened-URL links) and the text
+of a link of class "mention" or "hashtag" (Mastodon's mentions and hashtags).
 
 A malformed document comes back well-formed: an end tag with no open element is
 dropped, one that closes an element with others open inside closes those too, elements
@@ -19,11 +20,15 @@ from __future__ import annotations
 
 import html
 import re
+import urllib.parse
 from html.parser import HTMLParser
 
 VOID = frozenset("area base br col embed hr img input link meta param source track wbr".split())
 KEEP = frozenset("code pre kbd samp var textarea script style".split())
 RAW = frozenset(("script", "style"))  # Their text is not HTML: written back unescaped.
+# A link of one of these classes is a mention or a hashtag (Mastodon's, microformats'):
+# its text is a name, whatever its href spells (percent-encoded, another case, a domain).
+NAMES = frozenset(("mention", "hashtag"))
 # An open one is closed by the start of another (<li>one<li>two: two items, as browsers).
 SIBLINGS = frozenset("p li dt dd option tr td th".split())
 # Not prose, within text: URLs, @mentions (@bob, @bob@example.org), #hashtags, emoji runs.
@@ -56,9 +61,11 @@ class _Parser(HTMLParser):
     if tag in VOID:
       return
     named = dict(attrs)
+    classes = set((named.get("class") or "").split())
     kept = (self._kept() or tag in KEEP or (named.get("translate") or "").lower() == "no"
-            or "notranslate" in (named.get("class") or "").split())
-    href = named.get("href") if tag == "a" else (self.open[-1][2] if self.open else None)
+            or "notranslate" in classes or tag == "a" and bool(classes & NAMES))
+    href = (_readable(named.get("href")) if tag == "a"
+            else (self.open[-1][2] if self.open else None))
     self.open.append((tag, kept, href))
 
   def handle_startendtag(self, tag, attrs):
@@ -85,7 +92,8 @@ class _Parser(HTMLParser):
     if not data:
       return
     tag = self.open[-1][0] if self.open else ""
-    if self._kept() or self.open and self.open[-1][2] and data.strip() in self.open[-1][2]:
+    href = self.open[-1][2] if self.open else None
+    if self._kept() or href and data.strip().casefold() in href:
       self.items.append(data if tag in RAW else html.escape(data, quote=False))
       return
     for i, piece in enumerate(PROTECTED.split(data)):
@@ -108,7 +116,12 @@ class _Parser(HTMLParser):
 
   def unknown_decl(self, data):
     self.flush()
-    self.items.append(f"<![{data}]>")
+    self.items.append(f"<![{data}]]>" if data.startswith("CDATA[") else f"<![{data}]>")
+
+
+def _readable(href: str | None) -> str | None:
+  """An href as its text would spell it: percent-decoded, case-folded."""
+  return None if href is None else urllib.parse.unquote(href).casefold()
 
 
 def _start(tag: str, attrs: list[tuple[str, str | None]]) -> str:
