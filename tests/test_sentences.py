@@ -78,3 +78,16 @@ def test_decode_py_split_sentences_and_the_translators_texts(trained_tiny, tmp_p
     found = translator.translate_texts([f"{said[0]} {said[1]}", long], "en")
   assert found[0] == " ".join(translator.translate(said[:2])) and found[1].strip()
   assert f"over the limit of {translator.max_len}" in caplog.text
+
+
+def test_a_sentence_without_letters_is_written_back_as_it_is():
+  """Emoji, times and list numbers are not sent to the model (a model makes words up for
+  them: the tiny model answered '🎉' with 'Ein Ein Ein Ein Mann'); they come back in place,
+  as format=html's text without letters does (markup.py)."""
+  texts = ["🎉", "12:30 - 13:45", "1. Open the door. 2. Close it.", "Wow! 🎉🎉 1. A dog runs."]
+  inputs, layouts = sentences.layout(texts, "en", 100, len)
+  assert inputs == ["Open the door.", "Close it.", "Wow!", "A dog runs."]
+  assert sentences.join(layouts, [s.upper() for s in inputs]) == [
+      "🎉", "12:30 - 13:45", "1. OPEN THE DOOR. 2. CLOSE IT.", "WOW! 🎉🎉 1. A DOG RUNS."]
+  inputs, layouts = sentences.layout(["3.14\n A line."], "en", 100, len, sentences=False)
+  assert inputs == ["A line."] and sentences.join(layouts, ["X"]) == ["3.14\n X"]

@@ -1,7 +1,7 @@
 """Long texts as model inputs: each text split into sentences (sentencex), each sentence
-longer than the model takes cut at its limit, and the translations joined back with the
-text's own whitespace and newlines. serve.py's LibreTranslate face, the Translator and
-decode.py --split_sentences use it.
+longer than the model takes cut at its limit, one with no letter left as it is, and the
+translations joined back with the text's own whitespace and newlines. serve.py's
+LibreTranslate face, the Translator and decode.py --split_sentences use it.
 
 sentencex, chosen by bench/sentence_split.py (results/bench/sentence_split.json): as
 accurate as pysbd on Multi30k-like and news-like EN/DE/FR paragraphs, ~500x faster, no
@@ -88,22 +88,28 @@ class Layout:
 
   def join(self, outputs: Iterator[str]) -> str:
     """The text with each sentence replaced by its pieces' translations (taken from
-    `outputs` in order, a space between pieces)."""
-    sentences = iter(self.pieces)
-    return "".join(" ".join(next(outputs) for _ in range(next(sentences))) if i % 2 else part
-                   for i, part in enumerate(self.parts))
+    `outputs` in order, a space between pieces); a sentence of no pieces as it is."""
+    counts = iter(self.pieces)
+
+    def sentence(part: str) -> str:
+      count = next(counts)
+      return " ".join(next(outputs) for _ in range(count)) if count else part
+
+    return "".join(sentence(part) if i % 2 else part for i, part in enumerate(self.parts))
 
 
 def layout(texts: Sequence[str], language: str, most: int, length_of: Callable[[str], int],
            sentences: bool = True) -> tuple[list[str], list[Layout]]:
   """The model inputs of `texts` (in order) and each text's Layout. `sentences` False:
-  a line is one sentence (only newlines split), cut all the same."""
+  a line is one sentence (only newlines split), cut all the same. A sentence with no
+  letter (emoji, numbers, punctuation: '🎉', '12:30', '1.') is no input: a model has
+  nothing to translate there and would make words up; it is written back as it is."""
   inputs, layouts = [], []
   for text in texts:
     parts = split(text, language) if sentences else _lines(text)
     counts = []
     for sentence in parts[1::2]:
-      pieces = cut(sentence, most, length_of)
+      pieces = cut(sentence, most, length_of) if any(c.isalpha() for c in sentence) else []
       inputs += pieces
       counts.append(len(pieces))
     layouts.append(Layout(parts, counts))
