@@ -264,3 +264,33 @@ def test_an_added_token_beyond_the_specials_is_refused(tmp_path):
   with pytest.raises(DataError, match="added_tokens_decoder=.* has no equivalent here "
                                       r"\(only the special tokens"):
     importer.import_folder(folder)
+
+
+@pytest.mark.parametrize("file, content, message", [
+    ("special_tokens_map.json", {"eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
+                                 "additional_special_tokens": ["<mask>"]},
+     r"special_tokens_map.json: additional_special_tokens=\['<mask>'\] has no equivalent "
+     r"here \(only \[\] or None\)"),
+    ("added_tokens.json", {"<mask>": 511},
+     r"added_tokens.json: added tokens \['<mask>'\] have no equivalent here \(MarianTokenizer "
+     r"cuts their text out of sources; only '</s>', '<unk>', '<pad>' are cut here\)"),
+])
+def test_a_pre_4_34_folders_added_tokens_are_refused(tmp_path, file, content, message):
+  """A tokenizer_config.json without added_tokens_decoder (the hub's 2020-21 OPUS-MT
+  uploads) leaves the tokens to special_tokens_map.json and added_tokens.json, which
+  MarianTokenizer 4.57 and 5.24 read: "A man <mask> woman" is [8, 20, 511, 53, 0] there,
+  '<mask>' one added id. This import cuts at the three specials only, so such a folder is
+  one line naming the file; the plain special_tokens_map.json the hub's folders carry
+  imports. Before: both files were never read, and '<mask>' became five pieces."""
+  from flax_transformer.errors import DataError
+
+  folder = tmp_path / "opus_mt"
+  shutil.copytree(FIXTURES / "marian_v4", folder)
+  (folder / "tokenizer_config.json").write_text(json.dumps({"source_lang": "en",
+                                                            "target_lang": "de"}))
+  plain = importer.import_folder(folder)  # Its special_tokens_map.json: the three specials.
+  assert plain.tokenizer_files == importer.import_folder(FIXTURES / "marian_v4").tokenizer_files
+  (folder / file).write_text(json.dumps(content))
+  with pytest.raises(DataError, match=message) as raised:
+    importer.import_folder(folder)
+  assert str(raised.value).startswith(str(folder / file))

@@ -73,6 +73,7 @@ def import_folder(folder: Path) -> convert.Imported:
   tokenizer_config = convert.read_json(folder, "tokenizer_config.json") if (
       folder / "tokenizer_config.json").is_file() else {}
   convert.check_fields(tokenizer_config, TOKENIZER_FIELDS, folder / "tokenizer_config.json")
+  _check_legacy_token_files(folder, tokenizer_config)
   shared = config.get("share_encoder_decoder_embeddings", True)
   if tokenizer_config.get("separate_vocabs", not shared) == shared:
     raise DataError(f"{folder}: tokenizer_config.json's separate_vocabs="
@@ -111,6 +112,26 @@ def import_folder(folder: Path) -> convert.Imported:
                               {"clean_up_tokenization_spaces": True} if tokenizer_config.get(
                                   "clean_up_tokenization_spaces") else {})}, files, notes,
                           languages.from_marian(source_vocab, tokenizer_config))
+
+
+def _check_legacy_token_files(folder: Path, tokenizer_config: dict) -> None:
+  """A tokenizer_config.json without "added_tokens_decoder" (saved before transformers
+  4.34, as the hub's OPUS-MT uploads are) leaves the special tokens to
+  special_tokens_map.json and the added ones to added_tokens.json, which MarianTokenizer
+  then reads (4.57 and 5.24): their tokens are checked as tokenizer_config.json's are,
+  and an added token (cut out of sources there, not here) is refused in one line."""
+  if "added_tokens_decoder" in tokenizer_config:
+    return  # transformers reads neither file then.
+  if (folder / "special_tokens_map.json").is_file():
+    convert.check_fields(convert.read_json(folder, "special_tokens_map.json"),
+                         TOKENIZER_FIELDS, folder / "special_tokens_map.json")
+  if (folder / "added_tokens.json").is_file():
+    added = convert.read_json(folder, "added_tokens.json")
+    if added not in ({}, None):
+      raise DataError(f"{folder / 'added_tokens.json'}: added tokens "
+                      f"{sorted(added) if isinstance(added, dict) else added!r} have no "
+                      "equivalent here (MarianTokenizer cuts their text out of sources; "
+                      "only '</s>', '<unk>', '<pad>' are cut here)")
 
 
 def _vocabularies(folder: Path, config: dict, vocab_names: tuple[str, ...]):
