@@ -2,7 +2,8 @@
 
 Locally it is filled in a hidden sibling folder, then renamed into place in one step
 (rename(2) replaces an absent or empty directory, never one with files): a crash leaves
-the workdir as it was, and of two writers racing for one workdir the second rename fails,
+the workdir as it was (SIGTERM removes the hidden folder on its way out; one a SIGKILL
+left is removed by the next write beside it on that host), and of two writers racing for one workdir the second rename fails,
 its folder is removed and it ends with one line; the first's workdir is whole. A bucket
 cannot rename: the writer first claims the workdir by creating CLAIM_FILE in it
 exclusively (`storage.create_exclusively`: a second writer's create fails), checks that
@@ -13,11 +14,17 @@ leaves the workdir refused as not empty, as its partial files would.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import re
 import secrets
 import shutil
+import signal
 import socket
+import sys
+import threading
+from pathlib import Path
 from typing import Callable
 
 from flax_transformer import storage
@@ -45,6 +52,12 @@ def create(workdir: str | os.PathLike | Workdir, fill: Callable[[Workdir], None]
 def check_new(workdir: Workdir, ignore: tuple[str, ...] = ()) -> None:
   """ConfigError unless `workdir` is absent or an empty directory (but for `ignore`)."""
   root = workdir.root
+  if not storage.is_remote(root) and root.is_symlink():
+    try:
+      root.resolve()
+    except (RuntimeError, OSError) as e:  # A loop of links.
+      raise ConfigError(f"--workdir={workdir} is a symbolic link that leads nowhere "
+                        f"({e}): give a new directory's path") from None
   if root.exists() and not root.is_dir():
     raise ConfigError(f"--workdir={workdir} is a file, not a directory: give a new "
                       "directory's path")
@@ -54,15 +67,18 @@ def check_new(workdir: Workdir, ignore: tuple[str, ...] = ()) -> None:
 
 def _create_locally(workdir: Workdir, fill: Callable[[Workdir], None]) -> None:
   root = workdir.root.resolve()  # A symlink's target is filled, not the link replaced.
-  staging = root.with_name(f".{root.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")
+  host = socket.gethostname().replace("/", "_")
+  staging = root.with_name(f".{root.name}.{host}-{os.getpid()}-{secrets.token_hex(4)}.partial")
   try:
     root.parent.mkdir(parents=True, exist_ok=True)
+    _remove_dead_writers_staging(root, host)
     staging.mkdir()
   except OSError as e:
     raise ConfigError(f"--workdir={workdir}: cannot create a directory beside it "
                       f"({e.strerror or e})") from None
   try:
-    fill(Workdir(staging))
+    with _sigterm_as_exit(workdir):
+      fill(Workdir(staging))
     try:
       os.rename(staging, root)
     except OSError as e:
@@ -73,6 +89,49 @@ def _create_locally(workdir: Workdir, fill: Callable[[Workdir], None]) -> None:
   finally:
     if staging.exists():
       shutil.rmtree(staging, ignore_errors=True)
+
+
+def _remove_dead_writers_staging(root: Path, host: str) -> None:
+  """Removes the staging folders beside `root` that a writer on this host left when it
+  was killed (SIGKILL, the machine's OOM killer): its process is gone, so no rename can
+  come. A live writer's, or another host's, is left alone."""
+  pattern = re.compile(rf"\.{re.escape(root.name)}\.{re.escape(host)}-(\d+)-[0-9a-f]{{8}}"
+                       r"\.partial")
+  for entry in root.parent.iterdir():
+    match = pattern.fullmatch(entry.name)
+    if match and entry.is_dir() and not _alive(int(match.group(1))):
+      shutil.rmtree(entry, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # Another user's process.
+    return True
+  return True
+
+
+@contextlib.contextmanager
+def _sigterm_as_exit(workdir: Workdir):
+  """While the workdir is written, SIGTERM (a scheduler's stop, `timeout`, `kill`) ends
+  the process as Ctrl-C would, through the clean-up that removes the staging folder:
+  one line and exit 143. Python's default SIGTERM ends the process on the spot."""
+  if threading.current_thread() is not threading.main_thread():
+    yield  # Signal handlers belong to the main thread (a library caller's threads).
+    return
+
+  def stop(signum, frame):
+    sys.stderr.write(f"\nerror: --workdir={workdir}: stopped by SIGTERM while it was "
+                     "being written; nothing was written there\n")
+    raise SystemExit(128 + signum)
+
+  previous = signal.signal(signal.SIGTERM, stop)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, previous)
 
 
 def _create_in_bucket(workdir: Workdir, fill: Callable[[Workdir], None]) -> None:

@@ -5,6 +5,7 @@ by one writer; a workdir whose tokenizer is not its model's is refused when read
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -162,3 +163,55 @@ def test_import_model_py_bad_workdir_and_sizes_are_one_line_exit_2(tmp_path):
     assert [line for line in stderr.splitlines() if line.strip()] == [cases[case]], stderr
   assert a_file.read_text() == "notes" and not (tmp_path / "run").exists()
   assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "absurd"]
+
+
+HELD_IMPORT = """
+import sys, time
+from flax_transformer.pretrained import convert, importer
+fill = convert._fill_workdir
+def held(*args):
+  fill(*args)
+  print("filled", flush=True)
+  time.sleep(120)
+convert._fill_workdir = held
+importer.import_model(sys.argv[1], sys.argv[2])
+"""
+
+
+def test_an_import_killed_while_writing_leaves_no_hidden_copy(tmp_path):
+  """An import stopped after its files were written aside, before the rename: by SIGTERM
+  (a scheduler's stop), one line, exit 143, and no hidden folder; by SIGKILL, the hidden
+  folder it left (a whole model's size) is removed by the next import beside it, which
+  writes the workdir. Before: SIGTERM and SIGKILL both left `.w.<pid>-<hex>.partial`
+  folders that nothing ever removed."""
+  workdir = tmp_path / "w"
+  for signal_number, code in ((signal.SIGTERM, 143), (signal.SIGKILL, -signal.SIGKILL)):
+    process = subprocess.Popen([sys.executable, "-c", HELD_IMPORT, str(SHARED), str(workdir)],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    assert process.stdout.readline() == "filled\n", process.stderr.read()[-2000:]
+    process.send_signal(signal_number)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == code, stderr[-2000:]
+    assert not workdir.exists()
+    if signal_number == signal.SIGTERM:
+      assert "Traceback" not in stderr
+      assert [line for line in stderr.splitlines() if line.startswith("error")] == [
+          f"error: --workdir={workdir}: stopped by SIGTERM while it was being written; "
+          "nothing was written there"], stderr[-2000:]
+      assert sorted(p.name for p in tmp_path.iterdir()) == []
+  [left] = [p.name for p in tmp_path.iterdir()]
+  assert left.startswith(".w.") and left.endswith(".partial")
+  importer.import_model(SHARED, workdir)
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["w"]
+  assert read_run(workdir)[0].vocab_size == 511
+
+
+def test_a_workdir_that_is_a_loop_of_links_is_one_line(tmp_path):
+  """--workdir=a link to itself: one ConfigError before converting (was a RuntimeError
+  traceback from Path.resolve, after the whole model was converted)."""
+  loop = tmp_path / "loop"
+  loop.symlink_to(loop)
+  with pytest.raises(ConfigError, match=rf"--workdir={re.escape(str(loop))} is a symbolic link "
+                                        "that leads nowhere"):
+    importer.import_model(SHARED, loop)
