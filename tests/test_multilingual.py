@@ -2,6 +2,7 @@
 targets, the target chosen as the workdir's languages record says (directions.py)."""
 
 import gzip
+import html
 import json
 import re
 import subprocess
@@ -273,3 +274,25 @@ def test_a_pair_the_server_does_not_know_is_a_400_naming_those_it_does(three_ser
       400, {"error": "the model does not translate into 'it': it knows en -> de, fr; de -> en, "
                      "fr; fr -> en, de"})
   assert post(three_server, "/translate", {"text": ["A dog."]})[0] == 400  # No target named.
+
+
+def test_source_auto_sends_a_text_already_in_the_target_back_as_it_is(three_server, sources):
+  """A q list mixing languages (Mastodon's statuses, source 'auto'), one of them already in
+  the target: LibreTranslate answers it with the text itself, detected in the target
+  (argos-translate's IdentityTranslation: every language translates into itself), where
+  this server made the best other source up (fr -> fr as 'en', 0.07 confidence) and
+  translated French as English."""
+  en, fr = sources["en"][0], sources["fr"][0]
+  _, alone = post(three_server, "/translate", {"q": en, "source": "en", "target": "fr",
+                                               "api_key": TOKEN}, None)
+  for text_format, wrap in (("text", "{}"), ("html", "<p>{}</p>")):
+    status, answer = post(three_server, "/translate", {
+        "q": [wrap.format(en), wrap.format(fr)], "source": "auto", "target": "fr",
+        "format": text_format, "alternatives": 0 if text_format == "html" else 2,
+        "api_key": TOKEN}, None)
+    assert status == 200, answer
+    translated = alone["translatedText"]
+    translated = translated if text_format == "text" else html.escape(translated, quote=False)
+    assert answer["translatedText"] == [wrap.format(translated), wrap.format(fr)]
+    assert [d["language"] for d in answer["detectedLanguage"]] == ["en", "fr"]
+    assert answer.get("alternatives", [[], []])[1] == []

@@ -72,21 +72,29 @@ class LanguageApi:
                               "source languages the language identifier knows")
     return [{"confidence": c, "language": code} for code, c in self.detector.detect(text)]
 
-  def sources_of(self, texts: list[str], source: str, target: str
+  def sources_of(self, texts: list[str], source: str, target: str, as_is: bool = False
                  ) -> tuple[list[str | None], list[dict] | None]:
     """Each text's source language, and (source 'auto') what was detected: the best
-    source that translates into `target`, per text."""
+    source that translates into `target`, per text. `as_is`: a text most likely in
+    `target` itself is detected so, its source `target` (`untranslated`: LibreTranslate
+    sends it back as it is, argos-translate's identity translation)."""
     if source != AUTO:
       return [source] * len(texts), None
-    detected = []
+    detected, pairs = [], self.languages.pairs()
     for text in texts:
-      ranked = [d for d in self.detect(text) if (d["language"], target) in
-                self.languages.pairs()] if self.languages.sources else []
+      ranked = self.detect(text) if self.languages.sources else []
+      if not (as_is and ranked and ranked[0]["language"] == target):
+        ranked = [d for d in ranked if (d["language"], target) in pairs]
       detected.append(ranked[0] if ranked else {"confidence": 0.0, "language": None})
     if any(d["language"] is None for d in detected):
       raise RequestError(400, f"no source detected that translates into {target}: this "
                               f"server translates {self.known()} (GET /languages)")
     return [d["language"] for d in detected], detected
+
+  def untranslated(self, source: str | None, target: str) -> bool:
+    """Whether a text of `source` is sent back as it is into `target`: it is already in
+    `target`, and the model does not translate `target` into itself."""
+    return source == target and (source, target) not in self.languages.pairs()
 
   def directions(self, texts: list[str], source: str | None, target: str | None
                  ) -> list[tuple[str | None, str | None]]:

@@ -198,12 +198,9 @@ class LibreTranslate:
       raise RequestError(400, f"{text_format} format is not supported (formats: text, html)")
     self._check_texts(texts)
     target = fields["target"]
-    sources, detected = self.api.sources_of(texts, fields["source"], target)
-    directions = [(source, target) for source in sources]
-    if text_format == "html":  # No alternatives, as LibreTranslate.
-      translations, others = await self._html(texts, directions), [[] for _ in texts]
-    else:
-      translations, others = await self._text(texts, alternatives, directions)
+    sources, detected = self.api.sources_of(texts, fields["source"], target, as_is=True)
+    translations, others = await self._translated(texts, sources, target, alternatives,
+                                                  text_format)
     one = isinstance(q, str)
     answer = {"translatedText": translations[0] if one else translations}
     if detected is not None:
@@ -211,6 +208,22 @@ class LibreTranslate:
     if alternatives:
       answer["alternatives"] = others[0] if one else others
     return answer
+
+  async def _translated(self, texts: list[str], sources: list, target: str,
+                        alternatives: int, text_format: str
+                        ) -> tuple[list[str], list[list[str]]]:
+    """Each text's translation from its source, and its alternatives; a text detected in
+    `target` itself as it is, with none (language_api.untranslated)."""
+    chosen = [i for i, source in enumerate(sources) if not self.api.untranslated(source, target)]
+    directions = [(sources[i], target) for i in chosen]
+    if text_format == "html":  # No alternatives, as LibreTranslate.
+      found = await self._html([texts[i] for i in chosen], directions), [[] for _ in chosen]
+    else:
+      found = await self._text([texts[i] for i in chosen], alternatives, directions)
+    translations, others = list(texts), [[] for _ in texts]
+    for i, translation, other in zip(chosen, *found):
+      translations[i], others[i] = translation, other
+    return translations, others
 
   async def _found(self, texts: list[str], directions: list, alternatives: int = 0):
     """Each text's sentences (split as its source language's) searched in the batcher's
