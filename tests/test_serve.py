@@ -875,3 +875,19 @@ def test_every_route_without_the_token_is_refused_but_libretranslates_open_ones(
       assert status == 401, (method, path, status)
   assert _status(app, "GET", "/added_later", [(b"authorization", f"Bearer {TOKEN}".encode())]
                  ) == 200
+
+
+def test_serve_py_languages_must_be_a_pair_the_workdirs_model_translates(tmp_path):
+  """--languages on a workdir whose run.json states its languages: a pair the model does
+  not translate is one line and exit 2 before anything is loaded (at 3e19ea3 the server
+  started, listed fr -> it and answered every request with a 500)."""
+  from flax_transformer.languages import Languages
+
+  (tmp_path / "run.json").write_text(json.dumps(
+      {"languages": Languages.trained(["en", "de", "fr"]).to_json()}))
+  done = subprocess.run([sys.executable, str(ROOT / "serve.py"), f"--workdir={tmp_path}",
+                         "--languages=fr,it"], capture_output=True, text=True, env=cpu_env(),
+                        timeout=120)
+  assert (done.returncode, done.stderr.strip()) == (
+      2, "error: --languages=fr,it: the model does not translate into 'it': it knows "
+         "en -> de, fr; de -> en, fr; fr -> en, de")

@@ -62,6 +62,20 @@ def _check_serving_installed() -> None:
                       "pip install -e '.[serve]'")
 
 
+def _check_pair(workdir: str, languages: Sequence[str]) -> None:
+  """--languages: two codes, and a pair the workdir's model translates where its record
+  states its languages (else every request would reach the model and fail: a 500)."""
+  if len(languages) != 2 or not all(c.strip() for c in languages):
+    raise ConfigError(f"--languages takes SOURCE,TARGET (two codes, as en,de), got "
+                      f"{','.join(languages)!r}")
+  from flax_transformer import workdir as workdir_lib
+
+  try:
+    workdir_lib.languages(workdir).check_pair(*languages)
+  except ConfigError as e:  # UnknownLanguageError: one line naming the pairs it knows.
+    raise ConfigError(f"--languages={','.join(languages)}: {e}") from None
+
+
 def run_serve(*, workdir: str, ensemble: Sequence[str], host: str, port: int,
               token: str | None, search: SearchConfig, average_last: int,
               checkpoint_step: int | None, floats: dict[str, float], max_beam: int,
@@ -76,9 +90,8 @@ def run_serve(*, workdir: str, ensemble: Sequence[str], host: str, port: int,
   from flax_transformer.translation.translator import Translator
 
   check_floats(floats, search.alpha, on_grid)
-  if languages is not None and (len(languages) != 2 or not all(c.strip() for c in languages)):
-    raise ConfigError(f"--languages takes SOURCE,TARGET (two codes, as en,de), got "
-                      f"{','.join(languages)!r}")
+  if languages is not None:
+    _check_pair(workdir, languages)
   if search.beam_size > max_beam:  # Else every request without a beam_size is a 422.
     raise ConfigError(f"--beam_size {search.beam_size} is over --max_beam {max_beam}")
   listening = _bind(host, port)
