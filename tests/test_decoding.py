@@ -1,5 +1,6 @@
 """Beam search against exhaustive search, greedy, caching, batching; the decode CLI."""
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -787,9 +788,17 @@ def test_every_search_option_of_the_wrong_type_is_one_config_error():
     with pytest.raises(ConfigError) as error:
       SearchConfig(**options)
     assert str(error.value) == words, options
-  # numpy's integers, floats and bools are of their types.
-  search = SearchConfig(beam_size=np.int64(3), alpha=np.float32(0.5), eos_within_beam=np.True_)
-  assert search.beam_size == 3
+  # numpy's integers, floats and bools are of their types, and kept as Python's: a beam
+  # of np.uint8(4) was an OverflowError traceback in check_vocabulary (4 x 511 tokens).
+  search = SearchConfig(beam_size=np.uint8(4), alpha=np.float32(0.5), max_extra=np.int8(100),
+                        eos_within_beam=np.True_)
+  assert search == SearchConfig(beam_size=4, alpha=float(np.float32(0.5)), max_extra=100,
+                                eos_within_beam=True)
+  assert [type(getattr(search, f.name)) for f in dataclasses.fields(search)] == [
+      f.type for f in dataclasses.fields(search)]
+  search.check_vocabulary(511)
+  with pytest.raises(ConfigError, match=r"^alpha must be in \[0, 10\], got 1000"):
+    SearchConfig(alpha=10**400)  # No float holds it: refused by its range, not overflowing.
 
 
 def test_a_search_no_memory_holds_is_refused_before_it_compiles(workdir):

@@ -71,7 +71,8 @@ class SearchConfig:
   def _check_types(self) -> None:
     """Each option of its declared type: an int field takes integers (numpy's too), not
     bools or 2.5 (a beam of 2.5 fails deep in JAX, True searches a beam of 1); a float
-    field real numbers, not bools; a bool field True or False."""
+    field real numbers, not bools; a bool field True or False. Each is kept as that
+    Python type."""
     kinds = {int: (numbers.Integral, "an integer"), float: (numbers.Real, "a number"),
              bool: ((bool, np.bool_), "True or False")}
     for field in dataclasses.fields(self):
@@ -81,6 +82,12 @@ class SearchConfig:
       if not isinstance(value, kind) or is_bool != (field.type is bool):
         raise ConfigError(f"{field.name} must be {expected}, got {value!r} "
                           f"({type(value).__name__})")
+      # As Python's own type: numpy's narrow integers would wrap or overflow in the
+      # checks' products (np.uint8(4) x a vocabulary of 511), a Fraction reach JAX.
+      try:
+        object.__setattr__(self, field.name, field.type(value))
+      except OverflowError:  # alpha=10**400: kept, for its range check to name it.
+        pass
 
   def check_vocabulary(self, vocab_size: int) -> None:
     """The checks that need the model: top_k at most its vocabulary; a beam search's
