@@ -82,12 +82,9 @@ def _set_ffn(spec, layer: layout.Layer) -> None:
 
 def check(config: TransformerConfig) -> None:
   """ConfigError naming what CTranslate2 cannot express, before anything is written."""
-  problem = config_fields.unhandled_field(config, HANDLED)
-  if problem and problem[2] == "unclassified":
-    raise ConfigError(f"--format=ctranslate2: {config_fields.unclassified_message(problem[0])}")
-  if problem:
-    raise ConfigError(f"--format=ctranslate2: this model's {problem[0]}={problem[1]!r} has no "
-                      "equivalent in CTranslate2's TransformerSpec")
+  if problem := config_fields.refusal(config, HANDLED, "--format=ctranslate2",
+                                      "CTranslate2's TransformerSpec"):
+    raise ConfigError(problem)
   if ACTIVATIONS[config.activation].ctranslate2 is None:
     raise ConfigError(f"--format=ctranslate2: CTranslate2 has no {config.activation} "
                       "activation")

@@ -95,12 +95,9 @@ MAPPED = {"vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v", "num_layer
 
 def check(config: TransformerConfig) -> None:
   """ConfigError naming what Marian cannot express, before anything is written."""
-  problem = config_fields.unhandled_field(config, MAPPED)
-  if problem and problem[2] == "unclassified":
-    raise ConfigError(f"--format=transformers: {config_fields.unclassified_message(problem[0])}")
-  if problem:
-    raise ConfigError(f"--format=transformers: this model's {problem[0]}={problem[1]!r} has "
-                      "no equivalent in transformers' Marian export")
+  if problem := config_fields.refusal(config, MAPPED, "--format=transformers",
+                                      "transformers' Marian export"):
+    raise ConfigError(problem)
   if config.norm != "post":
     raise ConfigError("--format=transformers: this model is pre-norm; transformers' Marian "
                       "is post-norm only (no final LayerNorm)")

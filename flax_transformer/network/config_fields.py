@@ -48,3 +48,16 @@ def unhandled_field(config: TransformerConfig, handled: Collection[str]
 def unclassified_message(field: str) -> str:
   return (f"TransformerConfig.{field} is in neither network.config_fields.COMPUTED_FIELDS "
           "nor NOT_COMPUTED_FIELDS: no export or import knows what to do with it")
+
+
+def refusal(config: TransformerConfig, handled: Collection[str], who: str, target: str
+            ) -> str | None:
+  """The one line "`who`: ..." naming the first field of `config` that a path handling
+  `handled` cannot carry into `target` (`unhandled_field`); None if it carries them all.
+  The path raises it as its error (a ConfigError)."""
+  problem = unhandled_field(config, handled)
+  if problem and problem[2] == "unclassified":
+    return f"{who}: {unclassified_message(problem[0])}"
+  if problem:
+    return f"{who}: this model's {problem[0]}={problem[1]!r} has no equivalent in {target}"
+  return None

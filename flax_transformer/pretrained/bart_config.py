@@ -34,7 +34,8 @@ def model_config_from(config: dict, where: Path, *, same=SAME, **fields
            **fields})
   except ValueError as e:
     raise DataError(f"{where}: {e}") from None
-  problem = config_fields.unhandled_field(model_config, config_fields.COMPUTED_FIELDS)
-  if problem:
-    raise ConfigError(f"{where}: {config_fields.unclassified_message(problem[0])}")
+  # Every computed field is set: only one in neither list is refused.
+  if problem := config_fields.refusal(model_config, config_fields.COMPUTED_FIELDS, str(where),
+                                      "an import"):
+    raise ConfigError(problem)
   return model_config
