@@ -79,6 +79,13 @@ PHRASES = [
     ("BENCHMARKS.md", "CTranslate2's published 10,991 (fp16, A10G)", "CTranslate2's own figure (its README)"),
     ("docs/training.md", "`lrate = learning_rate * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)`",
      "eq. 3"),
+    ("docs/pretrained.md", "as transformers 4.57 and 5.24 define them", "versions"),
+    ("docs/pretrained.md", "(what transformers 4.3x wrote)", "a version"),
+    ("docs/pretrained.md", "in 4.x as in 5.x", "versions"),
+    ("docs/pretrained.md", "with a transformers 4.x venv and a 5.x one", "versions"),
+    ("docs/pretrained.md", "hub's 2020-21 OPUS-MT uploads", "the years of those uploads"),
+    ("docs/pretrained.md", "(`<unk> a </s> b <pad>`: 6 ids)",
+     "the example's token count (tests/fixtures/hub/tokenizers_*.json)"),
 ]
 
 
