@@ -215,3 +215,19 @@ def test_a_workdir_that_is_a_loop_of_links_is_one_line(tmp_path):
   with pytest.raises(ConfigError, match=rf"--workdir={re.escape(str(loop))} is a symbolic link "
                                         "that leads nowhere"):
     importer.import_model(SHARED, loop)
+
+
+@pytest.mark.parametrize("folder, name", [(SHARED, "vocab.json"),
+                                          (FIXTURES / "fsmt", "vocab-src.json")])
+def test_a_workdir_whose_vocabulary_is_not_json_is_one_line(tmp_path, folder, name):
+  """A workdir whose tokenizer/ vocabulary was cut short (a full disk, an edit): decode.py
+  exits 2 naming the file. Before: a json.JSONDecodeError traceback."""
+  workdir = tmp_path / "imported"
+  importer.import_model(folder, workdir)
+  (workdir / "tokenizer" / name).write_text('{"<pad>": 0, "</s>"')
+  done = subprocess.run([sys.executable, str(ROOT / "decode.py"), f"--workdir={workdir}"],
+                        input="a house\n", capture_output=True, text=True, timeout=300)
+  assert done.returncode == 2, done.stderr[-2000:]
+  assert "Traceback" not in done.stderr
+  [line] = [line for line in done.stderr.splitlines() if line.startswith("error")]
+  assert line.startswith(f"error: {workdir / 'tokenizer' / name}: not JSON ("), line

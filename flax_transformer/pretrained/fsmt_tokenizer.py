@@ -17,7 +17,6 @@ targets, which --score and --prefix need.
 from __future__ import annotations
 
 import hashlib
-import json
 import unicodedata
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -148,7 +147,8 @@ def sides(directory, spec: dict, check_vocabulary: Callable[[object, dict], dict
   lower = bool(spec.get("do_lower_case", False))
   out = []
   for name, lang in zip(FILES[:2], spec["langs"]):
-    vocab = check_vocabulary(directory / name, json.loads(blobs[name]))
+    vocab = check_vocabulary(directory / name,
+                             tokenizer_files.parse_json(directory / name, blobs[name]))
     identity = hashlib.sha256(blobs[name] + blobs["merges.txt"] + f"{lang} {lower}".encode())
     out.append(FSMTSide(lang, vocab, bpe, do_lower_case=lower,
                         identity=identity.hexdigest().encode(),

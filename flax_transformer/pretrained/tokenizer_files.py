@@ -5,8 +5,9 @@ Marian, fsmt_tokenizer.py, m2m100_tokenizer.py), which all import it."""
 
 from __future__ import annotations
 
+import json
 import re
-from typing import Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -24,6 +25,15 @@ def read_files(directory, names: Iterable[str]) -> dict[str, bytes]:
       raise FileNotFoundError(f"tokenizer file not found: {path}")
     blobs[name] = path.read_bytes()
   return blobs
+
+
+def parse_json(path, blob: bytes) -> Any:
+  """The JSON in `blob` (the file `path`'s bytes), or a DataError naming the file: a
+  workdir's tokenizer/ edited by hand, or cut short by a full disk."""
+  try:
+    return json.loads(blob)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise DataError(f"{path}: not JSON ({e})") from None
 
 
 class PairTokenizer:

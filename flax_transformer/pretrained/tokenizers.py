@@ -103,7 +103,8 @@ def load_marian(directory, spec: dict) -> PairTokenizer:
   vocabs = {}
   for name in ("vocab.json", "target_vocab.json") if separate else ("vocab.json",):
     blobs.update(tokenizer_files.read_files(directory, [name]))
-    vocabs[name] = check_vocabulary(directory / name, json.loads(blobs[name]))
+    vocabs[name] = check_vocabulary(directory / name,
+                                    tokenizer_files.parse_json(directory / name, blobs[name]))
 
   def identity(*names):
     return hashlib.sha256(b"".join(blobs[n] for n in names)).hexdigest().encode()
@@ -144,7 +145,10 @@ def load(directory, spec: dict) -> PairTokenizer:
   kind = spec.get("kind") if isinstance(spec, dict) else None
   if kind not in KINDS:
     raise DataError(f"run.json: tokenizer kind {kind!r} is not one of {sorted(KINDS)}")
-  tokenizer = KINDS[kind](directory, spec)
+  try:
+    tokenizer = KINDS[kind](directory, spec)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:  # A kind's file not parsed above.
+    raise DataError(f"{directory}: a tokenizer file is not JSON ({e})") from None
   tokenizer.spec = dict(spec)  # What an export records of it (export.write_vocabulary).
   return tokenizer
 
