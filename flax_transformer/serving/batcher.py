@@ -79,9 +79,12 @@ class Batcher:
     self._params = base._placed_params
     self._model = base
     # A model that forces its target's token runs the forced-prefix program for every
-    # request; warming names one of its targets (directions.py).
+    # request; warming names one of its pairs (directions.py): a source too, which a
+    # model whose tokenizer adds the source's token (NLLB, M2M100) needs.
     self._forces = base.languages.target_by == "decoder_prefix"
-    self._warm_target = base.languages.targets[0] if self._forces else None
+    pairs = base.languages.pairs() or [(None, (base.languages.targets or (None,))[0])]
+    self._warm = dict(zip(("source_lang", "target_lang"), pairs[0] if self._forces
+                          else (None, None)))
     self._families: collections.OrderedDict[SearchConfig, Family] = collections.OrderedDict()
     self._families_lock = threading.Lock()  # Used by warm()'s, the search and compile threads.
     # Per option set (family_key): requests submitted and not yet answered; the lock's.
@@ -152,7 +155,7 @@ class Batcher:
       runs = [pool.submit(self._run_once, search, (rows, width, self._forces))
               for rows, width in shapes]
       runs.append(pool.submit(scorer.score, samples, samples,  # One batch per width.
-                              target_lang=self._warm_target))
+                              **self._warm))
       for run in runs:
         run.result()
     seconds = time.perf_counter() - start
@@ -301,7 +304,7 @@ class Batcher:
     try:
       self._translator(search, rows, width).translate_nbest(
           [sample], prefixes=[""] if prefixed and not self._forces else None,
-          target_lang=self._warm_target)
+          **self._warm)
       with self._families_lock:
         family.ready.add(key)
     finally:  # A failed compile (a passing out-of-memory, say) is tried anew by the next.

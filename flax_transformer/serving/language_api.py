@@ -6,6 +6,7 @@ the workdir's languages record (flax_transformer.languages), source 'auto' detec
 
 from __future__ import annotations
 
+from flax_transformer import language_codes
 from flax_transformer.languages import Languages, UnknownLanguageError
 from flax_transformer.serving.errors import RequestError
 from flax_transformer.serving.language_id import Detector
@@ -20,57 +21,84 @@ AUTO = "auto"
 
 class LanguageApi:
   """What the served model translates between (`languages`) and how a source is found
-  (`detector`: None where the model has one source or states none)."""
+  (`detector`, over the codes clients use: None where the model has one source or
+  states none). Clients see and send ISO 639 codes ('de', 'zh-Hant'), as LibreTranslate's
+  and Mastodon's are; the model's own ('deu', 'deu_Latn') are taken too
+  (language_codes.py). Within, codes are the model's."""
 
   def __init__(self, languages: Languages, detector: Detector | None = None):
     self.languages, self.detector = languages, detector
+    self._codes = list(dict.fromkeys([*languages.sources, *languages.targets]))
+    listed = language_codes.listed(self._codes) if languages.stated else []
+    self._shown = {model: shown for shown, model in listed}
+    self._table = {shown: model for shown, model in listed}
+
+  def model_code(self, code: str) -> str:
+    """A client's code as the model writes it ('de' -> 'deu_Latn'); as sent if the model
+    knows no such language (or it is 'auto')."""
+    if code == AUTO or not self._table or not isinstance(code, str):
+      return code
+    return language_codes.resolve(code, self._codes, self._table) or code
+
+  def shown(self, code: str | None) -> str | None:
+    """A model's code as clients see it ('deu_Latn' -> 'de')."""
+    return self._shown.get(code, code)
 
   def known(self) -> str:
     """The pairs, as a LibreTranslate error names them: 'en to de, fr; de to en'."""
     if not self.languages.sources:
-      return f"into {', '.join(self.languages.targets)}"
-    return "; ".join(f"{s} to {', '.join(self.languages.targets_of(s))}"
+      return f"into {', '.join(map(self.shown, self.languages.targets))}"
+    return "; ".join(f"{self.shown(s)} to "
+                     f"{', '.join(map(self.shown, self.languages.targets_of(s)))}"
                      for s in self.languages.sources)
 
   def listing(self) -> list[dict]:
     """GET /languages: every language the model knows, each with the targets it
     translates into (none for a target only), as LibreTranslate lists them."""
-    codes = dict.fromkeys([*self.languages.sources, *self.languages.targets])
-    return [{"code": c, "name": NAMES.get(c, c), "targets": self.languages.targets_of(c)}
-            for c in codes]
+    return [{"code": self.shown(c), "name": NAMES.get(self.shown(c), self.shown(c)),
+             "targets": [self.shown(t) for t in self.languages.targets_of(c)]}
+            for c in self._codes]
 
   def default_pair(self) -> tuple[str, str]:
     """The pair LibreTranslate's page starts with (/frontend/settings)."""
     pairs = self.languages.pairs()
-    return pairs[0] if pairs else ("auto", "auto")
+    return (self.shown(pairs[0][0]), self.shown(pairs[0][1])) if pairs else ("auto", "auto")
 
   def check(self, source: str, target: str) -> None:
     """A 400 naming the pairs the model knows if it does not translate `source` (or
-    'auto') into `target`."""
+    'auto') into `target` (the model's codes: `model_code`)."""
     if not self.languages.stated:
       raise RequestError(400, "this server's workdir records no language pair: start "
                               "serve.py with --languages=SOURCE,TARGET")
     if target not in self.languages.targets:
-      raise RequestError(400, f"{target} is not supported as target: this server translates "
+      raise RequestError(400, f"{self.shown(target)} is not supported as target: this "
+                              f"server translates "
                               f"{self.known()} (GET /languages)")
     if source == AUTO:
       return
     try:
       self.languages.check_pair(source, target)
     except UnknownLanguageError:
-      what = "as source" if source not in self.languages.sources else f"into {target}"
-      raise RequestError(400, f"{source} is not supported {what}: this server translates "
+      what = ("as source" if source not in self.languages.sources
+              else f"into {self.shown(target)}")
+      raise RequestError(400, f"{self.shown(source)} is not supported {what}: this server "
+                              f"translates "
                               f"{self.known()} (GET /languages)") from None
 
   def detect(self, text: str) -> list[dict]:
     """POST /detect: the model's sources, most likely first, with confidences 0-100."""
+    return [{"confidence": c, "language": self.shown(code)} for code, c in self._ranked(text)]
+
+  def _ranked(self, text: str) -> list[tuple[str, float]]:
+    """(source, confidence 0-100) for each of the model's sources (its codes), most
+    likely first."""
     sources = self.languages.sources
     if len(sources) == 1:
-      return [{"confidence": 100.0, "language": sources[0]}]
+      return [(sources[0], 100.0)]
     if self.detector is None or not self.detector.available:
       raise RequestError(400, "this server cannot detect languages: its model states no "
                               "source languages the language identifier knows")
-    return [{"confidence": c, "language": code} for code, c in self.detector.detect(text)]
+    return [(self.model_code(code), c) for code, c in self.detector.detect(text)]
 
   def sources_of(self, texts: list[str], source: str, target: str, as_is: bool = False
                  ) -> tuple[list[str | None], list[dict] | None]:
@@ -80,16 +108,17 @@ class LanguageApi:
     sends it back as it is, argos-translate's identity translation)."""
     if source != AUTO:
       return [source] * len(texts), None
-    detected, pairs = [], self.languages.pairs()
+    found, pairs = [], self.languages.pairs()
     for text in texts:
-      ranked = self.detect(text) if self.languages.sources else []
-      if not (as_is and ranked and ranked[0]["language"] == target):
-        ranked = [d for d in ranked if (d["language"], target) in pairs]
-      detected.append(ranked[0] if ranked else {"confidence": 0.0, "language": None})
-    if any(d["language"] is None for d in detected):
-      raise RequestError(400, f"no source detected that translates into {target}: this "
-                              f"server translates {self.known()} (GET /languages)")
-    return [d["language"] for d in detected], detected
+      ranked = self._ranked(text) if self.languages.sources else []
+      if not (as_is and ranked and ranked[0][0] == target):
+        ranked = [(code, c) for code, c in ranked if (code, target) in pairs]
+      found.append(ranked[0] if ranked else None)
+    if None in found:
+      raise RequestError(400, f"no source detected that translates into {self.shown(target)}"
+                              f": this server translates {self.known()} (GET /languages)")
+    return ([code for code, _ in found],
+            [{"confidence": c, "language": self.shown(code)} for code, c in found])
 
   def untranslated(self, source: str | None, target: str) -> bool:
     """Whether a text of `source` is sent back as it is into `target`: it is already in
@@ -99,7 +128,8 @@ class LanguageApi:
   def directions(self, texts: list[str], source: str | None, target: str | None
                  ) -> list[tuple[str | None, str | None]]:
     """serve.py's own API: each text's (source, target) for the batcher; a pair the model
-    does not know is a 400 naming those it does (one line)."""
+    does not know is a 400 naming those it does (one line). Codes in either form."""
+    source, target = self.model_code(source), self.model_code(target)
     if source == AUTO and target is not None:
       self.check(AUTO, target)
       return [(s, target) for s in self.sources_of(texts, AUTO, target)[0]]
@@ -115,5 +145,7 @@ def for_model(languages: Languages | tuple[str, str]) -> LanguageApi:
   it has several sources."""
   if isinstance(languages, tuple):
     languages = Languages.one_pair(*languages)
-  many = len(languages.sources) > 1
-  return LanguageApi(languages, Detector(languages.sources) if many else None)
+  api = LanguageApi(languages)
+  if len(languages.sources) > 1:  # Over the codes the identifier knows: 'de', not 'deu'.
+    api.detector = Detector([api.shown(code) for code in languages.sources])
+  return api

@@ -136,13 +136,16 @@ class LibreTranslate:
     self._check_texts([text])
     return self.api.detect(text)
 
-  def _check_languages(self, source, target) -> None:
+  def _check_languages(self, source, target) -> tuple[str, str]:
+    """(source, target) as the model writes them, checked."""
     for field, value in (("source", source), ("target", target)):
       if not isinstance(value, str) or not value:
         raise RequestError(400, f"Invalid request: missing {field} parameter")
       if not value.isprintable() or len(value) > 32:  # Echoed below: no lone surrogate.
         raise RequestError(400, f"Invalid request: {field} is not a language code")
+    source, target = self.api.model_code(source), self.api.model_code(target)
     self.api.check(source, target)
+    return source, target
 
   def _alternatives(self, value) -> int:
     """LibreTranslate's `alternatives`: a number (of any JSON type int() takes), below 0
@@ -190,15 +193,14 @@ class LibreTranslate:
     texts = [q] if isinstance(q, str) else q
     if not isinstance(texts, list) or not all(isinstance(s, str) for s in texts):
       raise RequestError(400, "Invalid request: q must be a string or a list of strings")
-    self._check_languages(fields.get("source"), fields.get("target"))
+    source, target = self._check_languages(fields.get("source"), fields.get("target"))
     alternatives = self._alternatives(fields.get("alternatives"))
     text_format = fields.get("format") or "text"  # LibreTranslate's: empty or null is text.
     if text_format not in ("text", "html"):
       text_format = ascii(text_format)[:40]  # Echoed: valid text whatever was sent.
       raise RequestError(400, f"{text_format} format is not supported (formats: text, html)")
     self._check_texts(texts)
-    target = fields["target"]
-    sources, detected = self.api.sources_of(texts, fields["source"], target, as_is=True)
+    sources, detected = self.api.sources_of(texts, source, target, as_is=True)
     translations, others = await self._translated(texts, sources, target, alternatives,
                                                   text_format)
     one = isinstance(q, str)
@@ -231,7 +233,8 @@ class LibreTranslate:
     batcher = self._batcher
     inputs, layouts, rows = [], [], []
     for text, direction in zip(texts, directions):
-      found, (layout,) = sentences.layout([text], direction[0] or "en", batcher.max_tokens,
+      language = self.api.shown(direction[0]) or "en"  # sentencex's codes are ISO's.
+      found, (layout,) = sentences.layout([text], language, batcher.max_tokens,
                                           batcher.source_length)
       inputs += found
       layouts.append(layout)
