@@ -134,9 +134,11 @@ class Languages:
     """(source, target) as the model reads them: a code left None is the model's only one
     (None where it states none, or for a source_tag model whose texts carry their own
     tags); a pair it does not translate is an UnknownLanguageError naming the pairs it
-    does."""
+    does. A code may be the model's or its ISO 639 form ('fr' for 'fra_Latn' or 'fra':
+    language_codes.py)."""
     if not self.stated:
       return source, target
+    source, target = self.model_code(source), self.model_code(target)
     if target is None and len(self.targets) > 1 and self.target_by == "source_tag":
       return source, None  # The text names its target itself (OPUS-MT's '>>fra<< ...').
     if target is None:
@@ -155,6 +157,15 @@ class Languages:
     if self.sources and source is None and len(self.sources) > 1 and self.source_tokens:
       raise UnknownLanguageError(f"name a source language: {self._known()}")
     return source, target
+
+  def model_code(self, code: str | None) -> str | None:
+    """`code` as the model writes it: itself if the model knows it, else the model's code
+    whose ISO 639 form it is (language_codes.resolve), else as given."""
+    known = list(dict.fromkeys([*self.sources, *self.targets]))
+    if code is None or code in known:
+      return code
+    from flax_transformer import language_codes  # langcodes: imported only for this.
+    return language_codes.resolve(code, known) or code
 
   def target_token(self, target: str) -> str | None:
     """The piece that asks for `target` (None for a one-target model)."""

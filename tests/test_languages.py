@@ -115,3 +115,22 @@ def test_a_multilingual_config_records_every_direction():
       Languages.one_pair("en", "de"))
   with pytest.raises(languages.ConfigError, match="two or more distinct language codes"):
     languages.from_config({"languages": "en,en"})
+
+
+def test_a_pair_may_be_named_by_iso_codes_where_the_model_has_its_own():
+  """decode.py --source_lang=en --target_lang=fr and the Translator on an NLLB import
+  (eng_Latn, fra_Latn) or an OPUS-MT one (>>fra<<): the ISO 639 form of a model's code
+  (language_codes.py, langcodes' data) names it too; the pair comes back in the model's
+  codes, which pick its tokens. At c99324a: 'the model does not translate into 'fr''."""
+  nllb = Languages(sources=("eng_Latn", "fra_Latn", "zho_Hant"),
+                   targets=("eng_Latn", "fra_Latn", "zho_Hant"), target_by="decoder_prefix",
+                   target_tokens={c: c for c in ("eng_Latn", "fra_Latn", "zho_Hant")},
+                   source_tokens={c: c for c in ("eng_Latn", "fra_Latn", "zho_Hant")})
+  assert nllb.check_pair("en", "fr") == ("eng_Latn", "fra_Latn")
+  assert nllb.check_pair("FR", "zh-Hant") == ("fra_Latn", "zho_Hant")
+  assert nllb.check_pair("eng_Latn", "fra_Latn") == ("eng_Latn", "fra_Latn")
+  opus = Languages(sources=("en",), targets=("deu", "fra"), target_by="source_tag",
+                   target_tokens={"deu": ">>deu<<", "fra": ">>fra<<"})
+  assert opus.check_pair(None, "fr") == ("en", "fra")
+  with pytest.raises(UnknownLanguageError, match=r"^the model does not translate into 'it'"):
+    nllb.check_pair("en", "it")
