@@ -125,7 +125,20 @@ def recorded_model(record: dict) -> dict:
 def read_record(workdir: str | os.PathLike) -> dict | None:
   """A workdir's run.json as written (None when it has none)."""
   path = Workdir(workdir).run_file
-  return json.loads(path.read_text()) if path.exists() else None
+  return _parse_record(path) if path.exists() else None
+
+
+def _parse_record(run_file) -> dict:
+  """run.json's object, or a DataError naming the file when it holds none (cut short by
+  a full disk, edited, or another program's)."""
+  try:
+    record = json.loads(run_file.read_text())
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise DataError(f"{run_file}: not JSON ({e})") from None
+  if not isinstance(record, dict):
+    raise DataError(f"{run_file}: not a run record (a JSON object), but a "
+                    f"{type(record).__name__}")
+  return record
 
 
 def record_launch(workdir: Workdir, model_config: TransformerConfig, vocab_size: int,
@@ -215,14 +228,27 @@ def read_run(workdir: str | Path) -> tuple[TransformerConfig, Tokenizer]:
   if not run_file.is_file():
     raise FileNotFoundError(f"{run_file} not found: {workdir} is not a training workdir "
                             "(train.py writes it)")
-  record = json.loads(run_file.read_text())
-  model_config = TransformerConfig.from_dict(recorded_model(record))
+  model_config, record = _read_model(run_file)
   if "tokenizer" in record:  # An imported model's (import_model.py).
     tokenizer = tokenizer_kinds.load(workdir.tokenizer_dir, record["tokenizer"])
   else:
     tokenizer = Tokenizer(workdir.vocab_file)
   check_vocabulary_sizes(model_config, tokenizer, run_file)
   return model_config, tokenizer
+
+
+def _read_model(run_file) -> tuple[TransformerConfig, dict]:
+  """(the model config, the whole record) of run.json, or a DataError naming the file
+  when it is not one (cut short by a full disk, edited, or of another program)."""
+  record = _parse_record(run_file)
+  if not isinstance(record.get("model"), dict):
+    raise DataError(f'{run_file}: not a run record: no "model" object (the model\'s settings)')
+  try:
+    return TransformerConfig.from_dict(recorded_model(record)), record
+  except (ConfigError, DataError):
+    raise
+  except (TypeError, ValueError) as e:
+    raise DataError(f'{run_file}: its "model" record is not a valid model ({e})') from None
 
 
 def check_vocabulary_sizes(model_config: TransformerConfig, tokenizer, run_file) -> None:

@@ -231,3 +231,33 @@ def test_a_workdir_whose_vocabulary_is_not_json_is_one_line(tmp_path, folder, na
   assert "Traceback" not in done.stderr
   [line] = [line for line in done.stderr.splitlines() if line.startswith("error")]
   assert line.startswith(f"error: {workdir / 'tokenizer' / name}: not JSON ("), line
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"model": ', r"not JSON \(Expecting value: line 1 column 11 \(char 10\)\)"),
+    ("[1]", r"not a run record \(a JSON object\), but a list"),
+    ("{}", r'not a run record: no "model" object \(the model\'s settings\)'),
+    ('{"model": {"vocab_size": "big"}}', r'its "model" record is not a valid model \(invalid '
+     r"literal for int\(\) with base 10: 'big'\)"),
+])
+def test_a_run_json_that_is_not_a_record_is_one_line(tmp_path, text, message):
+  """run.json cut short (a full disk) or edited: read_run and the languages record (what
+  decode.py reads first) raise one DataError naming it; decode.py exits 2 with that line.
+  Before: a JSONDecodeError, TypeError or ValueError traceback, exit 1."""
+  from flax_transformer import workdir as workdir_lib
+
+  workdir = tmp_path / "imported"
+  importer.import_model(SHARED, workdir)
+  (workdir / "run.json").write_text(text)
+  expected = rf"^{re.escape(str(workdir / 'run.json'))}: {message}$"
+  with pytest.raises(DataError, match=expected):
+    read_run(workdir)
+  if text != "{}" and not text.startswith('{"model": {'):  # Records the languages read.
+    with pytest.raises(DataError, match=expected):
+      workdir_lib.languages(workdir)
+  if text == "[1]":
+    done = subprocess.run([sys.executable, str(ROOT / "decode.py"), f"--workdir={workdir}"],
+                          input="a house\n", capture_output=True, text=True, timeout=300)
+    assert (done.returncode, "Traceback" in done.stderr) == (2, False), done.stderr[-2000:]
+    assert [line for line in done.stderr.splitlines() if line.startswith("error")] == [
+        f"error: {workdir / 'run.json'}: not a run record (a JSON object), but a list"]
