@@ -301,9 +301,15 @@ def test_source_auto_sends_a_text_already_in_the_target_back_as_it_is(three_serv
 # --- An imported NLLB-200 model (tests/fixtures/nllb): codes as eng_Latn, fra_Latn -------
 
 @pytest.fixture(scope="module")
-def nllb_server(tmp_path_factory):
+def nllb_workdir(tmp_path_factory) -> Path:
   workdir = tmp_path_factory.mktemp("nllb") / "run"
   importer.import_model(FIXTURES / "nllb", workdir)
+  return workdir
+
+
+@pytest.fixture(scope="module")
+def nllb_server(nllb_workdir):
+  workdir = nllb_workdir
   log = workdir.parent / "serve.log"
   with open(log, "wb") as out:
     process = subprocess.Popen(
@@ -350,3 +356,16 @@ def test_an_nllb_server_speaks_iso_codes_to_libretranslate_clients(nllb_server):
   assert post(nllb_server, "/translate", {"q": text, "source": "en", "target": "it"},
               None)[1]["error"].startswith("it is not supported as target: this server "
                                            "translates en to de, fr, cs, zh; de to en, ")
+
+
+def test_translate_texts_takes_an_iso_source_on_an_nllb_model(nllb_workdir):
+  """Translator.translate_texts(texts, 'en') (decode.py --split_sentences' path) on an NLLB
+  model whose source is 'eng_Latn': the same as naming it so (at c99324a: 'name a source
+  language', the ISO code taken for a language the model does not know)."""
+  references = json.loads((FIXTURES / "nllb" / "references.json").read_text())
+  texts = [f"{references['sources'][0]}  {references['sources'][3]}\n"]
+  translator = Translator.from_workdir(nllb_workdir, search=SEARCH, batch_tokens=128,
+                                       devices=jax.devices()[:2])
+  want = translator.translate_texts(texts, "eng_Latn", target_lang="fra_Latn")
+  assert translator.translate_texts(texts, "en", target_lang="fr") == want
+  assert want[0].endswith("\n") and want[0].count("  ") == 1

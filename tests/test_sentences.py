@@ -91,3 +91,13 @@ def test_a_sentence_without_letters_is_written_back_as_it_is():
       "🎉", "12:30 - 13:45", "1. OPEN THE DOOR. 2. CLOSE IT.", "WOW! 🎉🎉 1. A DOG RUNS."]
   inputs, layouts = sentences.layout(["3.14\n A line."], "en", 100, len, sentences=False)
   assert inputs == ["A line."] and sentences.join(layouts, ["X"]) == ["3.14\n X"]
+
+
+def test_a_models_own_language_code_splits_by_that_languages_rules():
+  """decode.py --split_sentences --source_lang=deu_Latn (an NLLB import's code) or deu
+  (OPUS-MT's): German's rules, as 'de' (sentencex knows ISO 639-1 codes; with 'deu_Latn'
+  it fell back to rules that end a sentence at '3. Mai')."""
+  text = " ".join(NEWS_DE)
+  assert sentences.split(text, "deu_Latn") == sentences.split(text, "deu") == sentences.split(
+      text, "de")
+  assert sentences.split(text, "de")[1::2] == NEWS_DE

@@ -23,8 +23,13 @@ def split(text: str, language: str) -> list[str]:
   """`text` as [space, sentence, space, ..., sentence, space]: its sentences at odd
   indices, stripped, and what lies between them (whitespace, newlines, "" between
   sentences the splitter found with no space) at even ones: "".join(parts) == text.
-  A newline always ends a sentence."""
+  A newline always ends a sentence. `language`: an ISO 639 code, or a model's own for
+  it ('deu_Latn', 'deu': German's rules, as 'de')."""
   import sentencex  # Imported on use: decode.py without --split_sentences never needs it.
+
+  from flax_transformer.language_codes import iso_form
+
+  language = iso_form(language)
 
   parts, gap = [], ""
   for i, chunk in enumerate(NEWLINES.split(text)):
