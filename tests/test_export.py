@@ -395,3 +395,23 @@ def runner_for(folder) -> runner.Runner:
   if folder not in _RUNNERS:
     _RUNNERS[folder] = runner.Runner(folder)
   return _RUNNERS[folder]
+
+
+def test_an_export_is_not_refused_for_this_hosts_memory(tmp_path, monkeypatch):
+  """A StableHLO export is lowered here and run on the --platforms machine: a beam that
+  host holds is exported from a host whose own memory (here made 8 MiB) could not
+  search it. Before: `export.py --beam_size=256 --platforms=cuda` on an imported tiny
+  Marian model was refused ("needs at least 9.4 GiB, over the 8.7 GiB of the host's
+  available memory per device") on a CPU host. decode.py on this host still refuses it."""
+  from flax_transformer.export.stablehlo import export_stablehlo
+  from flax_transformer.pretrained import importer
+  from flax_transformer.translation import search_memory
+
+  workdir = tmp_path / "imported"
+  importer.import_model(Path(__file__).parent / "fixtures" / "marian_swish_shared", workdir)
+  monkeypatch.setattr(search_memory, "available_bytes", lambda device=None: (8 << 20, "test"))
+  translator = Translator.from_workdir(workdir, search=SearchConfig(beam_size=256, max_extra=4))
+  manifest = export_stablehlo(translator, tmp_path / "out", batch_tokens=256)
+  assert manifest["search"]["beam_size"] == 256 and len(manifest["shapes"]) == 8
+  with pytest.raises(ConfigError, match=r"^beam_size=256: a search of .* needs at least "):
+    translator.translate(["A man in an orange hat."])
