@@ -62,6 +62,24 @@ def test_a_target_the_model_does_not_know_is_one_line_naming_those_it_does(tagge
     tagged.translate(TEXTS, source_lang="de", target_lang="fra")
 
 
+def test_a_servers_token_limit_counts_the_target_tag(tagged):
+  """serve.py's --max_tokens bounds a source as the model reads it: an OPUS-MT target's
+  '>>fra<<' is one token more. At ff1f527 a 16-token sentence into 'fra' passed a
+  --max_tokens=16 server's check (and the LibreTranslate face's cut) as 16 tokens and
+  was searched as 17: a width of 32 compiled at request time, past the widths the
+  server warmed (and at a model's max_len, its EOS cut off)."""
+  from flax_transformer.serving.batcher import Batcher
+  from flax_transformer.translation import sentences
+
+  batcher = Batcher(tagged, max_batch=8, max_tokens=16)
+  tokenize = tagged.tokenizer.source.tokenize
+  sentence = "a dog runs in the park and two men are here."
+  assert len(tokenize(sentence)) == 16
+  assert batcher.source_length(sentence) == len(tokenize(f">>fra<< {sentence}")) == 17
+  pieces = sentences.cut(sentence, 16, batcher.source_length)
+  assert len(pieces) == 2 and all(len(tokenize(f">>deu<< {p}")) <= 16 for p in pieces)
+
+
 # --- A model trained here on Multi30k's six directions (config.languages) ---------------
 
 LANGUAGES = ("en", "de", "fr")

@@ -82,6 +82,7 @@ class Batcher:
     # request; warming names one of its pairs (directions.py): a source too, which a
     # model whose tokenizer adds the source's token (NLLB, M2M100) needs.
     self._forces = base.languages.target_by == "decoder_prefix"
+    self._added = base._directions.added_tokens(self.tokenizer.source.tokenize)
     pairs = base.languages.pairs() or [(None, (base.languages.targets or (None,))[0])]
     self._warm = dict(zip(("source_lang", "target_lang"), pairs[0] if self._forces
                           else (None, None)))
@@ -100,8 +101,9 @@ class Batcher:
   # --- Public: from any thread -----------------------------------------------------------
 
   def source_length(self, sentence: str) -> int:
-    """Tokens of `sentence` as a source (EOS included)."""
-    return len(self.tokenizer.source.tokenize(sentence))
+    """Tokens of `sentence` as the model reads it (EOS included), with the most any
+    direction adds (an OPUS-MT target's >>xx<< tag): what --max_tokens bounds."""
+    return len(self.tokenizer.source.tokenize(sentence)) + self._added
 
   def prefix_length(self, prefix: str) -> int:
     """Tokens of `prefix` as forced (no EOS, as `Translator.translate_nbest` forces it)."""

@@ -74,6 +74,18 @@ class Directions:
       texts.append(s)
     return texts
 
+  def added_tokens(self, tokenize) -> int:
+    """The most tokens `source_texts` adds to a sentence (a target's tag, a source's
+    token beyond the one the tokenizer puts anyway), as `tokenize` (the source side's)
+    counts them: what a source's length holds beyond its own text's."""
+    def most(pieces) -> int:
+      return max((len(tokenize(f"{piece} a")) - len(tokenize("a")) for piece in pieces),
+                 default=0)
+
+    languages = self.languages
+    tags = languages.target_tokens.values() if languages.target_by == "source_tag" else ()
+    return most(tags) + most(languages.source_tokens.values())
+
   @property
   def forces_target(self) -> bool:
     return bool(self._target_ids)
