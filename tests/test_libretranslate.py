@@ -135,6 +135,9 @@ def test_frontend_settings_and_errors_naming_the_q_item(server):
   assert _post(server, {"q": ["A.\nB.\nC.", "\ud800"], "source": "en", "target": "de"}) == (
       400, {"error": "Invalid request: q[1] is not valid text: surrogates not allowed at "
                      "character 0"})
+  assert _post(server, {"q": ["A dog.", "A cat.", None], "source": "en", "target": "de"}) == (
+      400, {"error": "Invalid request: q[2] is not a string: q must be a string or a list of "
+                     "strings"})
 
 
 def test_what_libretranslates_own_api_tests_check(server):

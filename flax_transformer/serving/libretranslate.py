@@ -191,8 +191,12 @@ class LibreTranslate:
     if not q:  # None, "", [], as LibreTranslate.
       raise RequestError(400, "Invalid request: missing q parameter")
     texts = [q] if isinstance(q, str) else q
-    if not isinstance(texts, list) or not all(isinstance(s, str) for s in texts):
+    if not isinstance(texts, list):
       raise RequestError(400, "Invalid request: q must be a string or a list of strings")
+    for i, text in enumerate(texts):
+      if not isinstance(text, str):  # Named as the q item it is (Weblate sends lists).
+        raise RequestError(400, f"Invalid request: q[{i}] is not a string: q must be a "
+                                f"string or a list of strings")
     source, target = self._check_languages(fields.get("source"), fields.get("target"))
     alternatives = self._alternatives(fields.get("alternatives"))
     text_format = fields.get("format") or "text"  # LibreTranslate's: empty or null is text.
