@@ -387,3 +387,20 @@ def test_translate_texts_takes_an_iso_source_on_an_nllb_model(nllb_workdir):
   want = translator.translate_texts(texts, "eng_Latn", target_lang="fra_Latn")
   assert translator.translate_texts(texts, "en", target_lang="fr") == want
   assert want[0].endswith("\n") and want[0].count("  ") == 1
+
+
+def test_source_auto_on_html_detects_the_text_not_the_markup(three_server, sources):
+  """Mastodon sends statuses as HTML with source 'auto'; its markup (a shortened link's
+  href, rel, class="invisible" spans) is English-looking text to a language identifier,
+  and outweighed a short German status: detected 'en' (85.9 for a line of this shape)
+  and translated as English. The detector now reads the text the document translates."""
+  link = ('<a href="https://example.com/some/long/path/to/a/page" target="_blank" rel="nofollow'
+          ' noopener noreferrer"><span class="invisible">https://</span><span class="ellipsis">'
+          'example.com/some/long/path</span><span class="invisible">/to/a/page</span></a>')
+  status = f"<p>{sources['de'][0]} {link}</p>"
+  fields = {"q": [status], "target": "fr", "format": "html", "api_key": TOKEN}
+  _, explicit = post(three_server, "/translate", {**fields, "source": "de"}, None)
+  status_code, answer = post(three_server, "/translate", {**fields, "source": "auto"}, None)
+  assert status_code == 200, answer
+  assert answer["detectedLanguage"][0]["language"] == "de"
+  assert answer["translatedText"] == explicit["translatedText"]

@@ -27,7 +27,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 
 from flax_transformer.serving import auth, markup
-from flax_transformer.serving.language_api import NAMES, LanguageApi
+from flax_transformer.serving.language_api import AUTO, NAMES, LanguageApi
 from flax_transformer.serving.errors import RequestError
 from flax_transformer.translation import sentences
 
@@ -204,7 +204,11 @@ class LibreTranslate:
       text_format = ascii(text_format)[:40]  # Echoed: valid text whatever was sent.
       raise RequestError(400, f"{text_format} format is not supported (formats: text, html)")
     self._check_texts(texts)
-    sources, detected = self.api.sources_of(texts, source, target, as_is=True)
+    # An HTML text's language is its text's: markup (class="u-url mention", href=...)
+    # would pass for English.
+    probes = ([" ".join(markup.Document(text).texts) for text in texts]
+              if text_format == "html" and source == AUTO else texts)
+    sources, detected = self.api.sources_of(probes, source, target, as_is=True)
     translations, others = await self._translated(texts, sources, target, alternatives,
                                                   text_format)
     one = isinstance(q, str)
