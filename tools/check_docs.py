@@ -56,6 +56,7 @@ PHRASES = [
     ("docs/training.md", "(0 = never)", "a setting's meaning"),
     ("docs/decoding.md", "(paper: 5 for base, 20 for big)", PAPER),
     ("docs/decoding.md", "`--nbest` above 1", "a setting's bound"),
+    ("docs/decoding.md", "in their ISO 639 form", "a standard's name"),
     ("docs/decoding.md", "`charLimit` (5000)", "serve.py's text limit (a setting)"),
     ("docs/decoding.md", "the beam widened to N + 1 if narrower; N at most `--max_beam` - 1",
      "the alternatives' bounds"),
