@@ -398,11 +398,12 @@ def runner_for(folder) -> runner.Runner:
 
 
 def test_an_export_is_not_refused_for_this_hosts_memory(tmp_path, monkeypatch):
-  """A StableHLO export is lowered here and run on the --platforms machine: a beam that
-  host holds is exported from a host whose own memory (here made 8 MiB) could not
-  search it. Before: `export.py --beam_size=256 --platforms=cuda` on an imported tiny
-  Marian model was refused ("needs at least 9.4 GiB, over the 8.7 GiB of the host's
-  available memory per device") on a CPU host. decode.py on this host still refuses it."""
+  """A StableHLO export is lowered here and run on a --platforms machine: it is checked
+  against what one of that machine's devices may hold (search_memory.export_bound), not
+  this host's free memory (here made 8 MiB), with which decode.py still refuses it.
+  Before: `export.py --beam_size=256 --platforms=cuda` on an imported tiny Marian model
+  was refused ("needs at least 9.4 GiB, over the 8.7 GiB of the host's available memory
+  per device") on a CPU host. A search no device holds: test_decoding's TOO_LARGE."""
   from flax_transformer.export.stablehlo import export_stablehlo
   from flax_transformer.pretrained import importer
   from flax_transformer.translation import search_memory

@@ -37,6 +37,7 @@ from flax_transformer.errors import ConfigError
 from flax_transformer.export import write_manifest, write_vocabulary
 from flax_transformer.export.runner import FORMAT
 from flax_transformer.translation import batching
+from flax_transformer.translation import search_memory
 from flax_transformer.translation.programs import make_search_fn
 from flax_transformer.translation.translator import Translator
 
@@ -75,9 +76,9 @@ def export_stablehlo(translator: Translator, out_dir: str | Path, *, batch_token
   out.mkdir(parents=True, exist_ok=True)
   vocabulary = write_vocabulary(out, translator.tokenizer)  # Refuses before the long work.
   leaves, treedef = jax.tree_util.tree_flatten(translator.params)
-  # Lowered here, run by translate.py on the --platforms machine: this host's memory
-  # says nothing of that one's (a beam a GPU holds was refused on a small CPU host).
-  search_fn = make_search_fn(translator.model_configs, search, check_memory=False)
+  # Run on a --platforms machine: bounded by its devices' memory, not this host's.
+  bound = search_memory.export_bound(platforms)
+  search_fn = make_search_fn(translator.model_configs, search, memory=bound)
 
   def translate(flat_params, inputs):
     """inputs int32 [rows, width] -> best hypothesis int32 [rows, L], its score float32 [rows]."""

@@ -53,16 +53,16 @@ def _check_members(configs, members_params) -> None:
     raise ValueError(f"{len(configs)} model configs but {len(members_params)} parameter sets")
 
 
-def make_search_fn(model_config: Members, search: SearchConfig, *, check_memory: bool = True
+def make_search_fn(model_config: Members, search: SearchConfig, *,
+                   memory: tuple[int, str] | None = None
                    ) -> Callable[..., search_lib.SearchResult]:
   """(params, inputs int [B, S], rng[, prefix int [B, P]]) -> SearchResult; jit it.
 
   Given a sequence of configs (an ensemble), params is the matching sequence and
   each step's distribution is the mean of the members' probabilities. prefix
   (P >= 1): each row's forced target prefix, 0-padded, no EOS; its lengths are
-  data, so one program serves every prefix up to P tokens. check_memory: refuse, when
-  traced, a batch whose search this host's devices cannot hold (search_memory); an
-  export, whose programs run on another machine, leaves it to that machine.
+  data, so one program serves every prefix up to P tokens. memory: check_search's bound
+  where not the device's (an export's, search_memory.export_bound).
   """
   configs = member_configs(model_config)
   search.check_vocabulary(configs[0].vocab_size)
@@ -75,9 +75,8 @@ def make_search_fn(model_config: Members, search: SearchConfig, *, check_memory:
   def search_fn(params, inputs, rng, prefix=None):
     batch, source_len = inputs.shape
     # Before anything is traced or compiled (`inputs`: this device's rows under shard_map).
-    if check_memory:
-      search_memory.check_search(configs, search, rows=batch, width=source_len,
-                                 prefix_width=None if prefix is None else prefix.shape[1])
+    search_memory.check_search(configs, search, rows=batch, width=source_len, memory=memory,
+                               prefix_width=None if prefix is None else prefix.shape[1])
     forced = {}
     max_decode_len = search_memory.decode_length(
         extra, max_len, source_len, None if prefix is None else prefix.shape[1])

@@ -70,6 +70,22 @@ def available_bytes(device: jax.Device | None = None) -> tuple[int, str]:
   return _host_available() // devices, f"of the host's available memory{share}"
 
 
+# One accelerator's memory at the most (B200 and MI300X: 192 GB): an exported search
+# that needs more runs on no device of its platforms.
+LARGEST_ACCELERATOR = 192 * 10**9
+
+
+def export_bound(platforms: Sequence[str]) -> tuple[int, str]:
+  """(bytes, what they are) an exported search (export.py) may need at most: it runs on
+  a machine of `platforms`, not this host, so not this host's free memory, but what one
+  device of them may hold: an accelerator's largest, or for 'cpu' alone this host's
+  whole memory (a runner's host is taken to be of its kind)."""
+  if any(platform != "cpu" for platform in platforms):
+    return LARGEST_ACCELERATOR, f"one {'/'.join(platforms)} device may have at the most"
+  total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+  return total, "of this host's whole memory (an export's runner's host is taken as its like)"
+
+
 def _host_available() -> int:
   """The host's available memory (Linux: MemAvailable; else free pages)."""
   try:
@@ -83,15 +99,17 @@ def _host_available() -> int:
 
 
 def check_search(configs: Sequence[TransformerConfig], search, *, rows: int, width: int,
-                 prefix_width: int | None = None, device: jax.Device | None = None) -> None:
+                 prefix_width: int | None = None, device: jax.Device | None = None,
+                 memory: tuple[int, str] | None = None) -> None:
   """A ConfigError, one line, if `search` (a SearchConfig) of [rows, width] on one device
-  (forced prefixes `prefix_width` wide, if any) cannot fit in the memory it has."""
+  (forced prefixes `prefix_width` wide, if any) cannot fit in the memory it has, or in
+  `memory` ((bytes, what they are)) where given (an export's `export_bound`)."""
   sampling = search.temperature > 0 or search.beam_size == 1
   max_len = min(c.max_len for c in configs)
   length = decode_length(min(search.max_extra, max_len), max_len, width, prefix_width)
   need = search_bytes(configs, rows=rows, beams=1 if sampling else search.beam_size,
                       width=width, length=length)
-  have, where = available_bytes(device)
+  have, where = memory or available_bytes(device)
   if need > have:
     raise ConfigError(
         f"beam_size={search.beam_size}: a search of {rows} sentence(s) x {width} tokens "
