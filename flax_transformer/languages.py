@@ -138,7 +138,7 @@ class Languages:
     language_codes.py)."""
     if not self.stated:
       return source, target
-    source, target = self.model_code(source), self.model_code(target)
+    source, target = self.model_code(source, self.sources), self.model_code(target, self.targets)
     if target is None and len(self.targets) > 1 and self.target_by == "source_tag":
       return source, None  # The text names its target itself (OPUS-MT's '>>fra<< ...').
     if target is None:
@@ -158,10 +158,11 @@ class Languages:
       raise UnknownLanguageError(f"name a source language: {self._known()}")
     return source, target
 
-  def model_code(self, code: str | None) -> str | None:
+  def model_code(self, code: str | None, among: Iterable[str] | None = None) -> str | None:
     """`code` as the model writes it: itself if the model knows it, else the model's code
-    whose ISO 639 form it is (language_codes.resolve), else as given."""
-    known = list(dict.fromkeys([*self.sources, *self.targets]))
+    (`among`: of those; default every one) whose ISO 639 form it is
+    (language_codes.resolve), else as given."""
+    known = list(dict.fromkeys([*self.sources, *self.targets] if among is None else among))
     if code is None or code in known:
       return code
     from flax_transformer import language_codes  # langcodes: imported only for this.

@@ -292,7 +292,7 @@ class Translator:
     `language` is the source's (source_lang), target_lang as `translate_nbest`'s."""
     inputs, layouts = sentences_lib.layout(
         texts, language, self.max_len, lambda s: len(self.tokenizer.source.tokenize(s)))
-    source = self.languages.model_code(language)  # 'en' names NLLB's 'eng_Latn' too.
+    source = self.languages.model_code(language, self.languages.sources)  # en: eng_Latn.
     direction = dict(source_lang=source if source in self.languages.sources else None,
                      target_lang=target_lang)
     return sentences_lib.join(layouts, self.translate(inputs, progress, **direction))
