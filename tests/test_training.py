@@ -272,6 +272,41 @@ def test_grad_accumulation_matches_full_batch():
   np.testing.assert_allclose(runs[1], runs[0], rtol=1e-4)
 
 
+@pytest.mark.parametrize("backward", ["fused", "autodiff"])
+def test_padded_vocabulary_smooths_over_the_real_classes_only(backward):
+  """A vocabulary padded for sharding (config.vocab_padding: its rows' logits -inf, as an
+  imported NLLB's) trains and evaluates with label smoothing as the unpadded model does on
+  the same real logits: a finite loss, the same gradients, none for the padded rows."""
+  config = tiny.get_config()
+  config.unlock()
+  config.label_smoothing, config.cross_entropy_backward = 0.1, backward
+  shape = dict(d_model=32, d_ff=64, num_heads=4, num_layers=2, max_len=16, dropout_rate=0.0)
+  mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+  padded = training.Trainer(training.TransformerConfig(vocab_size=128, vocab_padding=64,
+                                                       **shape), config, mesh)
+  plain = training.Trainer(training.TransformerConfig(vocab_size=64, **shape), config, mesh)
+  params = jax.device_get(padded.init_state(seed=0).params)
+  real = jax.tree_util.tree_map(lambda a: a[:64] if a.shape[0] == 128 else a, params)
+  batch = next(synthetic_batches(1))
+  runs = {}
+  for name, trainer, start in (("padded", padded, params), ("plain", plain, real)):
+    placed = jax.device_put(batch, trainer.batch_sharding)
+    evaluated = jax.device_get(trainer.eval_step(start, placed))
+    state, metrics = trainer.train_step(trainer.state_from_params(start), placed)
+    runs[name] = evaluated, jax.device_get(metrics), jax.device_get(state.params)
+  (eval_p, step_p, after_p), (eval_u, step_u, after_u) = runs["padded"], runs["plain"]
+  assert np.isfinite(eval_p["loss"]) and np.isfinite(step_p["loss"])
+  assert not step_p["nonfinite"]
+  for key in ("loss", "nll", "correct", "tokens"):
+    np.testing.assert_allclose(eval_p[key], eval_u[key], rtol=1e-5)
+  for key in ("loss", "nll", "grad_norm"):
+    np.testing.assert_allclose(step_p[key], step_u[key], rtol=1e-5)
+  embedding = after_p["shared_embedding"]["embedding"]
+  np.testing.assert_allclose(embedding[:64], after_u["shared_embedding"]["embedding"],
+                             atol=1e-6)
+  np.testing.assert_array_equal(embedding[64:], params["shared_embedding"]["embedding"][64:])
+
+
 @pytest.mark.parametrize("with_branch", [True, False], ids=["cpu_branch", "accelerator_select"])
 def test_nonfinite_step_changes_no_parameter_or_optimiser_state(with_branch):
   config = tiny.get_config()

@@ -31,8 +31,9 @@ MUTANTS = [
     # --- Label smoothing (section 5.4) ---------------------------------------------
     Mutant("train step without label smoothing", f"{STEPS}:Trainer._loss_sums",
            'cross_entropy_sums(logits, batch["targets"], self.config.label_smoothing, '
-           'with_accuracy=False, fused_backward=self.fused_backward)',
-           'cross_entropy_sums(logits, batch["targets"], 0.0, with_accuracy=False)', (RECIPE,)),
+           'with_accuracy=False, fused_backward=self.fused_backward, classes=self.classes)',
+           'cross_entropy_sums(logits, batch["targets"], 0.0, with_accuracy=False, '
+           'classes=self.classes)', (RECIPE,)),
     Mutant("smoothing mass not spread over the vocabulary (backward)",
            f"{STEPS}:_smoothed_cross_entropy_bwd", "g_loss * (label_smoothing / vocab)",
            "g_loss * label_smoothing",

@@ -59,8 +59,8 @@ def make_optimizer(config, schedule: optax.Schedule) -> optax.GradientTransforma
 
 
 def cross_entropy_sums(logits: jax.Array, targets: jax.Array, label_smoothing: float,
-                       with_accuracy: bool = True,
-                       fused_backward: bool = True) -> dict[str, jax.Array]:
+                       with_accuracy: bool = True, fused_backward: bool = True,
+                       classes: int | None = None) -> dict[str, jax.Array]:
   """Sums over non-pad target tokens of the smoothed loss, NLL and correct predictions.
 
   logits float32 [B, T, V], targets int [B, T]. Label smoothing puts eps_ls / V
@@ -69,10 +69,13 @@ def cross_entropy_sums(logits: jax.Array, targets: jax.Array, label_smoothing: f
   over the vocabulary) is optional: it is a visible cost in a CPU train step.
   `fused_backward`: the hand-written backward pass (`smoothed_cross_entropy`),
   else autodiff's (the same values; which is faster depends on the device).
+  `classes`: the real classes, the first ids (default all V); a padded vocabulary's
+  rows after them (config.vocab_padding, logits -inf) get no smoothing mass, V
+  counting only the real ones.
   """
   weights = (targets != 0).astype(jnp.float32)
   loss, nll = (smoothed_cross_entropy if fused_backward else autodiff_cross_entropy)(
-      logits, targets, label_smoothing)
+      logits, targets, label_smoothing, logits.shape[-1] if classes is None else classes)
   sums = {"loss": jnp.sum(loss * weights), "nll": jnp.sum(nll * weights),
           "tokens": jnp.sum(weights)}
   if with_accuracy:
@@ -81,32 +84,48 @@ def cross_entropy_sums(logits: jax.Array, targets: jax.Array, label_smoothing: f
   return sums
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def smoothed_cross_entropy(logits: jax.Array, targets: jax.Array,
-                           label_smoothing: float) -> tuple[jax.Array, jax.Array]:
-  """logits [..., V], targets int [...] -> (smoothed loss, NLL), each [...] float32."""
-  return _smoothed_cross_entropy_fwd(logits, targets, label_smoothing)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def smoothed_cross_entropy(logits: jax.Array, targets: jax.Array, label_smoothing: float,
+                           classes: int) -> tuple[jax.Array, jax.Array]:
+  """logits [..., V], targets int [...] -> (smoothed loss, NLL), each [...] float32;
+  the smoothing spread over the first `classes` ids."""
+  return _smoothed_cross_entropy_fwd(logits, targets, label_smoothing, classes)[0]
 
 
-def _smoothed_cross_entropy_fwd(logits, targets, label_smoothing):
+def _mean_over_classes(log_probs: jax.Array, classes: int) -> jax.Array:
+  """mean_v(log p_v) over the first `classes` ids: a padded vocabulary's -inf rows left out."""
+  if classes == log_probs.shape[-1]:
+    return jnp.mean(log_probs, axis=-1)
+  real = jnp.arange(log_probs.shape[-1]) < classes
+  return jnp.sum(jnp.where(real, log_probs, 0.0), axis=-1) / classes
+
+
+def _smoothed_cross_entropy_fwd(logits, targets, label_smoothing, classes):
   log_probs = jax.nn.log_softmax(logits)  # Once, for both terms.
   nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
-  loss = (1.0 - label_smoothing) * nll - label_smoothing * jnp.mean(log_probs, axis=-1)
+  loss = (1.0 - label_smoothing) * nll - label_smoothing * _mean_over_classes(log_probs, classes)
   return (loss, nll), (log_probs, targets)
 
 
-def _smoothed_cross_entropy_bwd(label_smoothing, residuals, cotangents):
+def _smoothed_cross_entropy_bwd(label_smoothing, classes, residuals, cotangents):
   # d loss / d logits = p - (1 - eps_ls) onehot - eps_ls / V and d NLL = p - onehot,
   # in one pass over [..., V], instead of autodiff's scatter of a one-hot into
-  # zeros and separate passes (BENCHMARKS.md).
+  # zeros and separate passes (BENCHMARKS.md). V: the real classes; a padded row's
+  # p is 0 and it gets no eps_ls / V, so its gradient is 0.
   log_probs, targets = residuals
   g_loss, g_nll = (g[..., None] for g in cotangents)
-  vocab = log_probs.shape[-1]
-  is_target = jnp.arange(vocab) == targets[..., None]
+  vocab = classes
+  ids = jnp.arange(log_probs.shape[-1])
+  is_target = ids == targets[..., None]
   d_logits = ((g_loss + g_nll) * jnp.exp(log_probs)
               - jnp.where(is_target, g_loss * (1.0 - label_smoothing) + g_nll, 0.0)
-              - g_loss * (label_smoothing / vocab))
+              - _on_classes(g_loss * (label_smoothing / vocab), ids, classes))
   return d_logits, None
+
+
+def _on_classes(spread: jax.Array, ids: jax.Array, classes: int) -> jax.Array:
+  """`spread` on the first `classes` ids, 0 on a padded vocabulary's rows after them."""
+  return spread if classes == ids.shape[0] else jnp.where(ids < classes, spread, 0.0)
 
 
 smoothed_cross_entropy.defvjp(_smoothed_cross_entropy_fwd, _smoothed_cross_entropy_bwd)
@@ -115,10 +134,10 @@ smoothed_cross_entropy.defvjp(_smoothed_cross_entropy_fwd, _smoothed_cross_entro
 CROSS_ENTROPY_BACKWARDS = ("fused", "autodiff")  # config.cross_entropy_backward's values.
 
 
-def autodiff_cross_entropy(logits: jax.Array, targets: jax.Array,
-                           label_smoothing: float) -> tuple[jax.Array, jax.Array]:
+def autodiff_cross_entropy(logits: jax.Array, targets: jax.Array, label_smoothing: float,
+                           classes: int) -> tuple[jax.Array, jax.Array]:
   """`smoothed_cross_entropy` with autodiff's backward pass (BENCHMARKS.md compares them)."""
-  return _smoothed_cross_entropy_fwd(logits, targets, label_smoothing)[0]
+  return _smoothed_cross_entropy_fwd(logits, targets, label_smoothing, classes)[0]
 
 
 def train_step_flops(config: TransformerConfig, rows: int, source_len: int,
@@ -167,6 +186,8 @@ class Trainer:
       raise ValueError(f"config.cross_entropy_backward must be one of {CROSS_ENTROPY_BACKWARDS}, "
                        f"got {config.cross_entropy_backward!r}")
     self.fused_backward = config.cross_entropy_backward == "fused"
+    # The loss's classes: a padded vocabulary's rows (never produced) are none.
+    self.classes = model_config.vocab_size - model_config.vocab_padding
 
     boxed = jax.eval_shape(self._boxed_init, self.key(0))
     self.state_shardings = sharding_lib.logical_shardings(boxed, mesh, self.rules)
@@ -235,7 +256,8 @@ class Trainer:
     logits = self.train_model.apply({"params": params}, **model_inputs(batch),
                                     rngs={"dropout": rng})
     sums = cross_entropy_sums(logits, batch["targets"], self.config.label_smoothing,
-                              with_accuracy=False, fused_backward=self.fused_backward)
+                              with_accuracy=False, fused_backward=self.fused_backward,
+                              classes=self.classes)
     return sums["loss"], sums
 
   def _train_step_fn(self, state: TrainState, batch):
@@ -291,7 +313,8 @@ class Trainer:
 
   def _eval_step_fn(self, params, batch):
     logits = self.eval_model.apply({"params": params}, **model_inputs(batch))
-    return cross_entropy_sums(logits, batch["targets"], self.config.label_smoothing)
+    return cross_entropy_sums(logits, batch["targets"], self.config.label_smoothing,
+                              classes=self.classes)
 
   def compile_eval_ahead(self, batch) -> None:
     """Starts compiling the eval step for `batch`'s shape (a placed batch, or
