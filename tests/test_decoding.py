@@ -810,7 +810,10 @@ def test_a_search_no_memory_holds_is_refused_before_it_compiles(workdir):
                                                                     max_extra=5))
   with pytest.raises(ConfigError, match=r"^beam_size=100000: a search of 1 sentence\(s\) x 16 "
                                         r"tokens \(outputs up to 21\) needs at least [\d.]+ TiB, "
-                                        r"over the [\d.]+ [KMGT]iB of the host's available memory"):
+                                        r"over the [\d.]+ [KMGT]iB of the host's available memory"
+                                        r".*: use a smaller beam_size, max_extra or batch "
+                                        r"\(decode.py's --batch_tokens, serve.py's "
+                                        r"--max_batch, the Translator's batch_tokens\)"):
     translator.translate(["A dog runs."])
   assert translator._search_fn.num_shapes == 0
 

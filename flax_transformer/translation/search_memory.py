@@ -114,7 +114,8 @@ def check_search(configs: Sequence[TransformerConfig], search, *, rows: int, wid
     raise ConfigError(
         f"beam_size={search.beam_size}: a search of {rows} sentence(s) x {width} tokens "
         f"(outputs up to {length}) needs at least {_size(need)}, over the {_size(have)} "
-        f"{where}: use a smaller beam_size, max_extra or batch")
+        f"{where}: use a smaller beam_size, max_extra or batch (decode.py's "
+        "--batch_tokens, serve.py's --max_batch, the Translator's batch_tokens)")
 
 
 def _size(count: int) -> str:
