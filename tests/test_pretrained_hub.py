@@ -294,3 +294,28 @@ def test_a_pre_4_34_folders_added_tokens_are_refused(tmp_path, file, content, me
   with pytest.raises(DataError, match=message) as raised:
     importer.import_folder(folder)
   assert str(raised.value).startswith(str(folder / file))
+
+
+def test_null_tokenizer_switches_import_as_transformers_reads_them(tmp_path):
+  """tokenizer_config.json's clean_up_tokenization_spaces and separate_vocabs as null:
+  MarianTokenizer (4.57 and 5.24) loads them as False (no clean-up, one vocabulary), and
+  so does this import; null separate_vocabs beside separate embeddings is the
+  contradiction False is. Before: both refused ("only True or False")."""
+  from flax_transformer.errors import DataError
+
+  folder = tmp_path / "nulls"
+  shutil.copytree(FIXTURES / "marian_v4", folder)
+  config = json.loads((folder / "tokenizer_config.json").read_text())
+  (folder / "tokenizer_config.json").write_text(json.dumps(
+      {**config, "clean_up_tokenization_spaces": None, "separate_vocabs": None}))
+  imported = importer.import_folder(folder)
+  reference = importer.import_folder(FIXTURES / "marian_v4")
+  assert imported.tokenizer_files == reference.tokenizer_files
+  assert imported.tokenizer_spec == {"kind": "marian", "separate_vocabularies": False}
+  separate = tmp_path / "separate"
+  shutil.copytree(FIXTURES / "marian_gelu_separate", separate)
+  config = json.loads((separate / "tokenizer_config.json").read_text())
+  (separate / "tokenizer_config.json").write_text(json.dumps({**config, "separate_vocabs": None}))
+  with pytest.raises(DataError, match="separate_vocabs=None contradicts config.json's "
+                                      "share_encoder_decoder_embeddings=False"):
+    importer.import_folder(separate)

@@ -119,7 +119,7 @@ TOKENIZER_KEYS: dict[str, Rule | str] = {
     # Special tokens Marian and FSMT have none of: their text would be cut out of sources.
     "cls_token": must_be(None), "mask_token": must_be(None),
     # Applied on decode as transformers applies it (tokenizers.clean_up_tokenization).
-    "clean_up_tokenization_spaces": must_be(True, False),
+    "clean_up_tokenization_spaces": must_be(True, False, None),  # None: as False there.
     "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output": must_be(False),
     "split_special_tokens": must_be(False),  # True: special tokens' text read as text.
     "special_tokens_pattern": must_be(None),  # Another set of added specials.

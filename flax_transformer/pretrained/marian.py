@@ -53,7 +53,8 @@ FIELDS: dict = {
 # tokenizer_config.json: what MarianTokenizer does with each field here.
 TOKENIZER_FIELDS: dict = {
     **convert.TOKENIZER_GENERIC,
-    "separate_vocabs": convert.must_be(True, False), "sp_model_kwargs": convert.must_be({}, None),
+    "separate_vocabs": convert.must_be(True, False, None),  # None: False, as there.
+    "sp_model_kwargs": convert.must_be({}, None),
     "unk_token": hub_keys.special_token("<unk>"), "eos_token": hub_keys.special_token("</s>"),
     "pad_token": hub_keys.special_token("<pad>"),
     "source_lang": "names a Moses punctuation normaliser MarianTokenizer never calls",
@@ -75,7 +76,7 @@ def import_folder(folder: Path) -> convert.Imported:
   convert.check_fields(tokenizer_config, TOKENIZER_FIELDS, folder / "tokenizer_config.json")
   _check_legacy_token_files(folder, tokenizer_config)
   shared = config.get("share_encoder_decoder_embeddings", True)
-  if tokenizer_config.get("separate_vocabs", not shared) == shared:
+  if bool(tokenizer_config.get("separate_vocabs", not shared)) == shared:
     raise DataError(f"{folder}: tokenizer_config.json's separate_vocabs="
                     f"{tokenizer_config.get('separate_vocabs')} contradicts config.json's "
                     f"share_encoder_decoder_embeddings={shared}")
