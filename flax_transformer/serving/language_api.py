@@ -128,9 +128,10 @@ class LanguageApi:
   def directions(self, texts: list[str], source: str | None, target: str | None
                  ) -> list[tuple[str | None, str | None]]:
     """serve.py's own API: each text's (source, target) for the batcher; a pair the model
-    does not know is a 400 naming those it does (one line). Codes in either form."""
-    source, target = self.model_code(source), self.model_code(target)
+    does not know is a 400 naming those it does (one line). Codes in either form
+    (Languages.check_pair resolves them)."""
     if source == AUTO and target is not None:
+      target = self.languages.model_code(target, self.languages.targets)
       self.check(AUTO, target)
       return [(s, target) for s in self.sources_of(texts, AUTO, target)[0]]
     try:
