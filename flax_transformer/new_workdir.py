@@ -61,6 +61,11 @@ def check_new(workdir: Workdir, ignore: tuple[str, ...] = ()) -> None:
   if root.exists() and not root.is_dir():
     raise ConfigError(f"--workdir={workdir} is a file, not a directory: give a new "
                       "directory's path")
+  if not storage.is_remote(root):
+    above = next((p for p in root.parents if p.exists()), None)  # Where mkdir starts.
+    if above is not None and not above.is_dir():
+      raise ConfigError(f"--workdir={workdir} lies under {above}, a file, not a "
+                        "directory: give a new directory's path")
   if root.is_dir() and any(p.name not in ignore for p in root.iterdir()):
     raise ConfigError(f"--workdir={workdir} exists and is not empty: use a new one")
 

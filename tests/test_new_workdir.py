@@ -261,3 +261,21 @@ def test_a_run_json_that_is_not_a_record_is_one_line(tmp_path, text, message):
     assert (done.returncode, "Traceback" in done.stderr) == (2, False), done.stderr[-2000:]
     assert [line for line in done.stderr.splitlines() if line.startswith("error")] == [
         f"error: {workdir / 'run.json'}: not a run record (a JSON object), but a list"]
+
+
+def test_a_workdir_under_a_file_is_refused_before_converting(tmp_path, monkeypatch):
+  """--workdir=a_file/run: one ConfigError naming the file, before the model is read
+  (was 'cannot create a directory beside it (File exists)' after converting it whole:
+  minutes for NLLB's 2.4 GB)."""
+  a_file = tmp_path / "a_file"
+  a_file.write_text("notes")
+
+  def not_reached(*args, **kwargs):
+    raise AssertionError("converted before the workdir was checked")
+
+  monkeypatch.setattr(importer, "import_folder", not_reached)
+  with pytest.raises(ConfigError) as raised:
+    importer.import_model(SHARED, a_file / "run" / "deeper")
+  assert str(raised.value) == (f"--workdir={a_file / 'run' / 'deeper'} lies under {a_file}, "
+                               "a file, not a directory: give a new directory's path")
+  assert a_file.read_text() == "notes"
