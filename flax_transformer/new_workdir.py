@@ -120,23 +120,27 @@ def _alive(pid: int) -> bool:
 
 @contextlib.contextmanager
 def _sigterm_as_exit(workdir: Workdir):
-  """While the workdir is written, SIGTERM (a scheduler's stop, `timeout`, `kill`) ends
-  the process as Ctrl-C would, through the clean-up that removes the staging folder:
-  one line and exit 143. Python's default SIGTERM ends the process on the spot."""
+  """While the workdir is written, SIGTERM (a scheduler's stop, `timeout`, `kill`) and
+  SIGINT (Ctrl-C) end the process through the clean-up that removes the staging folder,
+  with one line and exit 128 + the signal's number (Python's default SIGTERM ends the
+  process on the spot; its Ctrl-C, a KeyboardInterrupt traceback)."""
   if threading.current_thread() is not threading.main_thread():
     yield  # Signal handlers belong to the main thread (a library caller's threads).
     return
 
   def stop(signum, frame):
-    sys.stderr.write(f"\nerror: --workdir={workdir}: stopped by SIGTERM while it was "
-                     "being written; nothing was written there\n")
+    sys.stderr.write(f"\nerror: --workdir={workdir}: stopped by "
+                     f"{signal.Signals(signum).name} while it was being written; nothing "
+                     "was written there\n")
     raise SystemExit(128 + signum)
 
-  previous = signal.signal(signal.SIGTERM, stop)
+  previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)
+              if sig == signal.SIGTERM or signal.getsignal(sig) is signal.default_int_handler}
   try:
     yield
   finally:
-    signal.signal(signal.SIGTERM, previous)
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
 
 
 def _create_in_bucket(workdir: Workdir, fill: Callable[[Workdir], None]) -> None:

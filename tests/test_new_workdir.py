@@ -166,7 +166,8 @@ def test_import_model_py_bad_workdir_and_sizes_are_one_line_exit_2(tmp_path):
 
 
 HELD_IMPORT = """
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # As from a terminal, not `cmd &`.
 from flax_transformer.pretrained import convert, importer
 fill = convert._fill_workdir
 def held(*args):
@@ -180,12 +181,14 @@ importer.import_model(sys.argv[1], sys.argv[2])
 
 def test_an_import_killed_while_writing_leaves_no_hidden_copy(tmp_path):
   """An import stopped after its files were written aside, before the rename: by SIGTERM
-  (a scheduler's stop), one line, exit 143, and no hidden folder; by SIGKILL, the hidden
+  (a scheduler's stop) or SIGINT (Ctrl-C), one line, exit 143 or 130 (SIGINT: was a
+  KeyboardInterrupt traceback), and no hidden folder; by SIGKILL, the hidden
   folder it left (a whole model's size) is removed by the next import beside it, which
   writes the workdir. Before: SIGTERM and SIGKILL both left `.w.<pid>-<hex>.partial`
   folders that nothing ever removed."""
   workdir = tmp_path / "w"
-  for signal_number, code in ((signal.SIGTERM, 143), (signal.SIGKILL, -signal.SIGKILL)):
+  for signal_number, code in ((signal.SIGTERM, 143), (signal.SIGINT, 130),
+                              (signal.SIGKILL, -signal.SIGKILL)):
     process = subprocess.Popen([sys.executable, "-c", HELD_IMPORT, str(SHARED), str(workdir)],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
@@ -194,11 +197,11 @@ def test_an_import_killed_while_writing_leaves_no_hidden_copy(tmp_path):
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == code, stderr[-2000:]
     assert not workdir.exists()
-    if signal_number == signal.SIGTERM:
+    if signal_number != signal.SIGKILL:
       assert "Traceback" not in stderr
       assert [line for line in stderr.splitlines() if line.startswith("error")] == [
-          f"error: --workdir={workdir}: stopped by SIGTERM while it was being written; "
-          "nothing was written there"], stderr[-2000:]
+          f"error: --workdir={workdir}: stopped by {signal_number.name} while it was being "
+          "written; nothing was written there"], stderr[-2000:]
       assert sorted(p.name for p in tmp_path.iterdir()) == []
   [left] = [p.name for p in tmp_path.iterdir()]
   assert left.startswith(".w.") and left.endswith(".partial")
