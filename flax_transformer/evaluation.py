@@ -31,8 +31,8 @@ class EvalSet:
   pairs: object = None  # As loaded (a multilingual run's: data.multilingual's directions).
 
 
-def eval_set(config, tokenizer, split: str) -> EvalSet:
-  loaded = load_pairs(config, split, config.eval_dataset_name or None)
+def eval_set(config, tokenizer, split: str, model_languages=None) -> EvalSet:
+  loaded = load_pairs(config, split, config.eval_dataset_name or None, model_languages)
   pairs = [loaded[i] for i in range(len(loaded))]
   return EvalSet(ids=[(tokenizer.source.tokenize(s), tokenizer.target.tokenize(t))
                       for s, t in pairs],
@@ -44,13 +44,14 @@ class Evaluation:
   """Eval loss and beam-search BLEU of the current parameters, on fixed batch shapes."""
 
   def __init__(self, config, model_config: TransformerConfig, trainer: Trainer, tokenizer,
-               shard_batch, dp_size: int):
+               shard_batch, dp_size: int, model_languages=None):
     self.config, self.trainer, self.tokenizer = config, trainer, tokenizer
     self.shard_batch = shard_batch  # A global batch every host holds -> sharded arrays.
     self.mesh, self.dp_size, self.max_len = trainer.mesh, dp_size, model_config.max_len
-    self.sets = {"": eval_set(config, tokenizer, config.eval_split)}
+    # model_languages: a fine-tuning run's source model's (data.sources.load_pairs).
+    self.sets = {"": eval_set(config, tokenizer, config.eval_split, model_languages)}
     if config.test_bleu_every_steps > 0:  # Only ever reported (time to quality).
-      self.sets["test_"] = eval_set(config, tokenizer, config.test_split)
+      self.sets["test_"] = eval_set(config, tokenizer, config.test_split, model_languages)
     self.host_batches = []  # Formed once; placed on the devices at each evaluation.
     for batch in batching.eval_batches(self.sets[""].ids, batch_tokens=config.eval_batch_tokens,
                                        max_length=self.max_len, row_multiple=dp_size,

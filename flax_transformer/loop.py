@@ -126,8 +126,7 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
   compilation.enable_cache(config.compilation_cache_dir)
   process_index, process_count = jax.process_index(), jax.process_count()
   mesh = sharding_lib.make_mesh(config.mesh)
-  # A fine-tuning run's model is known already: a mesh that cannot hold it (an imported
-  # model's odd vocabulary over a tensor axis) is refused before run.json or tokenizer/.
+  # A fine-tuning's model is known: a mesh it does not fit is refused before run.json.
   trainer = fine_tuning and Trainer(fine_tuning.model_config, config, mesh)
   dp_size = sharding_lib.data_parallel_size(mesh)
   train_batching = data_lib.train_batching(config, dp_size, process_count)
@@ -137,7 +136,7 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
   for line in prepare_datasets(config, process_index, process_count,  # Process 0's, once.
                           barrier=distributed.wait_at_barrier):
     logging.info("Data: %s", line)
-  train_pairs = load_pairs(config, config.train_split)
+  train_pairs = load_pairs(config, config.train_split, None, fine_tuning and fine_tuning.languages)
   logging.info("Training pairs: %d (%s)", len(train_pairs), config.dataset_name)
   tokenizer, model_config = run_vocabulary(config, workdir, train_pairs, launch, fine_tuning)
   trainer = trainer or Trainer(model_config, config, mesh)
@@ -151,7 +150,8 @@ def _build_run(config, workdir: workdir_lib.Workdir, launch: dict | None,
   train_iter = data_lib.training_input(config, train_pairs, tokenizer, train_batching,
                                         shard_host_rows)
   opened.callback(data_lib.close_input, train_iter)  # Its prefetch threads and workers.
-  evaluation = Evaluation(config, model_config, trainer, tokenizer, shard_global_batch, dp_size)
+  evaluation = Evaluation(config, model_config, trainer, tokenizer, shard_global_batch,
+                          dp_size, fine_tuning and fine_tuning.languages)
   if config.compile_ahead:  # While the parameters initialise and the train step compiles.
     evaluation.compile_ahead()
   checkpointer = Checkpointer(workdir, max_to_keep=config.keep_checkpoints)

@@ -18,8 +18,34 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from flax_transformer import language_codes
 from flax_transformer.errors import ConfigError
-from flax_transformer.languages import Languages, from_config
+from flax_transformer.languages import Languages, from_config, parse_codes
+
+
+def of_model(config, model: Languages) -> Languages:
+  """The languages a fine-tuning run (config.init_from) trains between: config.languages'
+  codes (the model's own, as eng_Latn, or their ISO 639 forms, as en) resolved to the
+  model's codes, each marked with the model's own tokens (an imported NLLB/M2M100's
+  language codes, the source's too), not '<2xx>'. A ConfigError names a code the model
+  does not know, or a model that does not take its target from a decoder prefix."""
+  where = f"--config.languages={config.languages!r}"
+  if model.target_by != "decoder_prefix":
+    raise ConfigError(f"{where}: the init_from model's languages record has target_by="
+                      f"{model.target_by!r}; config.languages fine-tunes a model whose "
+                      "target token starts the decoder (decoder_prefix)")
+  codes = []
+  for code in parse_codes(config.languages, where):
+    known = language_codes.resolve(code, model.targets)
+    if known is None:
+      raise ConfigError(f"{where}: {code!r} is not one of the init_from model's languages "
+                        f"({', '.join(model.targets)})")
+    codes.append(known)
+  codes = tuple(codes)
+  return Languages(sources=codes, targets=codes, target_by=model.target_by,
+                   target_tokens={c: model.target_tokens[c] for c in codes},
+                   source_tokens={c: model.source_tokens[c] for c in codes
+                                  if c in model.source_tokens})
 
 
 def directions(config) -> list[tuple[str, str]]:
@@ -66,14 +92,23 @@ class MultilingualPairs(Sequence):
                                      "pairs": getattr(p, "identity", None)}
                                     for (s, t), p in self.parts],
                      "pair_temperature": temperature, "seed": seed,
-                     "target_tokens": dict(languages.target_tokens)}
+                     "target_tokens": dict(languages.target_tokens),
+                     **({"source_tokens": dict(languages.source_tokens)}
+                        if languages.source_tokens else {})}
 
   def __len__(self):
     return len(self.index)
 
+  def source_text(self, source: str, text: str) -> str:
+    """A source text as the model reads it: its language's token first where the model's
+    tokenizer takes one (NLLB/M2M100's source_tokens)."""
+    token = self.languages.source_tokens.get(source)
+    return f"{token} {text}" if token else text
+
   def _marked(self, d: int, pair) -> tuple[str, str]:
-    target = self.parts[d][0][1]
-    return pair[0], f"{self.languages.target_tokens[target]} {pair[1]}"
+    source, target = self.parts[d][0]
+    return (self.source_text(source, pair[0]),
+            f"{self.languages.target_tokens[target]} {pair[1]}")
 
   def __getitem__(self, i):
     d, j = self.index[i]
@@ -83,19 +118,23 @@ class MultilingualPairs(Sequence):
     return [self[i] for i in indices]
 
 
-def load(config, split: str, load_pairs: Callable) -> MultilingualPairs:
+def load(config, split: str, load_pairs: Callable,
+         model: Languages | None = None) -> MultilingualPairs:
   """Every direction of `config.languages` for `split` (`load_pairs(config)` reads the
   config's one pair): the training split mixed at config.pair_temperature, any other
-  with every example once (temperature 1 over directions of one size)."""
+  with every example once (temperature 1 over directions of one size). `model`: the
+  init_from model's languages record (`of_model`); the data's files are read by each
+  code's ISO 639 form (eng_Latn: en)."""
   if "text" in (config.dataset_name, config.get("eval_dataset_name")):
     raise ConfigError("config.languages needs a dataset holding every language (multi30k, "
                       "a tfds builder); dataset_name='text' names one pair of files")
-  languages = from_config(config)
+  languages = from_config(config) if model is None else of_model(config, model)
+  data_code = (lambda code: code) if model is None else language_codes.iso_form
   by_direction = {}
   for source, target in languages.pairs():
     one = config.copy_and_resolve_references()
     with one.unlocked():
-      one.languages, one.source_lang, one.target_lang = "", source, target
+      one.languages, one.source_lang, one.target_lang = "", data_code(source), data_code(target)
     by_direction[source, target] = load_pairs(one)
   temperature = config.pair_temperature if split == config.train_split else 1.0
   return MultilingualPairs(by_direction, languages, temperature, seed=config.get("seed", 0))
@@ -111,6 +150,7 @@ def eval_directions(eval_set, tokenizer) -> dict[str, tuple[list, np.ndarray, li
   for (source, target), part in pairs.parts:
     raw = [part[i] for i in range(len(part))]
     forced = tokenizer.target.tokenize(pairs.languages.target_tokens[target])[:-1]
-    out[f"{source}-{target}"] = ([tokenizer.source.tokenize(s) for s, _ in raw],
+    out[f"{source}-{target}"] = ([tokenizer.source.tokenize(pairs.source_text(source, s))
+                                  for s, _ in raw],
                                  np.asarray(forced, np.int32), [t for _, t in raw])
   return out

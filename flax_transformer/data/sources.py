@@ -350,16 +350,18 @@ def prepare_datasets(config, process_index: int = 0, process_count: int = 1,
   return lines
 
 
-def load_pairs(config, split: str, dataset_name: str | None = None) -> Sequence:
+def load_pairs(config, split: str, dataset_name: str | None = None,
+               model_languages=None) -> Sequence:
   """The (source, target) pairs of `split` for the config's dataset.
 
   `config.dataset_name`: 'multi30k', 'text' (config.{train,eval}_{source,target}_file),
-  or any tfds translation builder name.
-  """
+  or any tfds translation builder name. `model_languages`: a fine-tuning source's record
+  (config.languages names its codes: data.multilingual.of_model)."""
   name = dataset_name or config.dataset_name
   if config.get("languages"):  # Every direction between them, each loaded as one pair.
     from flax_transformer.data import multilingual
-    return multilingual.load(config, split, lambda one: load_pairs(one, split, name))
+    return multilingual.load(config, split, lambda one: load_pairs(one, split, name),
+                             model_languages)
   if name == "multi30k":
     pairs = multi30k(split, config.source_lang, config.target_lang,
                      manual_dir=config.manual_dir, data_dir=config.data_dir,

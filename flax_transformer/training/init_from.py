@@ -21,6 +21,7 @@ from flax_transformer import storage
 from flax_transformer import workdir as workdir_lib
 from flax_transformer.checkpoints import Checkpointer
 from flax_transformer.errors import ConfigError
+from flax_transformer.languages import Languages, from_record
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.pretrained import tokenizers as _kinds  # noqa: F401  (registers the imported tokenizers' kinds)
 from flax_transformer.training.config_checks import model_config_from
@@ -45,6 +46,12 @@ class FineTuning:
   @property
   def vocab_size(self) -> int:
     return self.origin_record["vocab_size"]
+
+  @property
+  def languages(self) -> Languages:
+    """The model's languages record: a multilingual fine-tuning's config.languages names
+    them, its data marked with their tokens (data.multilingual.of_model)."""
+    return from_record(self.origin_record)
 
   def record_entries(self) -> dict:
     """What the run's run.json records besides a run of its own: `init_from` (the source
