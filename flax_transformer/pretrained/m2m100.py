@@ -190,7 +190,9 @@ def _params(weights: dict, model_config: TransformerConfig, order: np.ndarray, p
                     f"[{model_config.vocab_size}, {model_config.d_model}]")
   # Permuted into the padded rows in one allocation (NLLB's matrix is 1 GB).
   embedding = np.zeros((padded_rows(len(order)), shared.shape[1]), shared.dtype)
-  np.take(shared, order, axis=0, out=embedding[:len(order)])
+  # mode="clip": `order` is a permutation of the rows, and numpy's default mode ("raise")
+  # gathers into a hidden buffer the size of `out` first (a third 1 GB matrix at the peak).
+  np.take(shared, order, axis=0, out=embedding[:len(order)], mode="clip")
   del shared
   params: dict = {"shared_embedding": {"embedding": embedding}, "encoder": {}, "decoder": {}}
   rows = model_config.max_len + model_config.position_offset
