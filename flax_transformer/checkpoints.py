@@ -90,7 +90,7 @@ class Checkpointer:
     asynchronous save), in chunks of CHUNK_BYTES, one zarr file each, not through OCDBT
     (whose writer held every chunk until its data files were written). For a synchronous
     save of arrays nobody changes: an import's, whose peak RSS these took from 6.6 GB to
-    3.1 GB on NLLB-600M's shape (bench/import_memory.py). orbax's readers read both
+    3.3 GB on NLLB-600M's shape (bench/import_memory.py). orbax's readers read both
     layouts (each checkpoint says which it is)."""
     self.host_arrays_uncopied = host_arrays_uncopied
     self.directory = Workdir(workdir).checkpoints
