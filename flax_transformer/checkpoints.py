@@ -263,9 +263,21 @@ class Checkpointer:
     return restored["state"]["params"]
 
 
+class _NoOcdbtMergeWarning(logging.Filter):
+  """orbax (0.12) merges OCDBT files after every save, OCDBT or not, and warns that a
+  save without them (host_arrays_uncopied's) has none to merge: a line that means nothing."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return "Skipping merge of OCDBT checkpoints" not in record.getMessage()
+
+
+NO_OCDBT_MERGE_WARNING = _NoOcdbtMergeWarning()
+
+
 def _item_handlers(host_arrays_uncopied: bool = False) -> dict:
   state = ocp.PyTreeCheckpointHandler()
   if host_arrays_uncopied:
+    logging.getLogger("absl").addFilter(NO_OCDBT_MERGE_WARNING)  # Added once (same object).
     state = ocp.PyTreeCheckpointHandler(
         use_ocdbt=False,
         type_handler_registry=ocp.type_handlers.create_type_handler_registry(
