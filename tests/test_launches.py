@@ -233,7 +233,9 @@ def test_a_launch_whose_lock_is_taken_over_stops_at_the_next_step(tmp_path, mult
   config = tiny.get_config()
   config.manual_dir = multi30k_dir
   config.compilation_cache_dir = conftest.XLA_CACHE  # Not the developer's ~/.cache.
-  config.num_train_steps, config.log_every_steps = 500, 1
+  # Steps enough that a loaded machine (the take-over thread starved while the loop runs)
+  # cannot finish the run before the lock changes hands: the loop stops well before.
+  config.num_train_steps, config.log_every_steps = 20_000, 1
   config.bleu_every_steps = config.test_bleu_every_steps = 0
   config.eval_every_steps = config.checkpoint_every_steps = 1_000_000
   metrics = tmp_path / METRICS_FILE
