@@ -1,7 +1,10 @@
 """decode.py against transformers' generate on an NLLB model, into two targets (issue 77).
 
   /work/hfvenv/bin/python bench/nllb_speed.py --folder=/tmp/nllb600m --sentences=200 \\
-      --targets=deu_Latn,fra_Latn --rounds=2 --json=results/bench/nllb_speed.json
+      --targets=deu_Latn,fra_Latn --rounds=2 --json=OUT.json
+
+Not yet run at this size (a 16-sentence try starved on a loaded 2-core host): no record
+is committed, and BENCHMARKS.md has no NLLB speed row until one is.
 
 Runs under a Python with torch and transformers; the project's Python (--python) runs
 import_model.py and decode.py. --folder: an M2M100ForConditionalGeneration folder with
