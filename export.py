@@ -12,6 +12,9 @@
       A transformers MarianMTModel folder (config.json, model.safetensors, source.spm,
       target.spm, vocab.json, tokenizer_config.json): MarianMTModel.from_pretrained(HF),
       MarianTokenizer.from_pretrained(HF). What cannot be expressed is refused.
+      A workdir imported from an M2M100 / NLLB-200 folder goes out as one again
+      (M2M100ForConditionalGeneration: config.json, model.safetensors without the
+      import's vocabulary padding, sentencepiece.bpe.model, tokenizer_config.json).
 """
 
 if __name__ == "__main__":  # First: glibc reads malloc settings at start, JAX not yet loaded.

@@ -11,6 +11,7 @@ from conftest import ROOT
 
 from flax_transformer.errors import ConfigError
 from flax_transformer.export import ct2
+from flax_transformer.export import m2m100 as m2m100_export
 from flax_transformer.export import marian as marian_export
 from flax_transformer.network import config as config_lib
 from flax_transformer.network import config_fields
@@ -65,10 +66,18 @@ def _with_new_field(default=False):
       bases=(TransformerConfig,), frozen=True)
 
 
-@pytest.mark.parametrize("export", [marian_export.check, ct2.check], ids=["marian", "ct2"])
-def test_a_new_config_field_is_refused_by_both_exports(export):
+EXPORTS = [marian_export.check, ct2.check, m2m100_export.check]
+EXPORT_NAMES = ["marian", "ct2", "m2m100"]
+# A model each export writes, but for the field under test.
+EXPORTABLE = {m2m100_export.check: dict(norm="pre", position_layout="halves",
+                                        position_frequencies="fairseq",
+                                        position_offset=2, layer_norm_epsilon=1e-5)}
+
+
+@pytest.mark.parametrize("export", EXPORTS, ids=EXPORT_NAMES)
+def test_a_new_config_field_is_refused_by_every_export(export):
   with pytest.raises(ConfigError, match=r"TransformerConfig\.rotary_positions is in neither"):
-    export(_with_new_field()())
+    export(_with_new_field()(**EXPORTABLE.get(export, {})))
 
 
 @pytest.mark.parametrize("folder", IMPORTED)
@@ -80,11 +89,12 @@ def test_a_new_config_field_is_refused_by_every_importer(folder, monkeypatch):
     importer.import_folder(FIXTURES / folder)
 
 
-@pytest.mark.parametrize("export", [marian_export.check, ct2.check], ids=["marian", "ct2"])
+@pytest.mark.parametrize("export", EXPORTS, ids=EXPORT_NAMES)
 def test_a_computed_field_an_export_does_not_write_is_refused_when_set(export, monkeypatch):
   """A classified field the export does not write: refused away from its default only."""
   monkeypatch.setattr(config_fields, "COMPUTED_FIELDS",
                       config_fields.COMPUTED_FIELDS | {"rotary_positions"})
-  export(_with_new_field()())  # At its default: the function is the one exported.
+  fields = EXPORTABLE.get(export, {})
+  export(_with_new_field()(**fields))  # At its default: the function is the one exported.
   with pytest.raises(ConfigError, match=r"rotary_positions=True has no equivalent"):
-    export(_with_new_field()(rotary_positions=True))
+    export(_with_new_field()(rotary_positions=True, **fields))

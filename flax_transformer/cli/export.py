@@ -1,5 +1,6 @@
 """export.py's work: a workdir's averaged model as StableHLO, a CTranslate2 directory or a
-transformers MarianMTModel folder."""
+transformers MarianMTModel folder (an imported M2M100 / NLLB workdir: an
+M2M100ForConditionalGeneration one)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,16 @@ def _write(fmt: str, translator: Translator, folder: Path, target: Path, *,
     return (f"Wrote {len(manifest['shapes'])} beam search shapes for {','.join(platforms)} "
             f"to {target}; translate with: python {target / 'translate.py'} < in > out")
   config, params = translator.member(0)
+  if fmt == "transformers" and (getattr(translator.tokenizer, "spec", None) or {}).get(
+      "kind") == "m2m100":
+    from flax_transformer.export import m2m100
+
+    m2m100.convert(config, params, translator.tokenizer, folder,
+                   search={"beam_size": search.beam_size, "alpha": search.alpha},
+                   provenance=record)
+    return (f"Wrote a transformers M2M100ForConditionalGeneration folder (steps "
+            f"{translator.checkpoint_steps[0]} averaged) to {target}; load it with "
+            f"AutoModelForSeq2SeqLM.from_pretrained and AutoTokenizer.from_pretrained")
   if fmt == "transformers":
     from flax_transformer.export import marian
 
@@ -132,7 +143,7 @@ def check_out(out: str, workdir: str, overwrite: bool) -> Path:
 def _export_manifest(folder: Path) -> dict | None:
   """The manifest of the export `folder` holds (one of export.py's formats, nothing of a
   run), or None: --overwrite may replace an export, and nothing else."""
-  from flax_transformer.export import marian, runner
+  from flax_transformer.export import m2m100, marian, runner
 
   # An export holds a vocab.model too; a run's other files it never holds.
   if any((folder / entry).exists() for entry in workdir_lib.ENTRIES
@@ -143,7 +154,7 @@ def _export_manifest(folder: Path) -> dict | None:
   except (OSError, ValueError):
     return None
   if isinstance(manifest, dict) and manifest.get("format") in (
-      runner.FORMAT, runner.CT2_FORMAT, marian.FORMAT):
+      runner.FORMAT, runner.CT2_FORMAT, marian.FORMAT, m2m100.FORMAT):
     return manifest
   return None
 
