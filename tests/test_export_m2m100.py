@@ -17,7 +17,10 @@ from safetensors.numpy import load_file
 
 from conftest import cpu_env
 from flax_transformer.averaging import load_params
+from flax_transformer.errors import ConfigError
+from flax_transformer.export import m2m100
 from flax_transformer.pretrained import importer
+from flax_transformer.translation.translator import Translator
 from flax_transformer.workdir import languages as workdir_languages
 from flax_transformer.workdir import read_run
 
@@ -88,3 +91,18 @@ def test_the_export_imports_back_as_the_same_workdir(name, tmp_path):
   assert [p for p, _ in leaves] == [p for p, _ in leaves_again]
   for (path, a), (_, b) in zip(leaves, leaves_again):
     np.testing.assert_array_equal(np.asarray(b), np.asarray(a), err_msg=str(path))
+
+
+@pytest.mark.parametrize("field, value", [("norm", "post"), ("layer_norm_epsilon", 1e-6),
+                                          ("position_offset", 0)])
+def test_what_m2m100_cannot_express_is_refused_before_writing(field, value, tmp_path):
+  """Pre-norm, LayerNorm epsilon 1e-5 and fairseq's positions (offset 2) are M2M100's,
+  fixed: a model otherwise is refused in one line, nothing written."""
+  importer.import_model(FIXTURES / "nllb", tmp_path / "run")
+  translator = Translator.from_workdir(tmp_path / "run", devices=jax.devices()[:1])
+  config, params = translator.member(0)
+  changed = config.replace(**{field: value})
+  with pytest.raises(ConfigError, match=f"^--format=transformers: M2M100 needs {field}="):
+    m2m100.convert(changed, params, translator.tokenizer, tmp_path / "hf",
+                   search={"beam_size": 1, "alpha": 0.0})
+  assert not (tmp_path / "hf").exists()
