@@ -174,3 +174,14 @@ def test_the_public_names_type_checkers_see_are_those_loaded_at_run_time():
   assert flax_transformer.translation.__name__ == "flax_transformer.translation"  # Subpackages too.
   with pytest.raises(AttributeError, match="no attribute 'nothing'"):
     flax_transformer.nothing  # noqa: B018
+
+
+BENCH_LINES = 3000  # Issue 75: bench/ holds benchmarks; tools and fixture checks live elsewhere.
+
+
+def test_bench_stays_within_its_lines():
+  """bench/ at most BENCH_LINES lines in all: a tool goes to tools/, a check of the committed
+  fixtures against transformers beside the fixture scripts."""
+  bench = PACKAGE.parent / "bench"
+  total = sum(len(p.read_text().splitlines()) for p in bench.glob("*.py"))
+  assert total <= BENCH_LINES, f"bench/ is {total} lines, over {BENCH_LINES}"
