@@ -2,6 +2,7 @@
 
 python -m tools.results --workdir DIR [--ensemble DIR2,DIR3] [--average_last 5]
     [--beam_size 4 --alpha 0.6] [--command CMD ...] [--out results/runs/NAME/NAME.json]
+    [--source_lang de --target_lang fr]
 Decodes test_2016_flickr with beam 4, alpha 0.6 (the paper's search; another one only once
 chosen on validation), averaging the last checkpoints: sacreBLEU (cased, detokenized, with
 signature), lowercased BLEU, chrF; from the run's metrics.jsonl the training wall time,
@@ -38,6 +39,10 @@ def flags() -> argparse.ArgumentParser:
   parser.add_argument("--train_commit", default="",
                       help="the training run's git commit, for runs whose run.json predates "
                            "its launch records")
+  parser.add_argument("--source_lang", default="",
+                      help="a multilingual model's direction to score (with --target_lang; "
+                           "default: the run's own pair)")
+  parser.add_argument("--target_lang", default="", help="see --source_lang")
   parser.add_argument("--out", help="write the results JSON here (and its hypotheses beside "
                                     "it, as .hyp)")
   return parser
@@ -65,14 +70,16 @@ def main():
       launches and launches[0].get("argv")) else ""
   command = args.command[0] if args.command else recorded
   training = _training_record(launches, command, args.train_commit)
-  src, tgt = _languages(training)
+  src, tgt = (args.source_lang, args.target_lang) if args.target_lang else _languages(training)
+  direction = dict(source_lang=src, target_lang=tgt) if args.target_lang else {}
+  bleu_key = f"bleu_{src}-{tgt}" if direction else "bleu"  # a multilingual run's, per direction
   sources, references = (read_lines(MULTI30K / f"test_2016_flickr.{lang}.gz")
                          for lang in (src, tgt))
   search_config = SearchConfig(beam_size=args.beam_size, alpha=args.alpha)
   translator = Translator.from_workdir(args.workdir, search=search_config, ensemble=ensemble,
                                        average_last=args.average_last)
   start = time.time()
-  hypotheses = translator.translate(sources)
+  hypotheses = translator.translate(sources, **direction)
   decode_s = time.time() - start
   # decode.py's scores (cased and lowercased, detokenized) and signatures.
   (_, bleu, bleu_signature), (_, bleu_lowercase, _), (_, chrf, chrf_signature) = score(
@@ -88,14 +95,13 @@ def main():
       "averaged_checkpoints": (list(translator.checkpoint_steps) if ensemble
                                else translator.checkpoint_steps[0]), "decode_s": decode_s,
       "beam_size": args.beam_size, "alpha": args.alpha,
-      "validation_bleu_curve": [(r["step"], round(r["wall_s"]), round(r["bleu"], 2))
-                                for r in records if "bleu" in r],
+      "validation_bleu_curve": _curve(records, bleu_key),
       "model": run["model"], "command": command, **training,
       "decoded_by": provenance.describe(jax.devices()),
   }
   if ensemble:
     result["members"] = _members(workdirs, all_records, translator.checkpoint_steps, args.command)
-  result.update(_time_to_bleu(records))
+  result.update(_time_to_bleu(records, bleu_key))
   _report(args, result, hypotheses, len(workdirs) if ensemble else 0)
 
 
@@ -110,12 +116,18 @@ def _members(workdirs: list[str], all_records: list[list[dict]], steps, commands
           for w, r, s, c in zip(workdirs, all_records, steps, commands)]
 
 
-def _time_to_bleu(records: list[dict]) -> dict:
+def _curve(records: list[dict], key: str) -> list[tuple]:
+  """(step, wall seconds, validation BLEU) where `key` (a multilingual run's per-direction
+  BLEU, bleu_de-fr, or the run's own) was logged."""
+  return [(r["step"], round(r["wall_s"]), round(r[key], 2)) for r in records if key in r]
+
+
+def _time_to_bleu(records: list[dict], bleu_key: str = "bleu") -> dict:
   """The wall time and step at which validation (and test, when logged) BLEU first reached
   30 and 35, and the test BLEU curve when there is one."""
   out = {}
   for target in (30, 35):
-    for key, name in (("bleu", "validation"), ("test_bleu", "test")):
+    for key, name in ((bleu_key, "validation"), ("test_bleu", "test")):
       hit = next((r for r in records if r.get(key, 0) >= target), None)
       out[f"wall_s_to_{name}_bleu_{target}"] = hit["wall_s"] if hit else None
       out[f"step_to_{name}_bleu_{target}"] = hit["step"] if hit else None
@@ -134,6 +146,7 @@ def _report(args, result: dict, hypotheses: list[str], members: int) -> None:
   print(result["bleu_signature"])
   search = "" if (args.beam_size, args.alpha) == (4, 0.6) else f".b{args.beam_size}.a{args.alpha}"
   search += f".ensemble{members}" if members else ""
+  search = f".{result['pair']}{search}" if args.target_lang else search
   text = "\n".join(hypotheses) + "\n"
   Path(args.workdir, f"test_2016_flickr{search}.hyp").write_text(text)
   if args.out:  # Beside the JSON, to be committed: anyone can re-score it with sacrebleu.
