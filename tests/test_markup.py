@@ -43,9 +43,9 @@ class _Tags(HTMLParser):
 
 def test_a_page_of_mastodon_posts_keeps_markup_mentions_hashtags_links_and_emoji():
   document = Document(MASTODON)
-  assert document.texts == ["Good morning ", "! The dog runs in the park ", " and ", "two ",
-                            "men", " play", " football.", "Photos: ", "A cat sleeps. ",
-                            " Tom & Jerry <3 ", " ok"]
+  assert document.texts == ["Good morning ", "! The dog runs in the park ",
+                            " and two men play football.", "Photos: ", "A cat sleeps. ",
+                            " Tom & Jerry <3 ", " ok", "two men play", "men"]
   out = document.render([text.upper() for text in document.texts])
   assert _Tags(out).events == _Tags(MASTODON).events  # Every tag and attribute, in place.
   assert "THE DOG RUNS IN THE PARK 🐕‍🦺 AND <b>TWO <i>MEN</i> PLAY</b> FOOTBALL.<br>" in out
@@ -64,6 +64,9 @@ def test_code_pre_script_style_and_translate_no_are_left_as_they_are():
 
 
 def test_a_malformed_document_comes_back_well_formed_with_all_of_its_text():
+  """As a browser reads it (html5lib, the WHATWG algorithm): the <b><i> left open by
+  </div> go on after it (the adoption agency's reconstruction), a stray </span> is
+  dropped, <li> and <p> close their open siblings; the cut-off "<span" is text."""
   source = ('<div>Unclosed <b>bold <i>both</div> stray</span> end <ul><li>one<li>two</ul>'
             '<p>a<p>b &amp; c <img src="x.png" alt="a &quot;b&quot;"><span')
   document = Document(source)
@@ -71,9 +74,61 @@ def test_a_malformed_document_comes_back_well_formed_with_all_of_its_text():
   tags = _Tags(out)
   assert tags.nested and not tags.open  # Every element closed, in order.
   assert "".join(tags.text) == "".join(_Tags(source).text)  # The cut-off "<span" too.
-  assert out == ('<div>Unclosed <b>bold <i>both</i></b></div> stray end <ul><li>one</li>'
-                 '<li>two</li></ul><p>a</p><p>b &amp; c <img src="x.png" alt="a &quot;b&quot;">'
-                 '&lt;span</p>')
+  assert out == ('<div>Unclosed <b>bold <i>both</i></b></div><b><i> stray end <ul><li>one'
+                 '</li><li>two</li></ul><p>a</p><p>b &amp; c <img src="x.png" alt="a &quot;b'
+                 '&quot;">&lt;span</p></i></b>')
+
+
+def test_overlapping_tags_keep_what_a_browser_renders():
+  """<b>a <i>b</b> c</i>: a browser renders "c" in italics (the adoption agency
+  algorithm reopens <i> after </b>); the document comes back nested, italics kept."""
+  document = Document("<b>a <i>b</b> c</i>")
+  assert document.render(document.texts) == "<b>a <i>b</i></b><i> c</i>"
+  out = document.render([text.upper() for text in document.texts])
+  assert out == "<b>A <i>B</i></b><i> C</i>" and _Tags(out).nested
+
+
+def test_comments_are_never_translated_an_unclosed_one_either():
+  """An unclosed <!-- runs to the end of the document (HTML's tokenizer): a comment,
+  not text; it comes back closed and as written."""
+  document = Document("<p>Hello <!-- do not translate this <b>note</b>")
+  assert document.texts == ["Hello "]
+  assert document.render(["Hallo "]) == "<p>Hallo <!-- do not translate this <b>note</b>--></p>"
+  assert Document("a <!-- b --> c").texts == ["a ", " c"]
+
+
+def test_entities_come_back_as_the_characters_they_stand_for_markup_escaped():
+  """As LibreTranslate's answer (BeautifulSoup's html.parser, then html.unescape):
+  &nbsp; &copy; &#8212; come back as their characters, in text and attributes; &amp;
+  &lt; &gt; stay escaped (unescaped, text would turn into markup). An attribute keeps
+  what a browser reads in it: "&copy=2" in a URL is no entity there (HTML's legacy
+  rule), so the link still goes to ?a=1&copy=2."""
+  source = ('<p title="x&nbsp;y &amp; z">10&nbsp;km &amp; &copy; &#8212; &lt;b&gt; '
+            '<a href="/x?a=1&copy=2&amp;b=3">here</a></p>')
+  document = Document(source)
+  assert document.texts == ["10\xa0km & \u00a9 \u2014 <b> here", "here"]
+  out = document.render(document.texts)
+  assert out == ('<p title="x\xa0y &amp; z">10\xa0km &amp; \u00a9 \u2014 &lt;b&gt; '
+                 '<a href="/x?a=1&amp;copy=2&amp;b=3">here</a></p>')
+  assert _Tags(out).events[1] == ("a", [("href", "/x?a=1&copy=2&b=3")])
+
+
+def test_an_inline_tag_inside_a_sentence_does_not_cut_it():
+  """<p>The <b>red</b> car is fast.</p> is one sentence to translate, not "The", "red"
+  and "car is fast."; the <b> goes around the words of the translation that its own
+  text's translation is (as written, or the most similar ones: "rot" -> "rote"), or,
+  not found, around the words where it stood, in proportion. No tag and no word of the
+  translation lost."""
+  source = '<p>The <b>red</b> car is <a href="/cars">very <i>fast</i></a>.</p>'
+  document = Document(source)
+  assert document.texts == ["The red car is very fast.", "red", "very fast", "fast"]
+  german = ["Das rote Auto ist sehr schnell.", "rot", "sehr schnell", "schnell"]
+  assert document.render(german) == ('<p>Das <b>rote</b> Auto ist <a href="/cars">sehr '
+                                     '<i>schnell</i></a>.</p>')
+  unfound = ["Der Wagen ist flink, sehr.", "blau", "xyz", "xyz"]
+  out = document.render(unfound)
+  assert _Tags(out).events == _Tags(source).events and _Tags(out).nested
+  assert "".join(_Tags(out).text) == unfound[0]
 
 
 def test_mentions_and_hashtags_whose_href_does_not_spell_their_text_are_kept():
@@ -93,11 +148,14 @@ def test_mentions_and_hashtags_whose_href_does_not_spell_their_text_are_kept():
       " und ", " B ").replace(" sowie ", " C ")
 
 
-def test_cdata_comments_and_declarations_come_back_as_written():
-  """A CDATA section (SVG and MathML in HTML have them) ends with ']]>' as it began; a
-  document's comments and declarations are written back byte for byte."""
+def test_comments_doctype_and_foreign_content_come_back_as_a_browser_reads_them():
+  """A document's doctype and comments are written back; SVG's and MathML's content is
+  never translated (a CDATA section in it is its text, written escaped); a processing
+  instruction is, as browsers read it, a comment. A document comes back a document."""
   source = ('<!DOCTYPE html><!-- note --><p>Text <svg><![CDATA[x < y && y > z]]></svg> more'
             '</p><?php echo 1 ?>')
   document = Document(source)
   assert document.texts == ["Text ", " more"]
-  assert document.render(document.texts) == source
+  assert document.render(["A ", " B"]) == (
+      '<!DOCTYPE html><!-- note --><html><head></head><body><p>A <svg>x &lt; y &amp;&amp; '
+      'y &gt; z</svg> B</p><!--?php echo 1 ?--></body></html>')

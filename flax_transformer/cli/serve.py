@@ -51,14 +51,15 @@ def check_floats(floats: dict[str, float], alpha: float, on_grid) -> None:
 
 
 def _check_serving_installed() -> None:
-  """FastAPI, uvicorn and python-multipart (LibreTranslate's forms), or one install line."""
+  """FastAPI, uvicorn, python-multipart (LibreTranslate's forms) and html5lib (format=html),
+  or one install line."""
   try:
     from flax_transformer.serving import app, drain  # noqa: F401
     from flax_transformer.serving import batcher  # noqa: F401
     if not any(importlib.util.find_spec(m) for m in ("python_multipart", "multipart")):
       raise ImportError("No module named 'python_multipart'")
   except ImportError as e:
-    raise ConfigError(f"serve.py needs FastAPI, uvicorn and python-multipart ({e}): "
+    raise ConfigError(f"serve.py needs FastAPI, uvicorn, python-multipart and html5lib ({e}): "
                       "pip install -e '.[serve]'")
 
 

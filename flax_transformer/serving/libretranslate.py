@@ -206,7 +206,7 @@ class LibreTranslate:
     self._check_texts(texts)
     # An HTML text's language is its text's: markup (class="u-url mention", href=...)
     # would pass for English.
-    probes = ([" ".join(markup.Document(text).texts) for text in texts]
+    probes = ([markup.Document(text).prose for text in texts]
               if text_format == "html" and source == AUTO else texts)
     sources, detected = self.api.sources_of(probes, source, target, as_is=True)
     translations, others = await self._translated(texts, sources, target, alternatives,
