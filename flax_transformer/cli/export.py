@@ -89,7 +89,8 @@ def _write(fmt: str, translator: Translator, folder: Path, target: Path, *,
 
   ct2.convert(config, params, translator.tokenizer, folder, quantization=quantization,
               search={"beam_size": search.beam_size, "alpha": search.alpha,
-                      "max_extra": search.max_extra}, provenance=record)
+                      "max_extra": search.max_extra}, provenance=record,
+              languages=translator.languages)
   return (f"Wrote a CTranslate2 model ({quantization} weights, steps "
           f"{translator.checkpoint_steps[0]} averaged) to {target}")
 
