@@ -35,6 +35,11 @@ from flax_transformer.network.config import TransformerConfig
 FORMAT = "flax_transformer.transformers-m2m100/1"
 LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default, which M2M100's layers keep.
 FAIRSEQ_IDS = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}  # m2m100_tokenizer.SPECIALS.
+# NllbTokenizer's added tokens (AddedToken's flags); its '<mask>' takes the space before it
+# and is normalized (its __init__'s, transformers 4.57 and 5), the others are taken as is.
+ADDED_TOKEN = {"lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+               "special": True}
+MASK_TOKEN = {"lstrip": True, "normalized": True}
 # The computed config fields (network/config_fields.py) this export writes; any other away
 # from its default is refused, named.
 MAPPED = {"vocab_size", "vocab_padding", "d_model", "d_ff", "num_heads", "d_k", "d_v",
@@ -187,8 +192,7 @@ def tokenizer_files(config: TransformerConfig, tokenizer) -> dict[str, Any]:
       "extra_special_tokens": codes, "src_lang": spec.get("default_source_token"),
       "legacy_behaviour": not spec.get("source_language_first", True),
       "added_tokens_decoder": {
-          str(i): {"content": p, "lstrip": False, "normalized": False, "rstrip": False,
-                   "single_word": False, "special": True}
+          str(i): {"content": p, **ADDED_TOKEN, **(MASK_TOKEN if p == "<mask>" else {})}
           for i, p in enumerate(pieces) if p in FAIRSEQ_IDS or p in codes or p == "<mask>"}}
   return files
 
