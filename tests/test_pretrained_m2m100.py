@@ -127,8 +127,12 @@ def test_logits_within_1e4(imported):
 
 
 def translator(workdir, **search) -> Translator:
+  """Whole batches of 576 tokens: one shape per width (32 to 80: 18 to 7 rows), the
+  same for every call of a search (ids or texts, all rows or some), so each search and
+  the scoring compile once per width."""
   return Translator.from_workdir(workdir, search=SearchConfig(max_extra=20, **search),
-                                 devices=jax.devices()[:1])
+                                 devices=jax.devices()[:1], batch_tokens=576,
+                                 whole_batches=True)
 
 
 def test_score_greedy_and_beam_are_transformers_for_three_targets(imported):
@@ -175,20 +179,9 @@ def test_score_greedy_and_beam_are_transformers_for_three_targets(imported):
   # generate's forced token scores 0 (its logits processor), ours its log-probability:
   # every hypothesis of a sentence starts with it, so the ranking is the same and the scores
   # differ by that one log-probability (teacher-forced: the first target token's).
-  model_config, _ = read_run(workdir)
-  first = _first_token_log_probs(workdir, model_config, source_ids, forced)
+  first = [s for s, _ in greedy.score_ids(source_ids, forced)]  # Teacher-forced.
   np.testing.assert_allclose([found[i][0][1] - first[i] for i in kept],
                              [ref["beam4_scores"][i] for i in kept], atol=1e-3, rtol=0)
-
-
-def _first_token_log_probs(workdir, model_config, sources, forced) -> list[float]:
-  params, _ = load_params(workdir, model_config)
-  model = Transformer(model_config.replace(deterministic=True))
-  out = []
-  for source, token in zip(sources, forced):
-    logits = model.apply({"params": params}, source[None], token[None])
-    out.append(float(jax.nn.log_softmax(logits[0, 0])[token[0]]))
-  return out
 
 
 def test_bf16_tensors_import_as_stored_or_cast(tmp_path):
