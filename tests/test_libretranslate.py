@@ -24,6 +24,7 @@ from test_serve import MAX_SENTENCES, SEARCH, SENTENCES, TOKEN, Server, _http
 from flax_transformer.translation.translator import Translator
 
 PARAGRAPH = SENTENCES[:5]  # Over --max_tokens=16 together; each within it alone.
+MAX_CHARS = 1000  # --max_chars: LibreTranslate's --char-limit (default 5000 here).
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,7 @@ def server(trained_tiny, tmp_path_factory):
         [sys.executable, str(ROOT / "serve.py"), f"--workdir={trained_tiny}", "--port=0",
          "--cpu_devices=2", "--max_tokens=16", "--max_batch=8",
          f"--max_sentences={MAX_SENTENCES}", "--max_extra=5", "--max_wait_ms=50",
-         f"--compilation_cache_dir={conftest.XLA_CACHE}"],
+         f"--max_chars={MAX_CHARS}", f"--compilation_cache_dir={conftest.XLA_CACHE}"],
         stdout=out, stderr=subprocess.STDOUT, env=dict(cpu_env(), SERVE_TOKEN=TOKEN))
   deadline = time.time() + 240
   while not (serving := re.search(r"Serving \S+ on (http://127\.0\.0\.1:\d+)/", log.read_text())):
@@ -126,12 +127,17 @@ def test_weblate_json_lists_and_alternatives_from_the_n_best(server, expected):
 
 def test_frontend_settings_and_errors_naming_the_q_item(server):
   status, settings = server.call("/frontend/settings", token=None)
-  assert status == 200 and settings["charLimit"] == 5000 and settings["keyRequired"] is True
+  assert status == 200 and settings["charLimit"] == MAX_CHARS and settings["keyRequired"] is True
   assert settings["language"] == {"source": {"code": "en", "name": "English"},
                                   "target": {"code": "de", "name": "German"}}
-  long = "a" * 5001
-  assert _post(server, {"q": ["A dog.", "A cat.", long], "source": "en", "target": "de"}) == (
-      400, {"error": "Invalid request: q[2] (5001 characters) exceeds text limit (5000)"})
+  # --max_chars as LibreTranslate's --char-limit: a q text over it is a 400 worded as
+  # LibreTranslate's (app.py: "Invalid request: request (%(size)s) exceeds text limit
+  # (%(limit)s)"), then the q item; one at the limit is translated.
+  assert _post(server, {"q": ["A dog.", "A cat.", "a" * (MAX_CHARS + 1)], "source": "en",
+                        "target": "de"}) == (
+      400, {"error": f"Invalid request: request ({MAX_CHARS + 1}) exceeds text limit "
+                     f"({MAX_CHARS}): q[2] (--max_chars)"})
+  assert _post(server, {"q": "a" * MAX_CHARS, "source": "en", "target": "de"})[0] == 200
   assert _post(server, {"q": ["A.\nB.\nC.", "\ud800"], "source": "en", "target": "de"}) == (
       400, {"error": "Invalid request: q[1] is not valid text: surrogates not allowed at "
                      "character 0"})

@@ -278,13 +278,55 @@ def test_serve_and_libretranslate_answer_each_direction_as_the_translator(
     assert [d["language"] for d in answer["detectedLanguage"]] == [s] * len(sources[s])
 
 
+def test_the_pages_pickers_list_the_languages_and_the_target_chosen_translates(
+    three_server, sources, by_direction):
+  """The page at / (serving/page.py) in headless chromium: its source picker lists 'auto'
+  (Detect) then each of GET /languages' sources, its target picker the targets of the
+  source chosen (all of them for 'auto'); the target chosen is the one translated into."""
+  from selenium.webdriver.common.by import By
+  from selenium.webdriver.support.ui import Select, WebDriverWait
+
+  from test_serve import headless_chromium
+
+  with urllib.request.urlopen(three_server + "/languages", timeout=60) as response:
+    languages = json.loads(response.read())
+  names = {language["code"]: language["name"] for language in languages}
+  targets = {language["code"]: language["targets"] for language in languages}
+  listed = lambda picker: [(o.get_attribute("value"), o.text)  # noqa: E731
+                           for o in picker.options]
+  with headless_chromium() as browser:
+    browser.get(three_server + "/")
+    browser.find_element(By.ID, "token").send_keys(TOKEN)
+    source, target = (Select(browser.find_element(By.ID, f"{side}_lang"))
+                      for side in ("source", "target"))
+    WebDriverWait(browser, 30).until(lambda b: len(source.options) > 1)
+    assert listed(source) == [("auto", "Detect")] + [(c, names[c]) for c in targets
+                                                      if targets[c]]
+    everything = list(dict.fromkeys(t for c in targets for t in targets[c]))
+    assert listed(target) == [(t, names[t]) for t in everything]
+    for code in LANGUAGES:
+      source.select_by_value(code)
+      assert listed(target) == [(t, names[t]) for t in targets[code]], code
+    source.select_by_value("de")
+    target.select_by_value("fr")  # Not the first target of de's: the one chosen counts.
+    browser.find_element(By.ID, "source").send_keys("\n".join(sources["de"]))
+    browser.find_element(By.ID, "translate").click()
+    WebDriverWait(browser, 120).until(
+        lambda b: b.find_element(By.ID, "translations").get_attribute("data-done")
+        or b.find_element(By.ID, "error").text)
+    assert browser.find_element(By.ID, "error").text == ""
+    shown = [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#translations li")]
+    assert shown == [" ".join(t.split()) for t in by_direction["de", "fr"]]
+    assert shown != [" ".join(t.split()) for t in by_direction["de", "en"]]
+
+
 def test_a_pair_the_server_does_not_know_is_a_400_naming_those_it_does(three_server):
   known = "this server translates en to de, fr; de to en, fr; fr to en, de (GET /languages)"
   for fields, error in (({"source": "en", "target": "it"}, f"it is not supported as target: "
                          f"{known}"),
                         ({"source": "it", "target": "de"}, f"it is not supported as source: "
                          f"{known}"),
-                        ({"source": "de", "target": "de"}, f"de is not supported into de: "
+                        ({"source": "it", "target": "it"}, f"it is not supported as target: "
                          f"{known}")):
     assert post(three_server, "/translate", {"q": "A dog.", "api_key": TOKEN, **fields},
                 None) == (400, {"error": error}), fields
@@ -292,6 +334,43 @@ def test_a_pair_the_server_does_not_know_is_a_400_naming_those_it_does(three_ser
       400, {"error": "the model does not translate into 'it': it knows en -> de, fr; de -> en, "
                      "fr; fr -> en, de"})
   assert post(three_server, "/translate", {"text": ["A dog."]})[0] == 400  # No target named.
+
+
+def test_a_language_into_itself_is_the_text_as_it_is(three_server, sources):
+  """source == target (de -> de): LibreTranslate (app.py's /translate, 1.9.6) translates
+  with argos-translate's IdentityTranslation, which every installed language has: the
+  text comes back as it is, no alternative (its hypotheses are the text itself), HTML
+  too. At 58e69b7: 400 "de is not supported into de". A language the model does not
+  know stays a 400 (test above)."""
+  texts = [sources["de"][0], "<p>Ein <b>Hund</b> &amp; eine Katze.</p>"]
+  for text_format, q in (("text", texts[:1]), ("html", texts[1:])):
+    assert post(three_server, "/translate", {
+        "q": q, "source": "de", "target": "de", "format": text_format, "alternatives": 2,
+        "api_key": TOKEN}, None) == (200, {"translatedText": q, "alternatives": [[]]})
+  assert post(three_server, "/translate", {"q": texts[0], "source": "fr", "target": "fr",
+                                           "api_key": TOKEN}, None) == (
+      200, {"translatedText": texts[0]})
+
+
+def test_detect_with_a_list_of_texts_ranks_them_all_as_libretranslate(three_server, sources):
+  """POST /detect with q a list: LibreTranslate (language.py's detect_languages, 1.9.6)
+  answers one list, each language's confidence averaged over the texts, ranked by that
+  average times their length. At 58e69b7 only q[0] was read: [en, de, de] came back
+  English."""
+  detect = lambda q: post(three_server, "/detect", {"q": q, "api_key": TOKEN}, None)  # noqa: E731
+  texts = [sources["en"][0], sources["de"][0], sources["de"][1]]
+  single = [dict((d["language"], d["confidence"]) for d in detect(text)[1]) for text in texts]
+  status, found = detect(texts)
+  assert status == 200 and sorted(d["language"] for d in found) == sorted(LANGUAGES)
+  for d in found:
+    assert d["confidence"] == pytest.approx(sum(s[d["language"]] for s in single) / 3,
+                                            abs=0.01), found
+  weight = lambda code: sum(s[code] for s in single) * sum(map(len, texts))  # noqa: E731
+  assert [d["language"] for d in found] == sorted(LANGUAGES, key=weight, reverse=True)
+  assert found[0]["language"] == "de"
+  assert detect([texts[0], texts[0]]) == detect(texts[0])
+  assert detect([texts[0], 3]) == (400, {"error": "Invalid request: q[1] is not a string: q "
+                                                  "must be a string or a list of strings"})
 
 
 def test_source_auto_sends_a_text_already_in_the_target_back_as_it_is(three_server, sources):

@@ -6,6 +6,7 @@ sentences (shapes [2, 16] and [8, 16], compiled before it answers /health).
 """
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import http.client
 import json
@@ -240,6 +241,7 @@ def test_serve_py_refuses_a_nan_flag_and_an_alpha_off_its_grid_in_one_line(tmp_p
                                    "sent, got 1e-30",
              "--languages=en,": "--languages takes SOURCE,TARGET (two codes, as en,de), got "
                                 "'en,'",
+             "--max_chars=0": "--max_chars must be at least 1, or -1 for no limit, got 0",
              "--alpha=0.65": "--alpha 0.65 is off --alpha_step 0.1's grid (a request's alpha "
                              "0.65 would be searched as 0.7)"}
   runs = {flag: subprocess.Popen([sys.executable, str(ROOT / "serve.py"),
@@ -349,13 +351,13 @@ def test_a_request_cut_off_mid_body_is_dropped_and_a_stalled_one_times_out(serve
   assert "Traceback" not in log
 
 
-def test_the_page_translates_in_headless_chromium(server, expected):
+@contextlib.contextmanager
+def headless_chromium():
+  """Debian's chromium, driven by selenium (test_multilingual.py's page test too)."""
   if not Path("/usr/bin/chromium").exists() and not os.environ.get("CI"):
     pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
   from selenium import webdriver
   from selenium.webdriver.chrome.service import Service
-  from selenium.webdriver.common.by import By
-  from selenium.webdriver.support.ui import WebDriverWait
 
   options = webdriver.ChromeOptions()
   options.binary_location = "/usr/bin/chromium"
@@ -363,6 +365,16 @@ def test_the_page_translates_in_headless_chromium(server, expected):
     options.add_argument(argument)
   browser = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
   try:
+    yield browser
+  finally:
+    browser.quit()
+
+
+def test_the_page_translates_in_headless_chromium(server, expected):
+  from selenium.webdriver.common.by import By
+  from selenium.webdriver.support.ui import WebDriverWait
+
+  with headless_chromium() as browser:
     browser.get(server.url + "/")
     browser.find_element(By.ID, "token").send_keys(TOKEN)
     browser.find_element(By.ID, "source").send_keys(SENTENCES[0] + "\n" + SENTENCES[1])
@@ -381,8 +393,6 @@ def test_the_page_translates_in_headless_chromium(server, expected):
     shown = [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#translations li")]
     # The page shows text as rendered: runs of spaces collapse, as in the browser.
     assert shown == [" ".join(e.split()) for e in expected[:2]]
-  finally:
-    browser.quit()
 
 
 def _line_within(stream, seconds: float) -> bytes:

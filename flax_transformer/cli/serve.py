@@ -80,7 +80,8 @@ def _check_pair(workdir: str, languages: Sequence[str]) -> None:
 def run_serve(*, workdir: str, ensemble: Sequence[str], host: str, port: int,
               token: str | None, search: SearchConfig, average_last: int,
               checkpoint_step: int | None, floats: dict[str, float], max_beam: int,
-              max_sentences: int, max_tokens: int, max_batch: int, max_configs: int,
+              max_sentences: int, max_chars: int, max_tokens: int, max_batch: int,
+              max_configs: int,
               languages: Sequence[str] | None, compilation_cache_dir: str,
               compilation_cache_max_mb: int) -> None:
   """serve.py's body, its flags as arguments (floats: as `check_floats`')."""
@@ -93,6 +94,8 @@ def run_serve(*, workdir: str, ensemble: Sequence[str], host: str, port: int,
   check_floats(floats, search.alpha, on_grid)
   if languages is not None:
     _check_pair(workdir, languages)
+  if max_chars == 0:  # absl's bound lets it through; every text would be refused.
+    raise ConfigError("--max_chars must be at least 1, or -1 for no limit, got 0")
   if search.beam_size > max_beam:  # Else every request without a beam_size is a 422.
     raise ConfigError(f"--beam_size {search.beam_size} is over --max_beam {max_beam}")
   listening = _bind(host, port)
@@ -106,7 +109,7 @@ def run_serve(*, workdir: str, ensemble: Sequence[str], host: str, port: int,
                     max_tokens=max_tokens, max_configs=max_configs)
   batcher.check_fits(search)  # Warming compiles every shape: none that cannot fit.
   batcher.warm()
-  limits = Limits(max_sentences=max_sentences, max_beam=max_beam,
+  limits = Limits(max_sentences=max_sentences, max_chars=max_chars, max_beam=max_beam,
                   body_timeout_s=floats["body_timeout_s"], alpha_step=floats["alpha_step"])
   token = (token if token is not None else os.environ.get(TOKEN_VARIABLE)) or None
   in_flight = drain.Drain()

@@ -49,7 +49,7 @@ class Limits:
   body_timeout_s: float = 10.0
   max_beam: int = 8
   alpha_step: float = 0.1
-  max_chars: int = 5000  # LibreTranslate's charLimit: characters of one q text.
+  max_chars: int = 5000  # LibreTranslate's charLimit: characters of one q text; -1: none.
 
 
 def on_grid(alpha: float, step: float) -> float:

@@ -85,9 +85,23 @@ class LanguageApi:
                               f"translates "
                               f"{self.known()} (GET /languages)") from None
 
-  def detect(self, text: str) -> list[dict]:
-    """POST /detect: the model's sources, most likely first, with confidences 0-100."""
-    return [{"confidence": c, "language": self.shown(code)} for code, c in self._ranked(text)]
+  def knows(self, code: str) -> bool:
+    """Whether `code` (the model's) is one of the model's languages, source or target."""
+    return code in self._codes
+
+  def detect(self, texts: list[str]) -> list[dict]:
+    """POST /detect: the model's sources, most likely first, with confidences 0-100. For
+    several texts, one list, as LibreTranslate's (language.py's detect_languages): each
+    language's confidence averaged over the texts, ranked by that average times the
+    length of those texts."""
+    found: dict[str, list[tuple[float, int]]] = {}
+    for text in texts:
+      for code, confidence in self._ranked(text):
+        found.setdefault(code, []).append((confidence, len(text)))
+    merged = [(code, sum(c for c, _ in pairs) / len(pairs), sum(n for _, n in pairs))
+              for code, pairs in found.items()]
+    merged.sort(key=lambda item: item[1] * item[2], reverse=True)
+    return [{"confidence": round(c, 2), "language": self.shown(code)} for code, c, _ in merged]
 
   def _ranked(self, text: str) -> list[tuple[str, float]]:
     """(source, confidence 0-100) for each of the model's sources (its codes), most

@@ -125,16 +125,28 @@ class LibreTranslate:
     return key is not None
 
   def detect(self, fields: dict, key_checked: bool) -> list[dict]:
-    """POST /detect: q's language among the model's sources (its first text's, for a list,
-    as LibreTranslate)."""
+    """POST /detect: q's language among the model's sources; for a list of texts, one
+    ranking of them all (LanguageApi.detect), as LibreTranslate's."""
     if not key_checked:
       self.check_key(fields.get("api_key"))
     q = fields.get("q")
-    text = q[0] if isinstance(q, list) and q else q
-    if not text or not isinstance(text, str):
+    if not q:  # None, "", [], as LibreTranslate.
       raise RequestError(400, "Invalid request: missing q parameter")
-    self._check_texts([text])
-    return self.api.detect(text)
+    texts = self._texts(q)
+    self._check_texts(texts)
+    return self.api.detect(texts)
+
+  @staticmethod
+  def _texts(q) -> list[str]:
+    """q's texts: q itself, or its items (each a string, or a 400 naming it)."""
+    texts = [q] if isinstance(q, str) else q
+    if not isinstance(texts, list):
+      raise RequestError(400, "Invalid request: q must be a string or a list of strings")
+    for i, text in enumerate(texts):
+      if not isinstance(text, str):  # Named as the q item it is (Weblate sends lists).
+        raise RequestError(400, f"Invalid request: q[{i}] is not a string: q must be a "
+                                f"string or a list of strings")
+    return texts
 
   def _check_languages(self, source, target) -> tuple[str, str]:
     """(source, target) as the model writes them, checked."""
@@ -144,7 +156,10 @@ class LibreTranslate:
       if not value.isprintable() or len(value) > 32:  # Echoed below: no lone surrogate.
         raise RequestError(400, f"Invalid request: {field} is not a language code")
     source, target = self.api.model_code(source), self.api.model_code(target)
-    self.api.check(source, target)
+    # A language into itself: its texts as they are (untranslated), as LibreTranslate's
+    # (argos-translate's identity translation), for any language the model knows.
+    if not (self.api.untranslated(source, target) and self.api.knows(source)):
+      self.api.check(source, target)
     return source, target
 
   def _alternatives(self, value) -> int:
@@ -172,9 +187,9 @@ class LibreTranslate:
       except UnicodeEncodeError as e:
         raise RequestError(400, f"Invalid request: q[{i}] is not valid text: {e.reason} at "
                                 f"character {e.start}") from None
-      if len(text) > self._limits.max_chars:
-        raise RequestError(400, f"Invalid request: q[{i}] ({len(text)} characters) exceeds "
-                                f"text limit ({self._limits.max_chars})")
+      if len(text) > self._limits.max_chars >= 0:  # LibreTranslate's line, then the item.
+        raise RequestError(400, f"Invalid request: request ({len(text)}) exceeds text limit "
+                                f"({self._limits.max_chars}): q[{i}] (--max_chars)")
 
   def _search(self, alternatives: int):
     default = self._batcher.default_search
@@ -190,13 +205,7 @@ class LibreTranslate:
     q = fields.get("q")
     if not q:  # None, "", [], as LibreTranslate.
       raise RequestError(400, "Invalid request: missing q parameter")
-    texts = [q] if isinstance(q, str) else q
-    if not isinstance(texts, list):
-      raise RequestError(400, "Invalid request: q must be a string or a list of strings")
-    for i, text in enumerate(texts):
-      if not isinstance(text, str):  # Named as the q item it is (Weblate sends lists).
-        raise RequestError(400, f"Invalid request: q[{i}] is not a string: q must be a "
-                                f"string or a list of strings")
+    texts = self._texts(q)
     source, target = self._check_languages(fields.get("source"), fields.get("target"))
     alternatives = self._alternatives(fields.get("alternatives"))
     text_format = fields.get("format") or "text"  # LibreTranslate's: empty or null is text.
