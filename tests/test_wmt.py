@@ -91,17 +91,19 @@ def test_missing_archive_without_downloads_names_file_and_url(tmp_path):
 
 def test_base_config_trains_and_evaluates_on_prepared_wmt14(wmt14, tmp_path):
   """configs/base.py as it is (base model, WMT14 EN->DE) with a smaller vocabulary and
-  batch for the tiny corpus: a step, then loss on the newstest2013 split."""
+  batch for the tiny corpus: a step, then loss on the newstest2013 split (one batch of 16
+  pairs: a base model's forward pass over the whole split costs the suite half a minute)."""
   data_dir, _, _ = wmt14
   workdir = tmp_path / "run"
   result = subprocess.run(
       [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/base.py"),
        f"--workdir={workdir}", f"--config.data_dir={data_dir}", "--config.vocab_size=400",
-       "--config.batch_tokens=1024", "--config.max_source_length=64",
+       "--config.batch_tokens=256", "--config.max_source_length=64",
        "--config.max_target_length=64", "--config.num_train_steps=1",
        "--config.eval_every_steps=1", "--config.bleu_every_steps=0",
        "--config.log_every_steps=1", "--config.checkpoint_every_steps=1",
        "--config.eval_max_shapes=1",  # One eval compile: the suite's time.
+       "--config.eval_batch_tokens=1024", "--config.num_eval_steps=1",
        f"--config.compilation_cache_dir={conftest.XLA_CACHE}"],
       env=conftest.cpu_env(), capture_output=True, text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
