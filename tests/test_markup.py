@@ -125,6 +125,8 @@ def test_an_inline_tag_inside_a_sentence_does_not_cut_it():
   german = ["Das rote Auto ist sehr schnell.", "rot", "sehr schnell", "schnell"]
   assert document.render(german) == ('<p>Das <b>rote</b> Auto ist <a href="/cars">sehr '
                                      '<i>schnell</i></a>.</p>')
+  repeated = "<p>x a <b>a <i>a</i></b> runs <em>a</em> <b>a</b></p>"  # Where each stood.
+  assert Document(repeated).render(Document(repeated).texts) == repeated
   unfound = ["Der Wagen ist flink, sehr.", "blau", "xyz", "xyz"]
   out = document.render(unfound)
   assert _Tags(out).events == _Tags(source).events and _Tags(out).nested

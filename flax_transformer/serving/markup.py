@@ -48,9 +48,7 @@ PROTECTED = re.compile(r"(https?://\S+|www\.\S+|[@#][\w.@-]*\w|"
 DOCUMENT = re.compile(r"\s*<(!doctype|html[\s>])", re.IGNORECASE)
 CUT_OFF_TAG = re.compile(r"<(?=[A-Za-z/])[^<>]*\Z")  # A tag the input ends inside.
 SIMILAR = 0.6  # difflib's ratio from which words are taken for an inline element's text.
-_SERIALIZER = HTMLSerializer(quote_attr_values="always", omit_optional_tags=False,
-                             use_trailing_solidus=False, inject_meta_charset=False,
-                             quote_char='"')
+WINDOW = 40  # Words either side of an inline element's place in proportion, searched.
 _WALKER = html5lib.getTreeWalker("etree")
 
 
@@ -183,7 +181,8 @@ class _Reader:
 
 def _parse(source: str):
   """The tree a browser builds (a fragment's, or a document's with its doctype)."""
-  source = CUT_OFF_TAG.sub(lambda m: "&lt;" + m.group()[1:], source)
+  if source.rfind("<!--") <= source.rfind("-->"):  # Not within a comment left open.
+    source = CUT_OFF_TAG.sub(lambda m: "&lt;" + m.group()[1:], source)
   if DOCUMENT.match(source):
     builder = html5lib.getTreeBuilder("etree", fullTree=True)
     return html5lib.HTMLParser(tree=builder, namespaceHTMLElements=False).parse(source)
@@ -200,18 +199,23 @@ def _found(text: str, wanted: list[str], start: int, end: int, near: int, whole:
   whole words), or else in the most similar run of words (difflib's ratio, case-folded,
   SIMILAR at least)."""
   for want in wanted:
-    hits = [m.start() for m in re.finditer(re.escape(want), text[:end]) if m.start() >= start
+    hits = [m.start() for m in re.finditer(f"(?={re.escape(want)})", text[:end])  # Overlapping.
+            if m.start() >= start
             and not (whole and _inside_word(text, m.start(), m.start() + len(want)))]
     if want.strip() and hits:
       at = min(hits, key=lambda hit: abs(hit - near))
       return at, at + len(want)
   words, best, where = _words(text, start, end), SIMILAR, None
+  middle = min(range(len(words)), key=lambda i: abs(words[i][0] - near), default=0)
   for want in {w.strip().casefold() for w in wanted if w.strip()}:
-    count = len(want.split())
-    for i in range(len(words)):
+    count, matcher = len(want.split()), difflib.SequenceMatcher(None, b=want)
+    # Starting within WINDOW words of where it stood: a sentence's words move, not far.
+    for i in range(max(0, middle - WINDOW), min(len(words), middle + WINDOW + 1)):
       for j in range(i + max(1, count - 2), min(len(words), i + count + 2) + 1):
-        score = difflib.SequenceMatcher(None, want,
-                                        text[words[i][0]:words[j - 1][1]].casefold()).ratio()
+        matcher.set_seq1(text[words[i][0]:words[j - 1][1]].casefold())
+        if matcher.real_quick_ratio() < best or matcher.quick_ratio() < best:
+          continue
+        score = matcher.ratio()
         if score > best or score == best and where and abs(words[i][0] - near) < abs(
             where[0] - near):
           best, where = score, (words[i][0], words[j - 1][1])
@@ -244,16 +248,16 @@ def _placed(run: _Run, translation: str, own: list[str]) -> list[tuple[int, int]
   for k, element in enumerate(run.inline):
     parent_src = (0, len(source)) if element.parent is None else run.span(
         run.inline[element.parent])
-    lo, hi = (0, len(translation)) if element.parent is None else spans[element.parent]
-    lo = max(lo, last_end.get(element.parent, lo))
+    top, hi = (0, len(translation)) if element.parent is None else spans[element.parent]
+    lo = max(top, last_end.get(element.parent, top))  # After its previous sibling.
     begin, finish = run.span(element)
-    scale = (hi - lo) / max(1, parent_src[1] - parent_src[0])
-    near = lo + round((begin - parent_src[0]) * scale)
+    scale = (hi - top) / max(1, parent_src[1] - parent_src[0])
+    near = max(lo, top + round((begin - parent_src[0]) * scale))
     written = source[begin:finish]
     where = _found(translation, [own[k], written, own[k].strip(), written.strip()], lo, hi,
                    near, not _inside_word(source, begin, finish))
     if where is None:
-      where = _in_proportion(translation, near, lo + round((finish - parent_src[0]) * scale),
+      where = _in_proportion(translation, near, top + round((finish - parent_src[0]) * scale),
                              lo, hi)
     spans.append(where)
     last_end[element.parent] = where[1]
@@ -300,4 +304,7 @@ class Document:
       _fill(run, translation, _placed(run, translation, [next(own) for _ in run.inline]))
     for node, attribute, parts in self._slots:
       setattr(node, attribute, "".join(p if isinstance(p, str) else p.value for p in parts))
-    return "".join(_SERIALIZER.serialize(_WALKER(self._tree)))
+    serializer = HTMLSerializer(quote_attr_values="always", omit_optional_tags=False,
+                                use_trailing_solidus=False, inject_meta_charset=False,
+                                quote_char='"')
+    return "".join(serializer.serialize(_WALKER(self._tree)))
