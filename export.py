@@ -7,7 +7,10 @@
       python EXPORT/translate.py < in.en > out.de
   python export.py --workdir=DIR --out=CT2 --format=ctranslate2 [--quantization=int8]
       A CTranslate2 model directory (pip install -e '.[ctranslate2]') with the same
-      translate.py, which then needs ctranslate2 and sentencepiece only.
+      translate.py, which then needs ctranslate2 and sentencepiece only. An imported
+      M2M100 / NLLB-200 workdir: its sentencepiece.bpe.model and languages record
+      instead of translate.py (ctranslate2.Translator with target_prefix=[[token]]:
+      docs/pretrained.md).
   python export.py --workdir=DIR --out=HF --format=transformers
       A transformers MarianMTModel folder (config.json, model.safetensors, source.spm,
       target.spm, vocab.json, tokenizer_config.json): MarianMTModel.from_pretrained(HF),
