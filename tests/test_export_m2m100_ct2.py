@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import ctranslate2  # The test extra's: no skip where it is missing.
 import jax
 import pytest
 
@@ -17,8 +18,6 @@ from conftest import cpu_env
 from flax_transformer.pretrained import importer
 from flax_transformer.translation.search_config import SearchConfig
 from flax_transformer.translation.translator import Translator
-
-ctranslate2 = pytest.importorskip("ctranslate2")  # The test extra has it.
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
