@@ -143,7 +143,9 @@ def test_fine_tuning_an_imported_marian_model_keeps_its_model_and_tokenizer(fine
   assert record["model"]["start_from_zero_embedding"]
   _, params = final_params(workdir)
   embedding = np.asarray(params["shared_embedding"]["embedding"])
-  assert not np.any(embedding[0]) and np.all(np.any(embedding[1:] != 0, axis=1))
+  real = record["model"]["vocab_size"] - record["model"]["vocab_padding"]
+  assert not np.any(embedding[0]) and np.all(np.any(embedding[1:real] != 0, axis=1))
+  assert real == 511 and not np.any(embedding[real:])  # The import's padding: never trained.
   assert (record["tokenizer"], record["vocab_size"]) == (source["tokenizer"],
                                                          source["vocab_size"])
   names = source["tokenizer"]["files"]
@@ -204,28 +206,42 @@ def test_source_prefix_puts_the_target_language_tag_before_every_training_source
 
 
 @pytest.mark.devices(8)
-def test_the_start_is_the_source_parameters_sharded_over_a_mesh(fine_tuned_marian, tmp_path):
+def test_the_start_is_the_source_parameters_sharded_over_a_mesh(fine_tuned_marian, tmp_path,
+                                                                 monkeypatch):
   """The imported model's parameters placed on a 2 x 4 mesh (data, fsdp: the `embed`
   dimension split 4 ways), as the trainer's shardings say, unchanged; the optimizer state
-  new. Its vocabulary of 511 does not split over a tensor axis of 2: refused, named."""
+  new. Its vocabulary of 511, padded at import, splits over a tensor axis of 2; a workdir
+  imported before the padding (511 rows) is refused there, named, and runs with
+  docs/training.md's rules."""
   imported = fine_tuned_marian[0]
   config = config_from(imported)
   fine_tuning = init_from.resolve(config, Workdir(tmp_path / "new"))
   config.mesh.update({"data": 2, "fsdp": 2, "tensor": 2})
+  trainer = Trainer(fine_tuning.model_config, config, make_mesh(config.mesh))
+  assert trainer.state_shardings.params["shared_embedding"]["embedding"].spec[0] == "tensor"
+  from flax_transformer.pretrained import vocab_padding
+  monkeypatch.setattr(vocab_padding, "MULTIPLE", 1)  # An import before the padding.
+  importer.import_model(ROOT / "tests/fixtures/marian_swish_shared", tmp_path / "old")
+  record = json.loads(Workdir(tmp_path / "old").run_file.read_text())
+  for field in ("vocab_padding", "source_vocab_padding"):  # Not in an older run.json.
+    assert record["model"].pop(field) == 0
+  Workdir(tmp_path / "old").run_file.write_text(json.dumps(record))
+  old = init_from.resolve(config_from(tmp_path / "old"), Workdir(tmp_path / "new_old"))
+  assert old.model_config.vocab_size == 511
   with pytest.raises(ShardingConfigError, match=r"\['decoder'\]\['final_logits_bias'\] \[511\]"
                      r": its dimension of 511 does not split over mesh axes tensor"):
-    Trainer(fine_tuning.model_config, config, make_mesh(config.mesh))
-  # docs/pretrained.md's rules: the default ones with `vocab` on no mesh axis.
-  flags = {re.search(r'--config\.logical_axis_rules="(.*?)"', (ROOT / doc).read_text())[1]
-           for doc in ("docs/training.md", "docs/pretrained.md")}
-  assert len(flags) == 1, flags
-  rules = ast.literal_eval(flags.pop())
+    Trainer(old.model_config, config, make_mesh(config.mesh))
+  # docs/training.md's rules: the default ones with `vocab` on no mesh axis.
+  flags = re.findall(r'--config\.logical_axis_rules="(.*?)"',
+                     (ROOT / "docs/training.md").read_text())
+  assert len(set(flags)) == 1, flags
+  rules = ast.literal_eval(flags[0])
   assert [r for r in rules if r[0] != "vocab"] == [
       tuple(r) for r in config.logical_axis_rules if r[0] != "vocab"]
   assert ("vocab", None) in rules and len(rules) == len(config.logical_axis_rules)
   with config.unlocked():
     config.logical_axis_rules = rules
-  Trainer(fine_tuning.model_config, config, make_mesh(config.mesh))
+  Trainer(old.model_config, config, make_mesh(config.mesh))
   config.mesh.update({"data": 2, "fsdp": 4, "tensor": 1})
   trainer = Trainer(fine_tuning.model_config, config, make_mesh(config.mesh))
   state = init_from.initial_state(trainer, fine_tuning)
@@ -244,15 +260,15 @@ def test_the_start_is_the_source_parameters_sharded_over_a_mesh(fine_tuned_maria
 
 def test_an_imported_workdir_is_refused_before_anything_is_written(fine_tuned_marian,
                                                                    multi30k_dir, tmp_path):
-  """Its vocabulary of 511 over a tensor axis of 2: one line, and no run.json or tokenizer/
-  in the new workdir; train.py on the imported workdir itself: one line that says to use
+  """Its 4 heads over a tensor axis of 8: one line, and no run.json or tokenizer/ in the
+  new workdir; train.py on the imported workdir itself: one line that says to use
   --config.init_from, before a vocabulary is trained into it."""
   imported, workdir = fine_tuned_marian[0], tmp_path / "run"
   done = subprocess.run(fine_tune_command(workdir, imported, multi30k_dir,
-                                          "--config.mesh.data=1", "--config.mesh.tensor=2"),
-                        env=cpu_env(2), capture_output=True, text=True)
+                                          "--config.mesh.data=1", "--config.mesh.tensor=8"),
+                        env=cpu_env(8), capture_output=True, text=True)
   assert done.returncode == 2, done.stderr[-3000:]
-  assert "its dimension of 511 does not split over mesh axes tensor" in (
+  assert "its dimension of 4 does not split over mesh axes tensor (8 devices)" in (
       done.stderr.strip().splitlines()[-1])
   assert not Workdir(workdir).run_file.exists() and not Workdir(workdir).tokenizer_dir.exists()
   before = sorted(p.name for p in Path(imported).iterdir())

@@ -175,6 +175,90 @@ def test_imported_parameters_shard_like_trained_ones(tmp_path):
   np.testing.assert_allclose([s for _, s in got], [s for _, s in want], atol=1e-4)
 
 
+def test_every_import_pads_its_vocabularies_to_split_and_never_produces_the_padding(
+    imported):
+  """Marian's 511 (as OPUS-MT's 58,101) and FSMT's 404 ids split over no tensor axis of 8:
+  each vocabulary is padded to a multiple of 128 rows (vocab_padding.MULTIPLE), the
+  tokenizer's files cover the added ids, and the added target rows' logits are -inf (never
+  produced, no probability, no gradient), as an NLLB import's."""
+  folder, workdir, ref, (source_map, target_map) = imported
+  model_config, tokenizer = read_run(workdir)
+  real = (len(source_map), len(target_map))
+  assert model_config.source_vocab % 128 == model_config.vocab_size % 128 == 0
+  assert model_config.without_vocab_padding().source_vocab == real[0]
+  assert model_config.vocab_size - model_config.vocab_padding == real[1]
+  assert (tokenizer.source.vocab_size, tokenizer.target.vocab_size) == (
+      model_config.source_vocab, model_config.vocab_size)
+  params, _ = load_params(workdir, model_config)
+  model = Transformer(model_config.replace(deterministic=True))
+  source = source_map[ref["source_ids"][0]][None].astype(np.int32)
+  target = target_map[ref["target_ids"][0]][None].astype(np.int32)
+
+  def loss(p):
+    logits = model.apply({"params": p}, source, target)
+    return -jax.nn.log_softmax(logits)[0, 0, target[0, 0]], logits
+
+  grads, logits = jax.grad(loss, has_aux=True)(params)
+  assert np.all(np.isneginf(np.asarray(logits)[..., real[1]:]))
+  assert np.all(np.isfinite(np.asarray(logits)[..., :real[1]]))
+  for name, tree in grads.items():
+    if name.endswith("_embedding"):
+      rows = real[0] if name == "source_embedding" else real[1]
+      assert not np.any(np.asarray(tree["embedding"])[rows:]), name
+
+
+@pytest.mark.devices(8)
+def test_eight_devices_fsdp_by_tensor_equal_one_device(tmp_path):
+  """OPUS-MT's odd vocabulary, padded, splits over the tensor axis: on a mesh fsdp 2 x
+  tensor 4, the imported Marian model's parameters placed by the training rules
+  (vocabulary, heads and d_ff over 'tensor'), its beam-4 outputs and scores equal one
+  device's, and transformers'."""
+  from flax import linen as nn
+  from configs import tiny
+
+  from flax_transformer.training import sharding as sharding_lib
+  from flax_transformer.training.steps import Trainer
+  from flax_transformer.translation.programs import make_score_fn, make_search_fn
+
+  folder = FIXTURES / "marian_swish_shared"
+  importer.import_model(folder, tmp_path / "run")
+  model_config, _ = read_run(tmp_path / "run")
+  params, _ = load_params(tmp_path / "run", model_config)
+  source_map, target_map = id_maps(folder, tmp_path / "run")
+  ref = json.loads((folder / "references.json").read_text())
+  rows = range(8)
+  inputs, targets = (np.zeros((8, max(len(ref[key][i]) for i in rows)), np.int32)
+                     for key in ("source_ids", "target_ids"))
+  for row in rows:
+    inputs[row, :len(ref["source_ids"][row])] = source_map[ref["source_ids"][row]]
+    targets[row, :len(ref["target_ids"][row])] = target_map[ref["target_ids"][row]]
+  search = SearchConfig(beam_size=4, alpha=0.0, max_extra=20, eos_within_beam=True)
+  search_fn, score_fn = jax.jit(make_search_fn(model_config, search)), jax.jit(
+      make_score_fn(model_config))
+  one_device = jax.device_put(params, jax.devices()[0])
+  one = search_fn(one_device, inputs, jax.random.PRNGKey(0))
+  one_scores = score_fn(one_device, inputs, targets)
+
+  mesh = sharding_lib.make_mesh({"fsdp": 2, "tensor": 4})
+  trainer = Trainer(model_config, tiny.get_config(), mesh)
+  placed = jax.device_put(params, trainer.state_shardings.params)
+  assert placed["shared_embedding"]["embedding"].sharding.spec[0] == "tensor"
+  with jax.set_mesh(mesh), nn.logical_axis_rules(trainer.rules):
+    batch = jax.device_put(inputs, trainer.batch_sharding)
+    sharded = search_fn(placed, batch, jax.random.PRNGKey(0))
+    sharded_scores = score_fn(placed, batch, jax.device_put(targets, trainer.batch_sharding))
+  np.testing.assert_array_equal(sharded.sequences, one.sequences)
+  np.testing.assert_allclose(sharded.scores, one.scores, atol=1e-4)
+  np.testing.assert_allclose(jax.tree.leaves(sharded_scores), jax.tree.leaves(one_scores),
+                             atol=1e-4)
+  np.testing.assert_allclose(sharded_scores[0], ref["log_probs"][:8], atol=1e-3)
+  best = np.asarray(sharded.sequences)[:, 0]
+  kept = [i for i in rows if not ref["at_limit"][len(ref["sources"]) + i]]
+  assert len(kept) >= 6
+  for i in kept:  # transformers' beam output.
+    assert best[i][best[i] != 0].tolist() == target_map[ref["beam4"][i]].tolist(), i
+
+
 def test_bad_folders_are_one_line_naming_the_problem(tmp_path):
   from flax_transformer.errors import DataError
 

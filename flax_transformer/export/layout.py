@@ -1,6 +1,7 @@
 """Our parameters in the layout of torch-style frameworks: one walk, shared by the converters.
 
-`unpack` reads a parameter tree into plain float32 numpy arrays, named by role
+`unpack` reads a parameter tree into plain float32 numpy arrays (without the rows an
+import added to a vocabulary for sharding: `vocab_padding`), named by role
 (each attention's W^Q, W^K, W^V, W^O, each block's LayerNorm, the FFN, the
 embeddings, the positions, the pre-softmax matrix), with every linear map as a
 [out, in] weight. Our kernels are [in, (heads, d_k)] and W^O's [heads, d_v, out].
@@ -125,6 +126,11 @@ def unpack(config: TransformerConfig, params: dict[str, Any]) -> Model:
   if config.start_from_zero_embedding:  # The rows the model holds at zero, as zeros.
     zeroed = {id(m): _zero_row_0(m) for m in (source, target, logits)}  # Shared stay shared.
     source, target, logits = (zeroed[id(m)] for m in (source, target, logits))
+  # Rows an import added for sharding (vocab_padding, source_vocab_padding): not written.
+  real = config.without_vocab_padding()
+  source, target, logits = source[:real.source_vocab], target[:real.vocab_size], logits[
+      :real.vocab_size]
+  bias = None if bias is None else bias[:real.vocab_size]
 
   def stack(side: str, embedding: np.ndarray, count: int) -> Stack:
     ours, decoding = params[side], side == "decoder"

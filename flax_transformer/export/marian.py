@@ -90,7 +90,8 @@ MAPPED = {"vocab_size", "d_model", "d_ff", "num_heads", "d_k", "d_v", "num_layer
           "attention_bias", "positional", "norm", "layer_norm_epsilon", "dropout_rate",
           "attention_dropout_rate", "activation", "scale_embedding", "position_layout",
           "position_frequencies", "position_offset", "final_logits_bias", "source_vocab_size",
-          "tie_target_embedding", "decoder_start_id", "start_from_zero_embedding"}
+          "tie_target_embedding", "decoder_start_id", "start_from_zero_embedding",
+          "vocab_padding", "source_vocab_padding"}  # The padding rows are dropped.
 
 
 def check(config: TransformerConfig) -> None:
@@ -229,20 +230,21 @@ def tokenizer_files(config: TransformerConfig, tokenizer) -> dict[str, Any]:
   else:
     raise ConfigError(f"--format=transformers: this workdir's tokenizer "
                       f"({type(tokenizer.source).__name__}) has no MarianTokenizer equivalent")
-  sides = {"vocab.json": (tokenizer.source, config.source_vocab),
-           "target_vocab.json": (tokenizer.target, config.vocab_size)}
+  real = config.without_vocab_padding()  # An import's padding rows are not written.
+  sides = {"vocab.json": (tokenizer.source, config.source_vocab, real.source_vocab),
+           "target_vocab.json": (tokenizer.target, config.vocab_size, real.vocab_size)}
   separate = not config.share_embeddings
   files: dict[str, Any] = dict(models)
-  for name, (side, size) in list(sides.items())[:2 if separate else 1]:
+  for name, (side, size, rows) in list(sides.items())[:2 if separate else 1]:
     if side.vocab_size != size:
       raise ConfigError(f"--format=transformers: the model has {size} ids on the "
                         f"{'target' if name.startswith('target') else 'source'} side, its "
                         f"vocabulary {side.vocab_size}")
-    pieces = side.pieces(range(size))
+    pieces = side.pieces(range(rows))
     if "<unk>" not in pieces:
       raise ConfigError("--format=transformers: MarianTokenizer needs an '<unk>' piece; this "
                         "vocabulary has none")
-    files[name] = {pieces[ours]: theirs for theirs, ours in enumerate(vocabulary_order(size))}
+    files[name] = {pieces[ours]: theirs for theirs, ours in enumerate(vocabulary_order(rows))}
   pieces = tokenizer.target.pieces([PAD_ID, EOS_ID])
   files["tokenizer_config.json"] = {
       "tokenizer_class": "MarianTokenizer", "unk_token": "<unk>", "eos_token": pieces[1],
@@ -278,8 +280,8 @@ def convert(config: TransformerConfig, params: dict[str, Any], tokenizer, out_di
                     "converts is not this model (train with --config.model."
                     "start_from_zero_embedding=True for one it converts exactly, or use "
                     "--format=ctranslate2)")
-  files["config.json"] = marian_config(config)
-  files["generation_config.json"] = generation_config(config, search)
+  files["config.json"] = marian_config(config.without_vocab_padding())
+  files["generation_config.json"] = generation_config(config.without_vocab_padding(), search)
   # As bytes: safetensors' save_file makes its file private (0600), unlike the others.
   files["model.safetensors"] = save(_tensors(config, model, perm), metadata={"format": "pt"})
   out = Path(out_dir)

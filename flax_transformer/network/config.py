@@ -92,6 +92,9 @@ class TransformerConfig:
   # tensor axis (NLLB's 256,206 splits over none): their logits are -inf, so they are never
   # produced, carry no probability, and take no gradient; an export drops them.
   vocab_padding: int = 0
+  # The same for a separate source vocabulary (source_vocab_size): its last rows, added
+  # for sharding, are never fed (no tokenizer gives their ids); an export drops them.
+  source_vocab_padding: int = 0
 
   def __post_init__(self):
     problems = []
@@ -138,8 +141,7 @@ class TransformerConfig:
     if not 0 <= int(self.decoder_start_id) < self.vocab_size:
       problems.append(f"decoder_start_id must be in [0, vocab_size={self.vocab_size}), got "
                       f"{self.decoder_start_id}")
-    if not 0 <= int(self.vocab_padding) < self.vocab_size - 2:
-      problems.append(f"vocab_padding must be in [0, vocab_size - 2), got {self.vocab_padding}")
+    problems += self._padding_problems()
     if self.start_from_zero_embedding and self.decoder_start_id:
       problems.append(f"start_from_zero_embedding starts the decoder from id 0's (zero) row; "
                       f"decoder_start_id={self.decoder_start_id} names another")
@@ -150,6 +152,16 @@ class TransformerConfig:
         problems.append(f"{name} is not a dtype: {getattr(self, name)!r}")
     if problems:
       raise ValueError("Invalid TransformerConfig: " + "; ".join(problems))
+
+  def _padding_problems(self) -> list[str]:
+    problems = []
+    if not 0 <= int(self.vocab_padding) < self.vocab_size - 2:
+      problems.append(f"vocab_padding must be in [0, vocab_size - 2), got {self.vocab_padding}")
+    if self.source_vocab_padding and (self.source_vocab_size is None or not 0 <= int(
+        self.source_vocab_padding) < self.source_vocab_size - 2):
+      problems.append(f"source_vocab_padding={self.source_vocab_padding} needs a separate "
+                      "source vocabulary (source_vocab_size) of more than that + 2 rows")
+    return problems
 
   @property
   def head_dim_k(self) -> int:
@@ -165,6 +177,14 @@ class TransformerConfig:
   def source_vocab(self) -> int:
     """The encoder's vocabulary size (`source_vocab_size`, else `vocab_size`)."""
     return self.source_vocab_size if self.source_vocab_size is not None else self.vocab_size
+
+  def without_vocab_padding(self) -> "TransformerConfig":
+    """This config with the vocabularies' padding rows (vocab_padding,
+    source_vocab_padding) gone: the model an export writes."""
+    source = self.source_vocab_size
+    return self.replace(vocab_size=self.vocab_size - self.vocab_padding, vocab_padding=0,
+                        source_vocab_size=None if source is None else
+                        source - self.source_vocab_padding, source_vocab_padding=0)
 
   @property
   def encoder_layers(self) -> int:

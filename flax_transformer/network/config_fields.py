@@ -22,7 +22,7 @@ COMPUTED_FIELDS = frozenset({
     "scale_embedding", "position_layout", "position_frequencies", "position_offset",
     "final_logits_bias", "source_vocab_size", "tie_target_embedding", "decoder_start_id",
     "start_from_zero_embedding",
-    "vocab_padding"})  # (issue 77: NLLB's padded vocabulary)
+    "vocab_padding", "source_vocab_padding"})  # (issue 77: vocabularies padded to shard)
 NOT_COMPUTED_FIELDS = frozenset({
     "dropout_rate", "attention_dropout_rate", "dtype", "param_dtype", "deterministic",
     "decode", "share_beam_cache", "attention_implementation"})

@@ -24,7 +24,9 @@ paper's: `activation` ('relu' | 'swish' | 'gelu' | 'gelu_tanh'), `scale_embeddin
 `layer_norm_epsilon`, `share_embeddings`, `source_vocab_size` (encoder side; None =
 `vocab_size`, which is the target side), `tie_target_embedding` (separate
 embeddings, the target one also the pre-softmax matrix), `decoder_start_id`,
-`max_len` (max_position_embeddings). Imported parameters are placed in the tree
+`max_len` (max_position_embeddings), `vocab_padding` and `source_vocab_padding` (each
+vocabulary padded to split over a tensor axis: `vocab_padding.py`, every import's one
+path; exports drop the rows). Imported parameters are placed in the tree
 the config builds (`network.model.abstract_params`), so they carry its logical axes and
 shard as trained ones do.
 

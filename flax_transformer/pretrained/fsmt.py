@@ -28,7 +28,7 @@ from flax_transformer.languages import Languages
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.layers import sinusoidal_position_encoding
 from flax_transformer.pretrained import bart_config
-from flax_transformer.pretrained import convert, hub_keys
+from flax_transformer.pretrained import convert, hub_keys, vocab_padding
 from flax_transformer.pretrained.fsmt_tokenizer import FILES, SPECIALS, read_merges
 
 ARCHITECTURE = "fsmt"
@@ -118,9 +118,13 @@ def import_folder(folder: Path) -> convert.Imported:
                                       pad, folder / "model.safetensors")
   model_config = model_config.replace(tie_target_embedding=tied_target)
   notes += [note] if note else []
+  model_config, padded = vocab_padding.padded_config(  # As _params padded the rows.
+      model_config, len(vocabs[1]), None if model_config.share_embeddings else len(vocabs[0]))
+  notes += padded
 
-  files = {name: json.dumps(convert.permuted_vocab(vocab, order), ensure_ascii=False,
-                            indent=0).encode()
+  files = {name: json.dumps(vocab_padding.fill_rows(
+      convert.permuted_vocab(vocab, order), vocab_padding.padded_rows(len(vocab)),
+      folder / name), ensure_ascii=False, indent=0).encode()
            for name, vocab, order in zip(FILES[:2], vocabs, orders)}
   files["merges.txt"] = convert.read_bytes(folder, "merges.txt")
   try:
@@ -171,7 +175,7 @@ def _params(weights: dict, model_config: TransformerConfig, source_order: np.nda
   if model_config.share_embeddings:  # transformers ties all three to the decoder's.
     target = convert.take_tied(weights, (DECODER_EMBEDDING, OUTPUT, ENCODER_EMBEDDING), where,
                                "tie_word_embeddings=True")
-    params["shared_embedding"] = {"embedding": target[target_order]}
+    params["shared_embedding"] = {"embedding": vocab_padding.take_rows(target, target_order)}
   else:
     embeddings = {name: weights.pop(name) for name in (DECODER_EMBEDDING, OUTPUT, ENCODER_EMBEDDING)
                   if name in weights}
@@ -189,9 +193,10 @@ def _params(weights: dict, model_config: TransformerConfig, source_order: np.nda
     elif np.array_equal(output, target):
       tied = True
     else:
-      params["decoder"]["logits"] = {"kernel": output[target_order].T}
-    params["source_embedding"] = {"embedding": embeddings[ENCODER_EMBEDDING][source_order]}
-    params["target_embedding"] = {"embedding": target[target_order]}
+      params["decoder"]["logits"] = {"kernel": vocab_padding.take_rows(output, target_order).T}
+    params["source_embedding"] = {"embedding": vocab_padding.take_rows(
+        embeddings[ENCODER_EMBEDDING], source_order)}
+    params["target_embedding"] = {"embedding": vocab_padding.take_rows(target, target_order)}
   rows = model_config.max_len + model_config.position_offset
   table = sinusoidal_position_encoding(rows, model_config.d_model, layout="halves",
                                        frequencies="fairseq")

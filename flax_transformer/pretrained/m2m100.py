@@ -28,15 +28,13 @@ from flax_transformer.network.layers import sinusoidal_position_encoding
 from flax_transformer.pretrained import bart_config
 from flax_transformer.pretrained import convert
 from flax_transformer.pretrained import m2m100_tokenizer as tok
+from flax_transformer.pretrained import vocab_padding
 from flax_transformer.pretrained import weights as streamed
 
 ARCHITECTURE = "m2m_100"
 CLASSES = ("M2M100ForConditionalGeneration",)
 EMBEDDINGS = ("model.shared.weight", "model.encoder.embed_tokens.weight",
               "model.decoder.embed_tokens.weight", "lm_head.weight")
-# The vocabulary is padded to a multiple of it (masked rows, config.vocab_padding), so that
-# it splits over a tensor axis of up to 128 devices: 256,206 ids (NLLB) split over none.
-VOCAB_MULTIPLE = 128
 # M2M100Config's defaults, for fields a config.json leaves out.
 DEFAULTS = {"vocab_size": 128112, "max_position_embeddings": 1024, "encoder_layers": 12,
             "encoder_ffn_dim": 4096, "encoder_attention_heads": 16, "decoder_layers": 12,
@@ -97,13 +95,11 @@ def import_folder(folder: Path, dtype: str = "float32") -> convert.Imported:
   weights = streamed.read(folder, dtype)
   model_config = model_config.replace(param_dtype=weights.param_dtype)
   params = _params(weights, model_config, order, pad, folder / "model.safetensors")
-  padded = padded_rows(rows)  # _params padded the embedding.
-  if padded != rows:
-    model_config = model_config.replace(vocab_size=padded, vocab_padding=padded - rows)
-    notes.append(f"vocabulary padded from {rows} to {padded} rows (a multiple of "
-                 f"{VOCAB_MULTIPLE}, for tensor sharding): ids {rows}.. are never produced")
+  model_config, padded = vocab_padding.padded_config(model_config, rows)  # As _params did.
+  notes += padded
   spm_bytes, _ = tok.read_spm(folder)
-  permuted = tok.fill_rows(convert.permuted_vocab(vocab, order), padded, folder / "config.json")
+  permuted = vocab_padding.fill_rows(convert.permuted_vocab(vocab, order),
+                                     model_config.vocab_size, folder / "config.json")
   files = {tok.FILES[0]: spm_bytes, tok.FILES[1]: tok.dumps(permuted)}
   languages = Languages(sources=tuple(codes), targets=tuple(codes), target_by="decoder_prefix",
                         target_tokens=dict(codes), source_tokens=dict(codes))
@@ -163,10 +159,6 @@ def _nllb_added(folder: Path, tokenizer_config: dict, model) -> dict[int, str]:
   return {**{base + i: c for i, c in enumerate(codes)}, base + len(codes): "<mask>"}
 
 
-def padded_rows(rows: int) -> int:
-  return -(-rows // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
-
-
 def model_config_from(config: dict, where: Path, *, decoder_start_id: int) -> TransformerConfig:
   """The TransformerConfig of an M2M100Config (`config`: config.json over DEFAULTS)."""
   return bart_config.model_config_from(
@@ -189,10 +181,7 @@ def _params(weights: dict, model_config: TransformerConfig, order: np.ndarray, p
     raise DataError(f"{where}: the embedding is {list(shared.shape)}, config.json says "
                     f"[{model_config.vocab_size}, {model_config.d_model}]")
   # Permuted into the padded rows in one allocation (NLLB's matrix is 1 GB).
-  embedding = np.zeros((padded_rows(len(order)), shared.shape[1]), shared.dtype)
-  # mode="clip": `order` is a permutation of the rows, and numpy's default mode ("raise")
-  # gathers into a hidden buffer the size of `out` first (a third 1 GB matrix at the peak).
-  np.take(shared, order, axis=0, out=embedding[:len(order)], mode="clip")
+  embedding = vocab_padding.take_rows(shared, order)
   del shared
   params: dict = {"shared_embedding": {"embedding": embedding}, "encoder": {}, "decoder": {}}
   rows = model_config.max_len + model_config.position_offset

@@ -34,6 +34,7 @@ import sentencepiece as spm
 
 from flax_transformer.data.tokenizer import EOS_ID, trim
 from flax_transformer.errors import DataError
+from flax_transformer.pretrained.vocab_padding import fill_rows
 
 SPECIALS = ("<s>", "<pad>", "</s>", "<unk>")  # fairseq's dictionary: ids 0-3.
 SPIECE_UNDERLINE = "\u2581"
@@ -49,23 +50,11 @@ M2M100_CODES = {
 }
 
 
-def unused_piece(i: int) -> str:
-  return f"<unused_{i}>"
-
-
 def _spm(data: bytes, where: Path) -> spm.SentencePieceProcessor:
   try:
     return spm.SentencePieceProcessor(model_proto=data)
   except RuntimeError as e:
     raise DataError(f"{where}: not a sentencepiece model ({e})") from None
-
-
-def fill_rows(vocab: dict[str, int], rows: int, where: Path) -> dict[str, int]:
-  """`vocab` (ids 0..n-1) with '<unused_N>' for the model's rows n..rows-1."""
-  if len(vocab) > rows or sorted(vocab.values()) != list(range(len(vocab))):
-    raise DataError(f"{where}: the tokenizer's {len(vocab)} ids are not 0..n-1 within the "
-                    f"model's vocab_size={rows}")
-  return {**vocab, **{unused_piece(i): i for i in range(len(vocab), rows)}}
 
 
 def m2m100_vocabulary(vocab: dict[str, int], codes: Sequence[str], madeup: int, rows: int,

@@ -21,7 +21,7 @@ from flax_transformer.errors import DataError
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.layers import sinusoidal_position_encoding
 from flax_transformer.pretrained import bart_config
-from flax_transformer.pretrained import convert, hub_keys
+from flax_transformer.pretrained import convert, hub_keys, vocab_padding
 
 ARCHITECTURE = "marian"
 CLASSES = ("MarianMTModel",)
@@ -96,6 +96,9 @@ def import_folder(folder: Path) -> convert.Imported:
   weights = convert.read_weights(folder)
   params, final_bias = _params(weights, model_config, config, source_order, target_order,
                                folder / "model.safetensors")
+  model_config, padded = vocab_padding.padded_config(  # As _params padded the rows.
+      model_config, len(target_vocab), None if shared else len(source_vocab))
+  notes += padded
   if decoder_start_id == 0 and not any(np.any(row) for row in _padding_rows(params)):
     # OPUS-MT's converter adds the padding row as zeros (Marian-NMT starts from a zero
     # vector): held at zero, a fine-tuned model stays one CTranslate2 converts exactly.
@@ -162,7 +165,7 @@ def _vocabularies(folder: Path, config: dict, vocab_names: tuple[str, ...]):
 
 def _tokenizer_files(folder: Path, vocab_names, vocabs, orders) -> dict[str, bytes]:
   """The workdir's tokenizer/: the two sentencepiece models (checked), the vocabularies
-  in the project's ids."""
+  in the project's ids, filled to the model's padded rows (vocab_padding)."""
   files = {name: convert.read_bytes(folder, name) for name in ("source.spm", "target.spm")}
   for name, data in files.items():
     try:
@@ -170,8 +173,9 @@ def _tokenizer_files(folder: Path, vocab_names, vocabs, orders) -> dict[str, byt
     except RuntimeError as e:
       raise DataError(f"{folder / name}: not a sentencepiece model ({e})") from None
   for name, vocab, order in zip(vocab_names, vocabs, orders):
-    files[name] = json.dumps(convert.permuted_vocab(vocab, order), ensure_ascii=False,
-                             indent=0).encode()
+    permuted = vocab_padding.fill_rows(convert.permuted_vocab(vocab, order),
+                                       vocab_padding.padded_rows(len(vocab)), folder / name)
+    files[name] = json.dumps(permuted, ensure_ascii=False, indent=0).encode()
   return files
 
 
@@ -206,14 +210,15 @@ def _padding_rows(params: dict) -> list[np.ndarray]:
 
 def _params(weights: dict, model_config: TransformerConfig, config: dict,
             source_order: np.ndarray, target_order: np.ndarray, where: Path):
-  """(the parameter tree, final_logits_bias [V] permuted or None when absent or 0).
+  """(the parameter tree, final_logits_bias [V] permuted or None when absent or 0), each
+  vocabulary's rows padded (vocab_padding.take_rows).
   Consumes `weights`; a tensor left over, or a tied copy that differs, is refused."""
   shared = model_config.share_embeddings
   params: dict = {"encoder": {}, "decoder": {}}
   if shared:  # transformers ties all four names to one matrix.
     target = convert.take_tied(weights, (SHARED, ENCODER_EMBEDDING, DECODER_EMBEDDING, OUTPUT),
                                where, "share_encoder_decoder_embeddings=True")
-    params["shared_embedding"] = {"embedding": target[target_order]}
+    params["shared_embedding"] = {"embedding": vocab_padding.take_rows(target, target_order)}
   else:
     source = convert.take(weights, ENCODER_EMBEDDING)
     if model_config.tie_target_embedding:
@@ -221,9 +226,10 @@ def _params(weights: dict, model_config: TransformerConfig, config: dict,
                                  "tie_word_embeddings=True")
     else:
       target = convert.take(weights, DECODER_EMBEDDING)
-      params["decoder"]["logits"] = {"kernel": convert.take(weights, OUTPUT)[target_order].T}
-    params["source_embedding"] = {"embedding": source[source_order]}
-    params["target_embedding"] = {"embedding": target[target_order]}
+      params["decoder"]["logits"] = {"kernel": vocab_padding.take_rows(
+          convert.take(weights, OUTPUT), target_order).T}
+    params["source_embedding"] = {"embedding": vocab_padding.take_rows(source, source_order)}
+    params["target_embedding"] = {"embedding": vocab_padding.take_rows(target, target_order)}
   table = sinusoidal_position_encoding(model_config.max_len, model_config.d_model,
                                        layout="halves")
   convert.check_positions(weights, table, where, atol=1e-6,
@@ -235,7 +241,7 @@ def _params(weights: dict, model_config: TransformerConfig, config: dict,
     if bias.shape != (model_config.vocab_size,):
       raise DataError(f"{where}: final_logits_bias has {bias.size} entries, not the target "
                       f"vocabulary's {model_config.vocab_size}")
-    bias = bias[target_order] if np.any(bias) else None
+    bias = vocab_padding.take_rows(bias, target_order) if np.any(bias) else None
   if weights:
     raise DataError(f"{where}: tensors with no place in the model: {sorted(weights)[:5]}")
   return params, bias
