@@ -2,7 +2,7 @@
 decode.py --interactive, on the session's trained tiny run (conftest.trained_tiny).
 
 One server for the module: 2 CPU devices, sources up to 16 tokens, batches of up to 8
-sentences (shapes [2, 16] and [8, 16], compiled before it answers /health).
+sentences (shapes [2, 16], [4, 16] and [8, 16], compiled before it answers /health).
 """
 
 import concurrent.futures
@@ -157,8 +157,8 @@ def test_options_nbest_prefix_and_score(server, translator, expected):
   # Every search without a prefix, n-best ones too, ran a program warmed before serving.
   log = server.log.read_text()
   pattern = r"Beam search for inputs \[\d+, \d+\] (compiled|loaded)"
-  warmed = [m.start() for m in re.finditer(pattern, log)]
-  assert len(warmed) == 2 and max(warmed) < log.index("Serving "), log
+  warmed = [m.start() for m in re.finditer(pattern, log)]  # Rows [2, 4, 8] x width 16.
+  assert len(warmed) == 3 and max(warmed) < log.index("Serving "), log
 
 
 def _timed_call(server, body) -> tuple[tuple[int, dict], float]:
@@ -479,15 +479,16 @@ def test_a_cancelled_request_is_dropped_and_its_batch_mates_answered(translator,
   """A's caller cancels it (its client hung up: hangup.py; uvicorn's shutdown; any Python
   caller): A is dropped unsearched, and B, gathered in the same batch, is compiled for and
   searched alone, and answered. The batcher gathers exactly A and B (max_batch 2
-  sentences, a minute's wait for the second): no timing decides."""
+  sentences, a minute's wait for more): no timing decides. B's two sentences fill a batch
+  when they come back from their compile, so nothing waits that minute for company."""
   from flax_transformer.serving.batcher import Batcher
 
   batcher = Batcher(translator, max_batch=2, max_wait_s=60, max_tokens=16)
   with caplog.at_level(logging.INFO):
     a = batcher.translate([SENTENCES[0]], SEARCH)
     assert a.cancel()
-    b = batcher.translate([SENTENCES[1]], SEARCH)
-    assert [hyps[0][0] for hyps in b.result(timeout=300)] == [expected[1]]
+    b = batcher.translate(SENTENCES[1:3], SEARCH)
+    assert [hyps[0][0] for hyps in b.result(timeout=300)] == expected[1:3]
   compiles = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Compiling ")]
   assert len(compiles) == 1 and " for 1 request(s), " in compiles[0], compiles  # B's alone.
   assert a.cancelled() and batcher.stats["searches"] == 1 and batcher.stats["cancelled"] == 1
@@ -498,6 +499,31 @@ def test_a_cancelled_request_is_dropped_and_its_batch_mates_answered(translator,
   assert [s["tokens"] for s in b.result(timeout=300)] == [
       tokens for _, tokens in translator.score([SENTENCES[1]], [expected[1]])]
   assert batcher.stats["searches"] == 2 and batcher.stats["cancelled"] == 2
+
+
+def test_sentences_waiting_while_others_are_searched_fill_whole_batches(translator):
+  """Issue 78: a search costs its rows, filler rows as much as sentences (a small model on
+  CPU), and under 64 clients' paragraphs serve.py searched 1.55 rows per sentence where
+  decode.py searches a whole file in 1.12 (its batches full, sorted by length). The
+  batcher gathers exactly two requests here (max_batch 8 sentences, a minute's wait for
+  them): 5 sentences of width 32, then 3 of width 16. While the 16s wait, the 32s go
+  as a full [4, 32], then their oldest-left one in [2, 32] (one filler: fewer than the
+  devices); the 16s, alone, in [4, 16]: 10 rows for 8 sentences (at 6a64c1b, 16: each
+  group padded up to the ladder's 8). Each request's answers equal the Translator's."""
+  from flax_transformer.serving.batcher import Batcher
+
+  batcher = Batcher(translator, max_batch=8, max_wait_s=60, max_tokens=32)
+  batcher.warm()
+  short = [s for s in SENTENCES if s][:3]
+  long = [f"{a} {b}" for a, b in zip(SENTENCES[:5], SENTENCES[1:5] + SENTENCES[:1]) if a and b]
+  long.append(f"{SENTENCES[6]} {SENTENCES[7]}")
+  assert [batcher.width(s) for s in long + short] == [32] * 5 + [16] * 3
+  before = dict(batcher.stats)
+  futures = [batcher.translate(long, SEARCH), batcher.translate(short, SEARCH)]
+  found = [[hyps[0][0] for hyps in future.result(timeout=300)] for future in futures]
+  assert found == [translator.translate(long), translator.translate(short)]
+  searched = {key: batcher.stats[key] - before[key] for key in ("searches", "rows")}
+  assert searched == {"searches": 3, "rows": 10}, searched
 
 
 def _post(app, path: str, body: dict) -> tuple[int, dict]:
