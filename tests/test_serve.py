@@ -2,7 +2,7 @@
 decode.py --interactive, on the session's trained tiny run (conftest.trained_tiny).
 
 One server for the module: 2 CPU devices, sources up to 16 tokens, batches of up to 8
-sentences (shapes [2, 16] and [8, 16], compiled before it answers /health).
+sentences (shapes [2, 16], [4, 16] and [8, 16], compiled before it answers /health).
 """
 
 import concurrent.futures
@@ -157,8 +157,8 @@ def test_options_nbest_prefix_and_score(server, translator, expected):
   # Every search without a prefix, n-best ones too, ran a program warmed before serving.
   log = server.log.read_text()
   pattern = r"Beam search for inputs \[\d+, \d+\] (compiled|loaded)"
-  warmed = [m.start() for m in re.finditer(pattern, log)]
-  assert len(warmed) == 2 and max(warmed) < log.index("Serving "), log
+  warmed = [m.start() for m in re.finditer(pattern, log)]  # Rows [2, 4, 8] x width 16.
+  assert len(warmed) == 3 and max(warmed) < log.index("Serving "), log
 
 
 def _timed_call(server, body) -> tuple[tuple[int, dict], float]:
@@ -499,6 +499,31 @@ def test_a_cancelled_request_is_dropped_and_its_batch_mates_answered(translator,
   assert [s["tokens"] for s in b.result(timeout=300)] == [
       tokens for _, tokens in translator.score([SENTENCES[1]], [expected[1]])]
   assert batcher.stats["searches"] == 2 and batcher.stats["cancelled"] == 2
+
+
+def test_sentences_waiting_while_others_are_searched_fill_whole_batches(translator):
+  """Issue 78: a search costs its rows, filler rows as much as sentences (a small model on
+  CPU), and under 64 clients' paragraphs serve.py searched 1.55 rows per sentence where
+  decode.py searches a whole file in 1.12 (its batches full, sorted by length). The
+  batcher gathers exactly two requests here (max_batch 8 sentences, a minute's wait for
+  them): 5 sentences of width 32, then 3 of width 16. While the 16s wait, the 32s go
+  as a full [4, 32], then their oldest-left one in [2, 32] (one filler: fewer than the
+  devices); the 16s, alone, in [4, 16]: 10 rows for 8 sentences (at 6a64c1b, 16: each
+  group padded up to the ladder's 8). Each request's answers equal the Translator's."""
+  from flax_transformer.serving.batcher import Batcher
+
+  batcher = Batcher(translator, max_batch=8, max_wait_s=60, max_tokens=32)
+  batcher.warm()
+  short = [s for s in SENTENCES if s][:3]
+  pairs = (f"{a} {b}" for a in short + SENTENCES[3:5] for b in SENTENCES if a != b and b)
+  long = [pair for pair in pairs if batcher.width(pair) == 32][:5]
+  assert len(long) == 5 and [batcher.width(s) for s in short] == [16] * 3
+  before = dict(batcher.stats)
+  futures = [batcher.translate(long, SEARCH), batcher.translate(short, SEARCH)]
+  found = [[hyps[0][0] for hyps in future.result(timeout=300)] for future in futures]
+  assert found == [translator.translate(long), translator.translate(short)]
+  searched = {key: batcher.stats[key] - before[key] for key in ("searches", "rows")}
+  assert searched == {"searches": 3, "rows": 10}, searched
 
 
 def _post(app, path: str, body: dict) -> tuple[int, dict]:

@@ -48,6 +48,11 @@ class Job:
   targets: list[str] | None = None  # Score: per sentence, its target.
   # Per sentence, its (source, target) languages (None: the model's only one).
   directions: list[tuple[str | None, str | None]] | None = None
+  # Translate, while its sentences wait (pending.py): per sentence, its n-best list once
+  # searched; how many are not yet; whether its rest was dropped (answered or cancelled).
+  results: list | None = None
+  left: int = 0
+  dropped: bool = False
 
 
 @dataclasses.dataclass

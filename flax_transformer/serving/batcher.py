@@ -1,11 +1,13 @@
-"""Dynamic batching: concurrent requests gathered for a few ms and searched together.
+"""Dynamic batching: concurrent requests' sentences searched together, in full batches.
 
 One worker thread owns every search. Requests queue up while a search runs; the
-worker takes the first waiting request, gathers more for at most `max_wait_s`
-(or until `max_batch` sentences), groups the sentences by search options and
-row width, and searches each group as one batch of a warmed shape [rows, width]
-(rows from a short ladder, so one sentence does not pay for 64). Each request
-gets its own sentences' answers back, in order.
+worker takes all that are queued, and their sentences wait (pending.py) grouped by
+search options and row width. Each search takes the group holding the oldest
+sentence, in a warmed shape [rows, width] (rows from a doubling ladder): while other
+work waits, as many as fill its rows (the rest go with the next, which the requests
+arriving meanwhile fill up), else all, with filler rows. With nothing waiting, a
+request waits up to `max_wait_s` for company (up to `max_batch` sentences). Each
+request gets its own sentences' answers back, in order, once its last is searched.
 
 A group whose program has not run yet (new search options, a first prefix at
 some shape) is not searched on that thread: its shapes compile on a compile
@@ -35,23 +37,14 @@ from typing import Sequence
 
 from flax_transformer.serving.batch_jobs import (Family, Job, answer, direction,
                                                   family_key, languages_of)
+from flax_transformer.serving.pending import (Item, Pending, deliver, needed_rows,
+                                              row_ladder, search_rows)
 from flax_transformer.translation import search_memory
 from flax_transformer.translation.batching import bucket_length
 from flax_transformer.translation.search_config import SearchConfig
 from flax_transformer.translation.translator import Translator
 
 WIDTH_MULTIPLE = 16  # programs.search_batches' bucket multiple: a width is one shape.
-
-
-def row_ladder(devices: int, max_batch: int) -> list[int]:
-  """Batch rows the server compiles: devices, x4 each step, up to max_batch (rounded up
-  to a multiple of `devices`, as every batch is split over the devices)."""
-  top = -(-max_batch // devices) * devices
-  ladder, rows = [], devices
-  while rows < top:
-    ladder.append(rows)
-    rows *= 4
-  return ladder + [top]
 
 
 class Batcher:
@@ -91,9 +84,12 @@ class Batcher:
     # Per option set (family_key): requests submitted and not yet answered; the lock's.
     self._waiting: collections.Counter[SearchConfig] = collections.Counter()
     self._compiler = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="compile")
-    self._queue: queue.Queue[Job] = queue.Queue()
-    # cancelled: requests dropped unsearched, their futures cancelled (clients gone).
-    self.stats = {"requests": 0, "sentences": 0, "searches": 0, "cancelled": 0}
+    # Requests, and Items back from their compile; on the search thread, those waiting.
+    self._queue: queue.Queue[Job | list[Item]] = queue.Queue()
+    self._pending, self._scores = Pending(), []
+    # cancelled: requests dropped unsearched, their futures cancelled (clients gone);
+    # rows: the searches' rows, filler rows included (sentences / rows: how full they were).
+    self.stats = {"requests": 0, "sentences": 0, "searches": 0, "rows": 0, "cancelled": 0}
     self._stats_lock = threading.Lock()
     self._thread = threading.Thread(target=self._loop, name="search", daemon=True)
     self._thread.start()
@@ -187,31 +183,92 @@ class Batcher:
 
   def _loop(self) -> None:
     while True:
-      jobs = [self._queue.get()]
-      count = len(jobs[0].sentences)
-      deadline = time.monotonic() + self.max_wait_s
+      self._gather()
+      dropped = self._pending.drop_done()  # Nobody waits for them: no search, no compile.
+      scores, self._scores = self._scores, []
+      live = [job for job in scores if not job.future.cancelled()]
+      with self._stats_lock:
+        self.stats["cancelled"] += (len(scores) - len(live)
+                                    + sum(job.future.cancelled() for job in dropped))
+      if live:
+        self._guarded(live, self._score, live)
+      if self._pending.count:
+        self._search_next()
+
+  def _gather(self) -> None:
+    """Takes every request queued. With nothing pending, first waits for one, and then for
+    more, up to max_batch sentences or for max_wait_s (requests sent together are
+    searched together); with work pending, or sentences back from their compile, waits
+    for none (they have waited: for the search, for their compile)."""
+    if not self._pending.count and not self._scores:
+      count = self._intake(first := self._queue.get())
+      deadline = time.monotonic() + (0 if isinstance(first, list) else self.max_wait_s)
       while count < self.max_batch:
         try:
-          job = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+          entry = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
         except queue.Empty:
           break
-        jobs.append(job)
-        count += len(job.sentences)
-      groups: dict[tuple, list[Job]] = collections.defaultdict(list)
-      for job in jobs:
-        if job.future.cancelled():  # Nobody waits for it: no search, no compile.
-          with self._stats_lock:
-            self.stats["cancelled"] += 1
-          continue
-        groups[job.kind, job.search, job.prefixes is not None].append(job)
-      for (kind, search, _), members in groups.items():
-        try:
-          if kind == "score":
-            self._score(members)
-          else:
-            self._translate(search, members)
-        except Exception as e:  # noqa: BLE001 - an error goes to its requests, not the thread.
-          self._fail(members, e)
+        count += self._intake(entry)
+    while True:
+      try:
+        self._intake(self._queue.get_nowait())
+      except queue.Empty:
+        return
+
+  def _intake(self, entry: Job | list[Item]) -> int:
+    """A request (a Job) or sentences back from their compile (Items) into the pending
+    ones; returns the sentences it brought."""
+    if isinstance(entry, list):
+      self._pending.add(entry)
+      return len(entry)
+    if entry.kind == "score":
+      self._scores.append(entry)
+    elif entry.future.cancelled():  # Nobody waits for it: no search, no compile.
+      with self._stats_lock:
+        self.stats["cancelled"] += 1
+    elif not entry.sentences:
+      answer(entry.future, [])
+    else:
+      self._guarded([entry], self._pending.add_job, entry, self.width)
+    return len(entry.sentences)
+
+  def _search_next(self) -> None:
+    """One search of the group holding the oldest sentence: its rows from `search_rows`,
+    compiled first (on the compile thread) if its program has not run yet."""
+    (search, given, width), waiting = self._pending.oldest()
+    prefixed = given or self._forces
+    with self._families_lock:
+      family = self._family(search)
+      ready = {rows for rows, w, p in family.ready if w == width and p == prefixed}
+    more = self._pending.count > waiting or not self._queue.empty()
+    rows = search_rows(waiting, self.ladder, ready, more)
+    if rows not in ready:  # Every rung the group's sentences need, then the group again.
+      items = self._pending.take((search, given, width), waiting)
+      self._compile_then_requeue(search, {(r, width, prefixed) for r in needed_rows(
+          waiting, self.ladder, ready)}, items)
+      return
+    items = self._pending.take((search, given, width), rows)
+    self._guarded([item.job for item in items], self._search, search, rows, width, items)
+
+  def _search(self, search: SearchConfig, rows: int, width: int, items: list[Item]) -> None:
+    start, given = time.perf_counter(), items[0].job.prefixes is not None
+    found = self._translator(search, rows, width).translate_nbest(
+        [item.sentence for item in items],
+        prefixes=[item.prefix for item in items] if given else None,
+        **languages_of([direction(item.job, item.index) for item in items]))
+    with self._stats_lock:
+      self.stats["searches"] += 1
+      self.stats["rows"] += rows
+    deliver(items, found)
+    logging.debug("Searched %d sentence(s) as [%d, %d] in %.1f ms; %d waiting", len(items),
+                  rows, width, 1000 * (time.perf_counter() - start), self._pending.count)
+
+  def _guarded(self, jobs: list[Job], run, *args) -> None:
+    """run(*args); an error goes to `jobs`' requests, not to the search thread."""
+    try:
+      run(*args)
+    except Exception as e:  # noqa: BLE001
+      self._fail(list({id(job): job for job in jobs}.values()), e)
 
   def _fail(self, jobs: list[Job], error: BaseException) -> None:
     logging.error("%s of %d request(s) failed: %s", jobs[0].kind, len(jobs), error,
@@ -219,49 +276,12 @@ class Batcher:
     for job in jobs:
       answer(job.future, error=error)
 
-  def _plan(self, jobs: list[Job]) -> list[tuple[int, int, list[tuple[int, int]]]]:
-    """The searches of one group: (rows, width, its (job, sentence) indices) each."""
-    by_width: dict[int, list[tuple[int, int]]] = collections.defaultdict(list)
-    for j, job in enumerate(jobs):
-      for i, sentence in enumerate(job.sentences):
-        # Empty sentences ride along: Translator answers them without a search.
-        by_width[self.width(sentence, None if job.prefixes is None else job.prefixes[i])
-                 ].append((j, i))
-    top, plan = self.ladder[-1], []
-    for width, members in sorted(by_width.items()):
-      for start in range(0, len(members), top):
-        chunk = members[start:start + top]
-        plan.append((next(r for r in self.ladder if r >= len(chunk)), width, chunk))
-    return plan
-
-  def _translate(self, search: SearchConfig, jobs: list[Job]) -> None:
-    plan = self._plan(jobs)
-    prefixed = jobs[0].prefixes is not None or self._forces
-    with self._families_lock:
-      family = self._family(search)
-      missing = {(rows, width, prefixed) for rows, width, _ in plan} - family.ready
-    if missing:
-      self._compile_then_requeue(search, missing, jobs)
-      return
-    results = [[[("", 0.0)] for _ in job.sentences] for job in jobs]
-    for rows, width, chunk in plan:
-      translator = self._translator(search, rows, width)
-      sentences = [jobs[j].sentences[i] for j, i in chunk]
-      given = jobs[0].prefixes is not None
-      found = translator.translate_nbest(
-          sentences, prefixes=[jobs[j].prefixes[i] for j, i in chunk] if given else None,
-          **languages_of([direction(jobs[j], i) for j, i in chunk]))
-      with self._stats_lock:
-        self.stats["searches"] += 1
-      for (j, i), hyps in zip(chunk, found):
-        results[j][i] = hyps[:search.nbest]
-    for job, result in zip(jobs, results):
-      answer(job.future, result)
-
   def _compile_then_requeue(self, search: SearchConfig, keys: set[tuple[int, int, bool]],
-                            jobs: list[Job]) -> None:
+                            items: list[Item]) -> None:
     """Compiles `keys`' programs on the compile thread (once, however many groups wait
-    for them), then puts `jobs` back in the queue (or fails them with the compile's error)."""
+    for them), then puts `items` back in the queue (or fails their requests with the
+    compile's error)."""
+    jobs = list({id(item.job): item.job for item in items}.values())
     with self._families_lock:
       family = self._family(search)
       for key in keys:
@@ -283,8 +303,7 @@ class Batcher:
       if error is not None:
         self._fail(jobs, error)
       else:
-        for job in jobs:
-          self._queue.put(job)
+        self._queue.put(items)
 
     for future in futures:
       future.add_done_callback(done)
