@@ -377,6 +377,10 @@ def test_exports_of_an_imported_model_translate_as_it_does(tmp_path):
   ct2.convert(model_config, params, tokenizer, tmp_path / "ct2",
               search={"beam_size": 1, "alpha": 0.6, "max_extra": 8})
   assert open_model(tmp_path / "ct2").translate(texts) == want
+  # The import padded the vocabularies (512 and 384 rows); CTranslate2's are the folder's.
+  assert (model_config.source_vocab, model_config.vocab_size) == (512, 384)
+  assert [len(json.loads((tmp_path / "ct2" / f"{side}_vocabulary.json").read_text()))
+          for side in ("source", "target")] == [400, 300]
 
 
 def test_decode_py_scores_and_averaging_copies_an_imported_workdir(tmp_path):
