@@ -7,6 +7,8 @@ A bare setting (`<!--{m30k.beam_size}-->`) stays in the doc. Edit a template her
 python -m tools.render_docs; --check says which name renders what."""
 
 FIGURES = {
+    # --- docs/pretrained.md: CTranslate2's converter against our export
+    'm2m100_ct2_lines': r'{load("bench/export_m2m100_ct2.json").lines}',
     # --- README.md: What you will see
     'paper_exact_training_time': r'{run("multi30k_en-de_paper_exact").train_wall_s / 60:.1f} minutes of training',
     'paper_exact_decode_cores': r'{run("multi30k_en-de_paper_exact").decoded_by.machine.usable_cores} cores',
