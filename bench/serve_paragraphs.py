@@ -11,9 +11,10 @@ them, timed after a compiling pass and again after the load run; its translation
 back are the answer each request must get. Then serve.py (bench/serve.py's start) on the
 same devices, --clients threads each sending the next unsent paragraph as LibreTranslate
 JSON ({"q", "source", "target"}): sentences/s (model inputs over the wall time), p50/p99
-request latency, answers equal to the Translator's, the server's RSS (sampled every
-0.2 s). The aim (issue 78): >= 0.9 of the whole file's sentences/s. A sibling of
-bench/serve.py (which sends one sentence per request to serve.py's own API).
+request latency, answers equal to the Translator's, the server's searches and their
+rows (filler rows included: rows per sentence, 1 when every search is full), its RSS
+(sampled every 0.2 s). The aim (issue 78): >= 0.9 of the whole file's sentences/s. A
+sibling of bench/serve.py (which sends one sentence per request to serve.py's own API).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def load(port: int, pid: int, paragraphs: list[str], clients: int) -> dict:
       else:
         answers[i] = answer["translatedText"]
 
+  before = serve_bench.Client(port).call("GET", "/health")[1]["batching"]
   sampler = TreeSampler(pid, every_s=0.2)
   threads = [threading.Thread(target=client) for _ in range(clients)]
   start = time.perf_counter()
@@ -76,11 +78,16 @@ def load(port: int, pid: int, paragraphs: list[str], clients: int) -> dict:
     thread.join()
   wall = time.perf_counter() - start
   rss = [tree["main"]["rss"] for tree in sampler.stop() if "main" in tree]
+  after = serve_bench.Client(port).call("GET", "/health")[1]["batching"]
+  searched = {key: after[key] - before[key] for key in ("sentences", "searches", "rows")}
   latencies.sort()
   at = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))]  # noqa: E731
   return {"clients": clients, "paragraphs": len(paragraphs), "wall_s": wall,
           "p50_ms": 1000 * at(0.5), "p99_ms": 1000 * at(0.99), "errors": errors[:5],
-          "error_count": len(errors), "answers": answers, "rss_mb_start": rss[0],
+          "error_count": len(errors), "answers": answers, "searches": searched["searches"],
+          "rows_searched": searched["rows"],  # Filler rows too: sentences / rows, how full.
+          "rows_per_sentence": searched["rows"] / max(1, searched["sentences"]),
+          "rss_mb_start": rss[0],
           "rss_mb_end": rss[-1], "rss_mb_max": max(rss), "rss_samples": len(rss)}
 
 

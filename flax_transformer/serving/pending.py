@@ -77,10 +77,11 @@ def deliver(items: list[Item], found: list) -> None:
 
 @dataclasses.dataclass(eq=False)
 class Item:
-  """Sentence `index` of `job`, waiting since `order` (smaller: earlier)."""
+  """Sentence `index` of `job`, waiting since `order` (smaller: earlier), in group `group`
+  (its option set's family, prefixed, its width)."""
   job: Job
   index: int
-  width: int
+  group: GroupKey
   order: int
 
   @property
@@ -91,8 +92,6 @@ class Item:
   def prefix(self) -> str | None:
     return None if self.job.prefixes is None else self.job.prefixes[self.index]
 
-  def key(self) -> GroupKey:
-    return family_key(self.job.search), self.job.prefixes is not None, self.width
 
 
 class Pending:
@@ -107,16 +106,16 @@ class Pending:
     """`job`'s sentences (a translate job), each searched at width_of(sentence, prefix);
     its answer is due once every one has been searched (`job.results`, `job.left`)."""
     job.results, job.left = [None] * len(job.sentences), len(job.sentences)
-    order = next(self._order)
+    order, search, given = next(self._order), family_key(job.search), job.prefixes is not None
     prefixes = job.prefixes or [None] * len(job.sentences)
-    self.add([Item(job, i, width_of(sentence, prefix), order)
+    self.add([Item(job, i, (search, given, width_of(sentence, prefix)), order)
               for i, (sentence, prefix) in enumerate(zip(job.sentences, prefixes))])
 
   def add(self, items: Iterable[Item]) -> None:
     """Items, new or back from a compile (they keep their place: their `order`)."""
     unsorted = set()
     for item in items:
-      key = item.key()
+      key = item.group
       group = self._groups.setdefault(key, collections.deque())
       if group and item.order < group[-1].order:  # Back from a compile, behind newer ones.
         unsorted.add(key)
