@@ -2,6 +2,7 @@
 keeps its markup, its mentions, hashtags, links and emoji; what must not be translated is
 not; a malformed document comes back well-formed with all of its text (issue 78)."""
 
+import re
 from html.parser import HTMLParser
 
 from flax_transformer.serving.markup import VOID, Document
@@ -161,3 +162,25 @@ def test_comments_doctype_and_foreign_content_come_back_as_a_browser_reads_them(
   assert document.render(["A ", " B"]) == (
       '<!DOCTYPE html><!-- note --><html><head></head><body><p>A <svg>x &lt; y &amp;&amp; '
       'y &gt; z</svg> B</p><!--?php echo 1 ?--></body></html>')
+
+
+def test_a_fragment_of_table_rows_or_cells_keeps_them():
+  """A table's, a row's or a cell's innerHTML (what a browser extension sends of a page's
+  table) is parsed within the element that holds it, as a browser parses it there: its
+  rows and cells come back, each cell's text its own (a <div>'s fragment drops their tags,
+  outside a table, and runs their texts together: "NameAge")."""
+  cases = {
+      '<td>Name</td><td>Age <b>now</b></td>': ["Name", "Age now", "now"],
+      ' <tr><th>Name</th><th>Age</th></tr>\n<tr><td>Bob</td><td>42 km</td></tr>':
+          ["Name", "Age", "Bob", "42 km"],
+      '<tbody><tr><td>A cell</td></tr></tbody>': ["A cell"],
+      '<!-- rows --><thead><tr><th>Head</th></tr></thead><tfoot><tr><td>Foot</td></tr>'
+      '</tfoot>': ["Head", "Foot"],
+  }
+  for source, texts in cases.items():
+    document = Document(source)
+    assert document.texts == texts
+    out = document.render([text.upper() for text in texts])
+    assert _Tags(out).events == _Tags(source).events, out
+    # The text upper-cased, each tag where it was.
+    assert out == re.sub(r">([^<]+)<", lambda m: f">{m[1].upper()}<", source)

@@ -7,8 +7,10 @@ legacy rules), and written back well-formed by html5lib's serializer: tags, attr
 and nesting kept; entities come back as the characters they stand for, as LibreTranslate's
 (BeautifulSoup's and html.unescape's) do, but `&amp;`, `&lt;` and `&gt;` (and `&quot;` in
 attributes), which stay escaped so that text never turns into markup. A fragment (what
-Mastodon and browser extensions send) comes back a fragment; a document (`<!DOCTYPE` or
-`<html` first) a document. A start tag cut off at the end (`<span`) comes back as text.
+Mastodon and browser extensions send) comes back a fragment, parsed within the element a
+browser would hold it in (a <div>; a table's rows and cells in theirs); a document
+(`<!DOCTYPE` or `<html` first) a document. A start tag cut off at the end (`<span`)
+comes back as text.
 
 Text is translated by blocks: a run of text and of the inline elements within it (`<b>`,
 `<a href>`, nested `<i>`, ...) is one text to translate, so that an inline tag inside a
@@ -46,6 +48,12 @@ NAMES = frozenset(("mention", "hashtag"))
 PROTECTED = re.compile(r"(https?://\S+|www\.\S+|[@#][\w.@-]*\w|"
                        r"[\U0001F000-\U0001FAFF\u2600-\u27BF\u2B00-\u2BFF\uFE0F\u200D]+)")
 DOCUMENT = re.compile(r"\s*<(!doctype|html[\s>])", re.IGNORECASE)
+# A fragment is parsed within the element a browser would hold it in (its innerHTML):
+# a <div>, but a table's rows, a row's cells, a table's parts within theirs, where a
+# <div> would drop their tags and run the cells' texts together.
+CONTAINERS = {"td": "tr", "th": "tr", "tr": "tbody", "tbody": "table", "thead": "table",
+              "tfoot": "table", "caption": "table", "colgroup": "table", "col": "colgroup"}
+FIRST_TAG = re.compile(r"(?:\s|<!--.*?-->)*<([A-Za-z][^\s/>]*)", re.S)  # Comments before.
 CUT_OFF_TAG = re.compile(r"<(?=[A-Za-z/])[^<>]*\Z")  # A tag the input ends inside.
 SIMILAR = 0.6  # difflib's ratio from which words are taken for an inline element's text.
 WINDOW = 40  # Words either side of an inline element's place in proportion, searched.
@@ -186,7 +194,10 @@ def _parse(source: str):
   if DOCUMENT.match(source):
     builder = html5lib.getTreeBuilder("etree", fullTree=True)
     return html5lib.HTMLParser(tree=builder, namespaceHTMLElements=False).parse(source)
-  return html5lib.parseFragment(source, treebuilder="etree", namespaceHTMLElements=False)
+  first = FIRST_TAG.match(source)
+  container = CONTAINERS.get(first[1].lower(), "div") if first else "div"
+  return html5lib.parseFragment(source, container=container, treebuilder="etree",
+                                namespaceHTMLElements=False)
 
 
 def _words(text: str, start: int, end: int) -> list[tuple[int, int]]:
