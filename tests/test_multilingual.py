@@ -19,6 +19,7 @@ import conftest
 from flax_transformer.data import multilingual
 from flax_transformer.languages import Languages, UnknownLanguageError
 from flax_transformer.pretrained import importer
+from flax_transformer.serving import language_api
 from flax_transformer.translation.search_config import SearchConfig
 from flax_transformer.translation.translator import Translator
 
@@ -483,3 +484,24 @@ def test_source_auto_on_html_detects_the_text_not_the_markup(three_server, sourc
   assert status_code == 200, answer
   assert answer["detectedLanguage"][0]["language"] == "de"
   assert answer["translatedText"] == explicit["translatedText"]
+
+
+def test_detect_leaves_out_texts_with_nothing_to_detect():
+  """An empty string (or one of emoji, digits, spaces) in /detect's q list has no
+  language: it does not water down the others' confidences (at 2dea420, ["", German] gave
+  German 66.66, a uniform guess for "" averaged in), and a q of such texts alone is no
+  language at confidence 0 (LibreTranslate's answer when nothing is detected), not a
+  guess at 33.33."""
+  api = language_api.for_model(Languages.trained(list(LANGUAGES)))
+  german = "Zwei Männer stehen am Herd und bereiten Essen zu."
+  alone = api.detect([german])
+  assert alone[0]["language"] == "de" and alone[0]["confidence"] > 90
+  assert api.detect(["", german, "  ", "🐶 42"]) == alone
+  assert api.detect([german, german]) == alone
+  for nothing in ([""], ["", " \n", "🐶 42"]):
+    assert api.detect(nothing) == [{"confidence": 0.0, "language": code}
+                                   for code in LANGUAGES]
+  one = language_api.for_model(("en", "de"))
+  assert one.detect(["A dog."]) == [{"confidence": 100.0, "language": "en"}]
+  assert one.detect(["", "A dog."]) == [{"confidence": 100.0, "language": "en"}]
+  assert one.detect([""]) == [{"confidence": 0.0, "language": "en"}]

@@ -93,7 +93,13 @@ class LanguageApi:
     """POST /detect: the model's sources, most likely first, with confidences 0-100. For
     several texts, one list, as LibreTranslate's (language.py's detect_languages): each
     language's confidence averaged over the texts, ranked by that average times the
-    length of those texts."""
+    length of those texts. A text with no letter (empty, emoji, digits) has no language
+    and counts for none; if every text is such, every source at confidence 0
+    (LibreTranslate's answer when nothing is detected)."""
+    texts = [text for text in texts if any(c.isalpha() for c in text)]
+    if not texts:
+      return [{"confidence": 0.0, "language": self.shown(code)}
+              for code in self.languages.sources]
     found: dict[str, list[tuple[float, int]]] = {}
     for text in texts:
       for code, confidence in self._ranked(text):
