@@ -97,9 +97,10 @@ class LanguageApi:
     and counts for none; if every text is such, every source at confidence 0
     (LibreTranslate's answer when nothing is detected)."""
     texts = [text for text in texts if any(c.isalpha() for c in text)]
-    if not texts:
+    if not texts:  # The sources a text could be detected in (or the 400 saying none).
+      codes = {code for code, _ in self._ranked("")}
       return [{"confidence": 0.0, "language": self.shown(code)}
-              for code in self.languages.sources]
+              for code in self.languages.sources if code in codes]
     found: dict[str, list[tuple[float, int]]] = {}
     for text in texts:
       for code, confidence in self._ranked(text):
