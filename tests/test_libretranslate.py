@@ -194,3 +194,20 @@ def test_what_libretranslates_own_detect_tests_check(server):
   # No parameters (the key aside: in the query string, checked before the body).
   status, _, answer = _http(server, "POST", "/detect?api_key=" + TOKEN)
   assert status == 400 and "error" in answer
+
+
+def test_auto_into_a_source_language_is_the_text_as_it_is(server):
+  """en -> en is the text as it is (LibreTranslate's identity translation, test_multilingual);
+  source 'auto' into en the same, for the texts detected in English: LibreTranslate's
+  /translate takes any installed language as target, detects, and translates en -> en as
+  en -> en. At e813401: 400 "en is not supported as target" on this en -> de server."""
+  q = ["A dog runs in the park.", "", "<p>Two men.</p>"]
+  for source in ("en", "auto"):
+    status, answer = _post(server, {"q": q, "source": source, "target": "en"})
+    assert (status, answer["translatedText"]) == (200, q), answer
+  assert _post(server, {"q": q[2], "source": "auto", "target": "en", "format": "html"}) == (
+      200, {"translatedText": q[2], "detectedLanguage": {"confidence": 100.0, "language": "en"}})
+  # A language the model does not know stays a 400, named.
+  assert _post(server, {"q": q[0], "source": "auto", "target": "fr"}) == (
+      400, {"error": "fr is not supported as target: this server translates en to de (GET "
+                     "/languages)"})

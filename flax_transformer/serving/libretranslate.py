@@ -157,8 +157,11 @@ class LibreTranslate:
         raise RequestError(400, f"Invalid request: {field} is not a language code")
     source, target = self.api.model_code(source), self.api.model_code(target)
     # A language into itself: its texts as they are (untranslated), as LibreTranslate's
-    # (argos-translate's identity translation), for any language the model knows.
-    if not (self.api.untranslated(source, target) and self.api.knows(source)):
+    # (argos-translate's identity translation), for any language the model knows; so
+    # 'auto' into a source the model translates from only: the texts detected in it as
+    # they are, any other a 400 (LanguageApi.sources_of).
+    into_itself = source == AUTO and target in self.api.languages.sources
+    if not (into_itself or self.api.untranslated(source, target) and self.api.knows(source)):
       self.api.check(source, target)
     return source, target
 
