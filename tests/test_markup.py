@@ -184,3 +184,24 @@ def test_a_fragment_of_table_rows_or_cells_keeps_them():
     assert _Tags(out).events == _Tags(source).events, out
     # The text upper-cased, each tag where it was.
     assert out == re.sub(r">([^<]+)<", lambda m: f">{m[1].upper()}<", source)
+
+
+def test_a_page_with_a_comment_bom_or_xml_declaration_first_comes_back_a_page():
+  """A whole page whose first line is a comment (a generator's note), a byte order mark
+  or an XML declaration (XHTML), or that starts at <head> or <body>, is a document, not a
+  fragment: its doctype, <html lang>, <head> and <body> and their attributes come back (at
+  0d9b8db they were dropped: '<!-- x --><html lang="en">...' came back without them)."""
+  body = ('<html lang="en"><head><meta charset="utf-8"><title>A dog</title></head>'
+          '<body class="post"><p>A dog runs.</p></body></html>')
+  for before in ("<!-- generated -->\n", "\ufeff<!DOCTYPE html>", "\ufeff",
+                 '<?xml version="1.0" encoding="utf-8"?>\n<!DOCTYPE html>\n'):
+    source = before + body
+    document = Document(source)
+    assert document.texts == ["A dog", "A dog runs."]
+    out = document.render(["Ein Hund", "Ein Hund rennt."])
+    assert out.endswith(body.replace("A dog", "Ein Hund").replace("runs.", "rennt.")), out
+    assert ("<!DOCTYPE html>" in out) == ("DOCTYPE" in before)
+  for source in ('<head><title>A dog</title></head><body class="post"><p>Hi</p></body>',
+                 '<body class="post"><p>A dog runs.</p></body>'):
+    out = Document(source).render(Document(source).texts)
+    assert out.startswith("<html><head>") and '<body class="post"><p>' in out, out

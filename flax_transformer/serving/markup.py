@@ -9,8 +9,8 @@ and nesting kept; entities come back as the characters they stand for, as LibreT
 attributes), which stay escaped so that text never turns into markup. A fragment (what
 Mastodon and browser extensions send) comes back a fragment, parsed within the element a
 browser would hold it in (a <div>; a table's rows and cells in theirs); a document
-(`<!DOCTYPE` or `<html` first) a document. A start tag cut off at the end (`<span`)
-comes back as text.
+(`<!DOCTYPE`, `<html`, `<head` or `<body` first, after comments or an XML declaration)
+a document. A start tag cut off at the end (`<span`) comes back as text.
 
 Text is translated by blocks: a run of text and of the inline elements within it (`<b>`,
 `<a href>`, nested `<i>`, ...) is one text to translate, so that an inline tag inside a
@@ -47,7 +47,10 @@ NAMES = frozenset(("mention", "hashtag"))
 # Not prose, within text: URLs, @mentions (@bob, @bob@example.org), #hashtags, emoji runs.
 PROTECTED = re.compile(r"(https?://\S+|www\.\S+|[@#][\w.@-]*\w|"
                        r"[\U0001F000-\U0001FAFF\u2600-\u27BF\u2B00-\u2BFF\uFE0F\u200D]+)")
-DOCUMENT = re.compile(r"\s*<(!doctype|html[\s>])", re.IGNORECASE)
+# A document: a doctype or <html>, <head> or <body> first (none is a fragment's), after
+# comments, an XML declaration (XHTML) or spaces, if any.
+DOCUMENT = re.compile(r"(?:\s|<!--.*?-->|<\?[^>]*>)*<(!doctype|(html|head|body)[\s>])",
+                      re.IGNORECASE | re.S)
 # A fragment is parsed within the element a browser would hold it in (its innerHTML):
 # a <div>, but a table's rows, a row's cells, a table's parts within theirs, where a
 # <div> would drop their tags and run the cells' texts together.
@@ -291,7 +294,9 @@ class Document:
   """An HTML document or fragment: `texts` to translate, and `render(translations)`."""
 
   def __init__(self, source: str):
-    self._tree = _parse(source)
+    # A byte order mark is no text (a browser drops it): written back where it was.
+    self._bom = "\ufeff" if source.startswith("\ufeff") else ""
+    self._tree = _parse(source[len(self._bom):])
     reader = _Reader()
     reader.walk(self._tree, None)
     self._slots = reader.slots
@@ -318,4 +323,4 @@ class Document:
     serializer = HTMLSerializer(quote_attr_values="always", omit_optional_tags=False,
                                 use_trailing_solidus=False, inject_meta_charset=False,
                                 quote_char='"')
-    return "".join(serializer.serialize(_WALKER(self._tree)))
+    return self._bom + "".join(serializer.serialize(_WALKER(self._tree)))
