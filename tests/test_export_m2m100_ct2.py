@@ -78,3 +78,20 @@ def test_ctranslate2_greedy_with_target_prefix_equals_ours(name, multi30k_dir, t
     theirs = ct2_greedy(out, [tokenizer.pieces(ids) for ids in source_ids], token, limits)
     assert [ours.tokenizer.target.pieces(ids) for ids in expected] == theirs
     assert len({tuple(t) for t in theirs}) > 10  # Sentences told apart: equality means much.
+
+
+def test_without_ctranslate2_one_line_before_the_model_is_loaded(tmp_path):
+  """Where ctranslate2 is not installed (hidden from the script here), the install line
+  comes before the workdir's model is read (an NLLB-3.3B's 13 GB), not after; --out
+  untouched."""
+  importer.import_model(FIXTURES / "nllb", tmp_path / "run")
+  hide = ("import runpy, sys; sys.modules['ctranslate2'] = None; sys.argv = sys.argv[1:]; "
+          "runpy.run_path(sys.argv[0], run_name='__main__')")
+  done = subprocess.run([sys.executable, "-c", hide, str(ROOT / "export.py"),
+                         f"--workdir={tmp_path / 'run'}", f"--out={tmp_path / 'ct2'}",
+                         "--format=ctranslate2"],
+                        capture_output=True, text=True, env=cpu_env(), cwd=ROOT)
+  assert done.returncode == 2, done.stderr[-2000:]
+  assert done.stderr.strip().splitlines()[-1] == (
+      "error: CTranslate2 is not installed: pip install -e '.[ctranslate2]'")
+  assert "Loaded" not in done.stderr and not (tmp_path / "ct2").exists()

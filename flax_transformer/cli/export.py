@@ -32,6 +32,10 @@ def run_export(*, workdir: str, out: str, fmt: str, search: SearchConfig, batch_
     raise ConfigError(f"--quantization={quantization} is CTranslate2's: --format=transformers "
                       "writes float32 weights")
   target = check_out(out, workdir, overwrite)
+  if fmt == "ctranslate2":  # Before the model is read (NLLB-3.3B: 13 GB).
+    from flax_transformer.export import ct2
+
+    ct2.require_ctranslate2()
   translator = Translator.from_workdir(workdir, search=search, average_last=average_last,
                                        checkpoint_step=checkpoint_step,
                                        batch_tokens=batch_tokens)

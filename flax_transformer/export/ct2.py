@@ -51,7 +51,8 @@ HANDLED = frozenset({
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "int16", "float16", "bfloat16")
 
 
-def _require_ctranslate2() -> None:
+def require_ctranslate2() -> None:
+  """ConfigError with the install line where ctranslate2 is not installed."""
   if importlib.util.find_spec("ctranslate2") is None:
     raise ConfigError("CTranslate2 is not installed: pip install -e '.[ctranslate2]'")
 
@@ -115,7 +116,7 @@ def check(config: TransformerConfig) -> None:
 
 def build_spec(config: TransformerConfig, params: dict[str, Any], tokenizer: Tokenizer):
   """Our parameters in a ctranslate2.specs.TransformerSpec (vocabulary registered)."""
-  _require_ctranslate2()
+  require_ctranslate2()
   from ctranslate2.specs import common_spec, transformer_spec
 
   if config.head_dim_k * config.num_heads != config.d_model or (
