@@ -130,14 +130,16 @@ def test_frontend_settings_and_errors_naming_the_q_item(server):
   assert status == 200 and settings["charLimit"] == MAX_CHARS and settings["keyRequired"] is True
   assert settings["language"] == {"source": {"code": "en", "name": "English"},
                                   "target": {"code": "de", "name": "German"}}
-  # --max_chars as LibreTranslate's --char-limit: a q text over it is a 400 worded as
-  # LibreTranslate's (app.py: "Invalid request: request (%(size)s) exceeds text limit
-  # (%(limit)s)"), then the q item; one at the limit is translated.
-  assert _post(server, {"q": ["A dog.", "A cat.", "a" * (MAX_CHARS + 1)], "source": "en",
+  # --max_chars as LibreTranslate's --char-limit, which counts a request's texts together
+  # (app.py: chars = sum(len(text) for text in q)): over it, a 400 worded as
+  # LibreTranslate's ("Invalid request: request (%(size)s) exceeds text limit
+  # (%(limit)s)"); a list at the limit is translated.
+  assert _post(server, {"q": ["A dog.", "a" * (MAX_CHARS - 5)], "source": "en",
                         "target": "de"}) == (
       400, {"error": f"Invalid request: request ({MAX_CHARS + 1}) exceeds text limit "
-                     f"({MAX_CHARS}): q[2] (--max_chars)"})
-  assert _post(server, {"q": "a" * MAX_CHARS, "source": "en", "target": "de"})[0] == 200
+                     f"({MAX_CHARS}): q's texts together (--max_chars)"})
+  assert _post(server, {"q": ["A dog.", "a" * (MAX_CHARS - 6)], "source": "en",
+                        "target": "de"})[0] == 200
   assert _post(server, {"q": ["A.\nB.\nC.", "\ud800"], "source": "en", "target": "de"}) == (
       400, {"error": "Invalid request: q[1] is not valid text: surrogates not allowed at "
                      "character 0"})

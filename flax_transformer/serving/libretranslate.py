@@ -179,8 +179,8 @@ class LibreTranslate:
     return count
 
   def _check_texts(self, texts: list[str]) -> None:
-    """How many texts, each valid text and within the character limit: errors name the
-    q item."""
+    """How many texts, each valid text (errors name the q item), all within the character
+    limit together."""
     if len(texts) > self._limits.max_sentences:
       raise RequestError(400, f"Invalid request: q has {len(texts)} texts, over "
                               f"{self._limits.max_sentences} (--max_sentences)")
@@ -190,9 +190,11 @@ class LibreTranslate:
       except UnicodeEncodeError as e:
         raise RequestError(400, f"Invalid request: q[{i}] is not valid text: {e.reason} at "
                                 f"character {e.start}") from None
-      if len(text) > self._limits.max_chars >= 0:  # LibreTranslate's line, then the item.
-        raise RequestError(400, f"Invalid request: request ({len(text)}) exceeds text limit "
-                                f"({self._limits.max_chars}): q[{i}] (--max_chars)")
+    # LibreTranslate's --char-limit counts the request: all of q's texts together.
+    chars = sum(len(text) for text in texts)
+    if chars > self._limits.max_chars >= 0:  # LibreTranslate's line, then the flag.
+      raise RequestError(400, f"Invalid request: request ({chars}) exceeds text limit "
+                              f"({self._limits.max_chars}): q's texts together (--max_chars)")
 
   def _search(self, alternatives: int):
     default = self._batcher.default_search
