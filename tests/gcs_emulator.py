@@ -9,6 +9,7 @@ neither checks preconditions nor sends the header; this adds both to its handler
 and serves an in-memory bucket, test-bucket, on 127.0.0.1:PORT.
 """
 
+import http.server
 import sys
 from http import HTTPStatus
 
@@ -68,6 +69,12 @@ objects.insert = with_preconditions(objects.insert, uploaded_name)
 objects.delete = with_preconditions(objects.delete, object_id)
 
 from gcp_storage_emulator.server import create_server  # noqa: E402
+
+# Its one thread serves one request at a time, and socketserver's listen backlog is 5:
+# TensorStore's and gcsfs's parallel requests overflowed it (74 listen overflows in one
+# test, `nstat TcpExtListenOverflows`), each dropped connection waiting out TCP's 1 s
+# retransmit. A longer queue: requests still served one at a time, in arrival order.
+http.server.HTTPServer.request_queue_size = 1024
 
 if __name__ == "__main__":
   create_server("127.0.0.1", int(sys.argv[1]), in_memory=True,
