@@ -402,3 +402,20 @@ def test_decode_py_scores_and_averaging_copies_an_imported_workdir(tmp_path):
   scores = [line.split("\t") for line in done.stdout.splitlines()]
   np.testing.assert_allclose([float(s) for s, _ in scores], ref["log_probs"][:8], atol=1e-3)
   assert [int(n) for _, n in scores] == [len(t) for t in ref["target_ids"][:8]]
+
+
+def test_an_ensemble_of_imports_padded_differently_says_so(tmp_path, monkeypatch):
+  """A workdir imported before imports padded their vocabularies (OPUS-MT's 58,101 rows, the
+  fixture's 511) and one imported after (58,112; 512) hold the same pieces: an ensemble of
+  the two is refused in one line that names the padding, not as another vocabulary."""
+  from flax_transformer.errors import DataError
+  from flax_transformer.pretrained import vocab_padding
+
+  fixture = FIXTURES / "marian_swish_shared"
+  importer.import_model(fixture, tmp_path / "new")
+  monkeypatch.setattr(vocab_padding, "MULTIPLE", 1)  # An import before the padding.
+  importer.import_model(fixture, tmp_path / "old")
+  assert read_run(tmp_path / "old")[0].vocab_size == 511
+  for first, other in (("new", "old"), ("old", "new")):
+    with pytest.raises(DataError, match=r"the same 511 ids, padded differently"):
+      Translator.from_workdir(tmp_path / first, ensemble=[tmp_path / other])

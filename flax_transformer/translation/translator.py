@@ -36,6 +36,26 @@ from flax_transformer.translation.search_config import SearchConfig
 from flax_transformer.translation import sentences as sentences_lib
 
 
+def _check_member(first: TransformerConfig, tokenizer: Tokenizer, member: TransformerConfig,
+                  member_tokenizer: Tokenizer, first_path, path) -> None:
+  """A DataError (one line) unless ensemble member `member` shares the first's vocabulary;
+  one that holds as many ids padded to other rows is named as such: one imported before
+  imports padded vocabularies for sharding (pretrained/vocab_padding.py), whose tokenizer
+  files then differ by the added '<unused_N>' pieces alone."""
+  rows = [(c.vocab_size, c.source_vocab) for c in (member, first)]
+  real = {(c.without_vocab_padding().vocab_size, c.without_vocab_padding().source_vocab)
+          for c in (member, first)}
+  if rows[0] != rows[1] and len(real) == 1:
+    raise DataError(
+        f"ensemble: {path} and {first_path} hold the same {min(real)[0]} ids, padded "
+        f"differently ({rows[0][0]} and {rows[1][0]} rows: one was imported before imports "
+        "padded vocabularies to a multiple of 128 for sharding); members must have the "
+        "same rows: use workdirs imported (or fine-tuned from imports) by one version")
+  if not tokenizer.same_vocabulary(member_tokenizer):
+    raise DataError(f"ensemble: {member_tokenizer.path} is not the vocabulary of "
+                    f"{tokenizer.path}; members must share one vocabulary")
+
+
 class Translator:
   """Text in, translations out: `Translator.from_workdir(DIR).translate(["A dog runs."])`.
 
@@ -135,9 +155,8 @@ class Translator:
       model_config, member_tokenizer = workdir_lib.read_run(path)
       if tokenizer is None:
         tokenizer = member_tokenizer
-      elif not tokenizer.same_vocabulary(member_tokenizer):
-        raise DataError(f"ensemble: {member_tokenizer.path} is not the vocabulary of "
-                        f"{tokenizer.path}; members must share one vocabulary")
+      else:
+        _check_member(configs[0], tokenizer, model_config, member_tokenizer, paths[0], path)
       configs.append(model_config)
     averaging.check_average_last(average_last)  # Before any compile is queued,
     search.check_vocabulary(configs[0].vocab_size)  # or anything is logged.
