@@ -22,6 +22,17 @@ FIGURES = {
     'biased_minus_exact_validation_bleu': r'{float(grep("runs/multi30k_en-de_paper_exact/decode_validation_biased.log", r"^BLEU = ([\d.]+)")[0]) - float(grep("runs/multi30k_en-de_paper_exact/decode_validation_paper_exact.log", r"^BLEU = ([\d.]+)")[0]):.2f} BLEU',
     'paired_bootstrap_p_values': r'{float(grep("runs/multi30k_en-de_paper_exact/paired_bs_validation.txt", r"p = ([\d.]+)")[0]):.2f} (BLEU) and {float(grep("runs/multi30k_en-de_paper_exact/paired_bs_validation.txt", r"p = ([\d.]+)")[1]):.2f} (chrF)',
     'paired_bootstrap_intervals': r'{grep("runs/multi30k_en-de_paper_exact/paired_bs_validation.txt", r"\([\d.]+ ± ([\d.]+)\)")[0]} and +-{grep("runs/multi30k_en-de_paper_exact/paired_bs_validation.txt", r"\([\d.]+ ± ([\d.]+)\)")[2]} BLEU',
+    # --- RESULTS.md: One model for six directions (issue 76)
+    'multilingual_budget_steps': r'{load("configs/multi30k_multilingual.py").num_train_steps}',
+    'multilingual_steps': r'{run("multi30k_multilingual_en-de").steps}',
+    'multilingual_train_minutes': r'{run("multi30k_multilingual_en-de").train_wall_s / 60:.0f} minutes',
+    'multilingual_en_de_bleu': r'{run("multi30k_multilingual_en-de").bleu:.1f}',
+    'bilingual_en_de_bleu': r'{run("multi30k_en-de_paper_exact").bleu:.1f}',
+    'bilingual_en_de_steps': r'{run("multi30k_en-de_paper_exact").steps}',
+    'multilingual_en_de_gap': r'{run("multi30k_en-de_paper_exact").bleu - run("multi30k_multilingual_en-de").bleu:.1f} BLEU',
+    'multilingual_en_fr_bleu': r'{run("multi30k_multilingual_en-fr").bleu:.1f}',
+    'bilingual_en_fr_bleu': r'{run("multi30k_en-fr_paper_exact").bleu:.1f}',
+    'multilingual_en_fr_gap': r'{run("multi30k_en-fr_paper_exact").bleu - run("multi30k_multilingual_en-fr").bleu:.1f} BLEU',
     # --- RESULTS.md: Time to quality (validation BLEU from the run's own eval log)
     'paper_exact_train_minutes': r'{run("multi30k_en-de_paper_exact").train_wall_s / 60:.1f} minutes',
     # --- RESULTS.md: Re-run of the main job from a fresh checkout (2026-11-25)
