@@ -3,8 +3,9 @@
   /work/hfvenv/bin/python bench/nllb_speed.py --folder=/tmp/nllb600m --sentences=200 \\
       --targets=deu_Latn,fra_Latn --rounds=2 --json=OUT.json
 
-Not yet run at this size (a 16-sentence try starved on a loaded 2-core host): no record
-is committed, and BENCHMARKS.md has no NLLB speed row until one is.
+Recorded (results/bench/nllb_speed.json, BENCHMARKS.md) with --rounds=1: on 2 cores a
+round of 200 sentences into two targets takes many minutes per engine, so round 1's
+decode.py seconds include its compiles.
 
 Runs under a Python with torch and transformers; the project's Python (--python) runs
 import_model.py and decode.py. --folder: an M2M100ForConditionalGeneration folder with
