@@ -7,6 +7,26 @@ A bare setting (`<!--{m30k.beam_size}-->`) stays in the doc. Edit a template her
 python -m tools.render_docs; --check says which name renders what."""
 
 FIGURES = {
+    # --- BENCHMARKS.md: NLLB speed and paragraphs through the LibreTranslate face
+    'nllb_speed_sentences': r'{load("bench/nllb_speed.json").sentences}',
+    'nllb_speed_decode_py_rounds': r'{" / ".join(f"{s:.0f}" for s in load("bench/nllb_speed.json").rows[0].seconds)}',
+    'nllb_speed_decode_py_median': r'{load("bench/nllb_speed.json").rows[0].median_s:.0f}',
+    'nllb_speed_decode_py_rate': r'{load("bench/nllb_speed.json").rows[0].sentences_per_s:.2f}',
+    'nllb_speed_decode_py_vs': r'{load("bench/nllb_speed.json").rows[0].vs_transformers:.2f}x',
+    'nllb_speed_transformers_rounds': r'{" / ".join(f"{s:.0f}" for s in load("bench/nllb_speed.json").rows[1].seconds)}',
+    'nllb_speed_transformers_median': r'{load("bench/nllb_speed.json").rows[1].median_s:.0f}',
+    'nllb_speed_transformers_vs': r'{load("bench/nllb_speed.json").rows[1].vs_transformers:.2f}x',
+    'nllb_speed_transformers_rate': r'{load("bench/nllb_speed.json").rows[1].sentences_per_s:.2f}',
+    'nllb_speed_identical': r'{load("bench/nllb_speed.json").identical_outputs.deu_Latn} and {load("bench/nllb_speed.json").identical_outputs.fra_Latn} of {load("bench/nllb_speed.json").sentences}',
+    'serve_paragraphs_clients': r'{load("bench/serve_paragraphs.json").row.clients}',
+    'serve_paragraphs_sentences': r'{load("bench/serve_paragraphs.json").row.sentences}',
+    'serve_paragraphs_rate': r'{load("bench/serve_paragraphs.json").row.sentences_per_s:.0f}',
+    'serve_paragraphs_whole': r'{load("bench/serve_paragraphs.json").row.whole_file_sentences_per_s:.0f}',
+    'serve_paragraphs_vs': r'{load("bench/serve_paragraphs.json").row.vs_whole_file:.2f}',
+    'serve_paragraphs_rows': r'{load("bench/serve_paragraphs.json").row.rows_per_sentence:.3f}',
+    'serve_paragraphs_equal': r'{load("bench/serve_paragraphs.json").row.answers_equal_to_translator} of {load("bench/serve_paragraphs.json").row.paragraphs}',
+    'serve_paragraphs_latency': r'{load("bench/serve_paragraphs.json").row.p50_ms:.0f} / {load("bench/serve_paragraphs.json").row.p99_ms:.0f}',
+    'serve_paragraphs_rss': r'{load("bench/serve_paragraphs.json").row.rss_mb_start:.0f} / {load("bench/serve_paragraphs.json").row.rss_mb_end:.0f}',
     # --- docs/pretrained.md: CTranslate2's converter against our export
     'm2m100_ct2_lines': r'{load("bench/export_m2m100_ct2.json").lines}',
     # --- README.md: What you will see
