@@ -44,9 +44,11 @@ class _Tags(HTMLParser):
 
 def test_a_page_of_mastodon_posts_keeps_markup_mentions_hashtags_links_and_emoji():
   document = Document(MASTODON)
-  assert document.texts == ["Good morning ", "! The dog runs in the park ",
-                            " and two men play football.", "Photos: ", "A cat sleeps. ",
-                            " Tom & Jerry <3 ", " ok", "two men play", "men"]
+  # The mention, the emoji, the links and the <code> stay in their sentences, left as they
+  # are: the <code>'s text is translated with its sentence, and found there.
+  assert document.texts == ["Good morning ! The dog runs in the park  and two men play "
+                            "football.", "Photos: ", "A cat sleeps.  Tom & Jerry <3 rm -rf ok",
+                            "two men play", "men", "rm -rf"]
   out = document.render([text.upper() for text in document.texts])
   assert _Tags(out).events == _Tags(MASTODON).events  # Every tag and attribute, in place.
   assert "THE DOG RUNS IN THE PARK 🐕‍🦺 AND <b>TWO <i>MEN</i> PLAY</b> FOOTBALL.<br>" in out
@@ -60,8 +62,9 @@ def test_code_pre_script_style_and_translate_no_are_left_as_they_are():
             '</script><style>p > b {color: red}</style><div translate="no">Name <b>Here</b></div>'
             '<p class="x notranslate">Brand</p><kbd>Ctrl</kbd>')
   document = Document(source)
-  assert document.texts == ["Run ", " now."]
-  assert document.render(["A ", " B."]) == source.replace("Run ", "A ").replace(" now.", " B.")
+  assert document.texts == ["Run ls -l now.", "ls -l"]  # Its sentence's words: in place.
+  assert document.render(["Führe ls -l jetzt aus.", "ls -l"]) == source.replace(
+      "Run <code>ls -l</code> now.", "Führe <code>ls -l</code> jetzt aus.")
 
 
 def test_a_malformed_document_comes_back_well_formed_with_all_of_its_text():
@@ -146,9 +149,9 @@ def test_mentions_and_hashtags_whose_href_does_not_spell_their_text_are_kept():
             'example/@Bob" class="u-url mention">@<span>bob@other.example</span></a></span> '
             'sowie <a href="https://social.example/tags/CATS">#<span>cats</span></a></p>')
   document = Document(source)
-  assert document.texts == ["Heute ", " und ", " sowie "]
-  assert document.render(["A ", " B ", " C "]) == source.replace("Heute ", "A ").replace(
-      " und ", " B ").replace(" sowie ", " C ")
+  assert document.texts == ["Heute  und  sowie "]  # One sentence, the names in place.
+  assert document.render(["Today  and  plus "]) == source.replace("Heute ", "Today ").replace(
+      " und ", " and ").replace(" sowie ", " plus ")
 
 
 def test_comments_doctype_and_foreign_content_come_back_as_a_browser_reads_them():
@@ -205,3 +208,65 @@ def test_a_page_with_a_comment_bom_or_xml_declaration_first_comes_back_a_page():
                  '<body class="post"><p>A dog runs.</p></body>'):
     out = Document(source).render(Document(source).texts)
     assert out.startswith("<html><head>") and '<body class="post"><p>' in out, out
+
+
+def test_kept_inline_elements_stay_in_place_within_their_sentence():
+  """<code>, <kbd>, <var>, <samp> and translate="no" inside a sentence do not cut it (at
+  71e5e11 "Run " and " to list the files." went to the model apart): the sentence is
+  translated with their text (a name, a command: words of it), and each comes back as it
+  was where that text is in the translation (as written, else as translated alone);
+  found nowhere, between the words nearest where it stood, no word of the translation
+  dropped. At a sentence's end it stands for no text (the sentence as without it)."""
+  code = "<p>Run <code>ls -l</code> to list the files.</p>"
+  assert Document(code).texts == ["Run ls -l to list the files.", "ls -l"]
+  placed = "<p>Führen Sie <code>ls -l</code> aus, um die Dateien aufzulisten.</p>"
+  for own in ("ls -l", "LS -L"):  # The model copied it / wrote it as it does alone.
+    german = [f"Führen Sie {own} aus, um die Dateien aufzulisten.", own]
+    assert Document(code).render(german) == placed
+  out = Document(code).render(["Führen Sie es aus, um die Dateien aufzulisten.", "xyz"])
+  assert out == "<p>Führen <code>ls -l</code> Sie es aus, um die Dateien aufzulisten.</p>"
+  name = '<p>Hello <span translate="no">Mastodon</span> friends, welcome.</p>'
+  assert Document(name).texts == ["Hello Mastodon friends, welcome.", "Mastodon"]
+  assert Document(name).render(["Hallo Mastodon-Freunde, willkommen.", "Mastodon"]) == (
+      '<p>Hallo <span translate="no">Mastodon</span>-Freunde, willkommen.</p>')
+  keys = "<p>Press <kbd>Ctrl</kbd> and <b>type <var>n</var></b> now.</p><p>See <samp>ok</samp></p>"
+  document = Document(keys)
+  assert document.texts == ["Press Ctrl and type n now.", "See ", "Ctrl", "type n", "n"]
+  out = document.render(["Drücke Ctrl und tippe n jetzt.", "Siehe ", "Strg", "tippe n", "n"])
+  assert out == ("<p>Drücke <kbd>Ctrl</kbd> und <b>tippe <var>n</var></b> jetzt.</p>"
+                 "<p>Siehe <samp>ok</samp></p>")
+  for source in (code, name, keys):
+    assert Document(source).render(Document(source).texts) == source
+
+
+def test_images_mentions_urls_and_emoji_within_a_sentence_do_not_cut_it():
+  """An <img>, an empty inline element (an icon's <i></i>), a mention's or a hashtag's
+  link, and a URL, @mention or emoji within text stand for no words: the sentence is
+  translated around them as one (at 71e5e11: "A cat " and " sits on the mat." apart),
+  and each goes back as it was, between the words nearest where it stood (split as the
+  spaces around it were), or at the start or end if no letter stood between it and
+  there. A <br> is a line break: it ends the sentence, as a newline does in format=text."""
+  mention = ('<span class="h-card" translate="no"><a href="https://social.example/@anna" '
+             'class="u-url mention">@<span>anna</span></a></span>')
+  cases = {
+      '<p>A cat <img src="c.png" alt="cat"> sits on the mat.</p>':
+          (["A cat  sits on the mat."], ["Eine Katze sitzt auf der Matte."],
+           '<p>Eine Katze <img src="c.png" alt="cat"> sitzt auf der Matte.</p>'),
+      f"<p>Thanks {mention} for the tip!</p>":
+          (["Thanks  for the tip!"], ["Danke für den Tipp!"],
+           f"<p>Danke {mention} für den Tipp!</p>"),
+      '<p><img src="a.png"> A dog <i class="icon"></i>runs 🐕 fast.</p>':
+          ([" A dog runs  fast."], [" Ein Hund rennt schnell."],
+           '<p><img src="a.png"> Ein Hund <i class="icon"></i>rennt 🐕 schnell.</p>'),
+      "<p>Hi @bob@x.org, see https://x.org/a now!</p>":
+          (["Hi , see  now!"], ["Hallo , siehe  jetzt!"],
+           "<p>Hallo @bob@x.org, siehe https://x.org/a jetzt!</p>"),
+      "<p>Line one<br>line two</p>":
+          (["Line one", "line two"], ["Zeile eins", "Zeile zwei"],
+           "<p>Zeile eins<br>Zeile zwei</p>"),
+  }
+  for source, (texts, german, out) in cases.items():
+    document = Document(source)
+    assert document.texts == texts
+    assert document.render(german) == out
+    assert _Tags(out).nested and Document(source).render(Document(source).texts) == source

@@ -14,20 +14,28 @@ a document. A start tag cut off at the end (`<span`) comes back as text.
 
 Text is translated by blocks: a run of text and of the inline elements within it (`<b>`,
 `<a href>`, nested `<i>`, ...) is one text to translate, so that an inline tag inside a
-sentence does not cut it; each inline element's own text is translated too, and located
-in its block's translation (where it is found as written, else the most similar words,
-else where it stood, in proportion), and its tags put around what was found there. Runs
-end at block elements, `<br>`, comments, and what is not translated. Left as they are:
-the text of <code>, <pre>, <kbd>, <samp>, <var>, <textarea>, <script>, <style>, <svg>,
-<math>, of an element with translate="no" (HTML's attribute) or class "notranslate", text
-with no letter (emoji, numbers, punctuation), URLs, @mentions and #hashtags within text,
-a link whose text is part of its href (percent-decoded, any case: Mastodon's
-shortened-URL links) and a link of class "mention" or "hashtag" (Mastodon's).
+sentence does not cut it; each inline element's own text is translated too, and its tags
+put around it in its block's translation (inline_runs.py says how it is found). Kept inline
+elements (<code>, <kbd>, <samp>, <var>, translate="no" or class "notranslate" on an inline
+element, mentions' and hashtags' links, an <img>, a <wbr>, an inline element with no text)
+and URLs, @mentions, #hashtags and emoji within text do not cut it either: left as they
+are, in place in their sentence (inline_runs.py). Runs end at block elements, `<br>` (a
+line break: it ends a sentence, as a newline does in format=text), comments, and the rest
+of what is not translated. Left as they are: the text of <code>, <pre>, <kbd>, <samp>,
+<var>, <textarea>, <script>, <style>, <svg>, <math>, of an element with translate="no"
+(HTML's attribute) or class "notranslate", text with no letter (emoji, numbers,
+punctuation), URLs, @mentions and #hashtags within text, a link whose text is part of its
+href (percent-decoded, any case: Mastodon's shortened-URL links) and a link of class
+"mention" or "hashtag" (Mastodon's).
+
+LibreTranslate (argos-translate-files 1.4.4's translatehtml, argos-translate 1.12's
+tags.py) translates each text node alone: its tag injection, meant to translate a block as
+one, never runs (its `depth()` counts no level), so that any tag, kept or not, cuts a
+sentence there.
 """
 
 from __future__ import annotations
 
-import difflib
 import re
 import urllib.parse
 from xml.etree import ElementTree
@@ -36,11 +44,19 @@ import html5lib
 from html5lib.constants import voidElements
 from html5lib.serializer import HTMLSerializer
 
+from flax_transformer.serving.inline_runs import Gap, Inline, Run, fill, has_letters, placed
+
 VOID = frozenset(voidElements)
 KEEP = frozenset("code pre kbd samp var textarea script style svg math".split())
 # Within a sentence: their text joins their block's (the others end a run).
 INLINE = frozenset("a abbr b bdi bdo cite data del dfn em font i ins mark q s small span "
                    "strong sub sup time u".split())
+# Left as they are within a sentence, in place (its other kept elements: INLINE ones with
+# translate="no", class "notranslate", mentions', hashtags' and URLs' links; and INLINE
+# ones with no text, as an icon's <i></i>). A <br> is a line break: it ends the sentence,
+# as a newline does in format=text.
+PIECES = frozenset("code kbd samp var img wbr".split())
+PIECE_WORDS = 4  # What a kept element stands for in its sentence: its text, if as short.
 # A link of one of these classes is a mention or a hashtag (Mastodon's, microformats'):
 # its text is a name, whatever its href spells (percent-encoded, another case, a domain).
 NAMES = frozenset(("mention", "hashtag"))
@@ -58,49 +74,7 @@ CONTAINERS = {"td": "tr", "th": "tr", "tr": "tbody", "tbody": "table", "thead": 
               "tfoot": "table", "caption": "table", "colgroup": "table", "col": "colgroup"}
 FIRST_TAG = re.compile(r"(?:\s|<!--.*?-->)*<([A-Za-z][^\s/>]*)", re.S)  # Comments before.
 CUT_OFF_TAG = re.compile(r"<(?=[A-Za-z/])[^<>]*\Z")  # A tag the input ends inside.
-SIMILAR = 0.6  # difflib's ratio from which words are taken for an inline element's text.
-WINDOW = 40  # Words either side of an inline element's place in proportion, searched.
 _WALKER = html5lib.getTreeWalker("etree")
-
-
-class _Gap:
-  """A stretch of a text node within a run: its text as parsed, then as rendered."""
-
-  def __init__(self, text: str):
-    self.source = self.value = text
-
-
-class _Inline:
-  """An inline element within a run: it opens before gap `first` and closes before gap
-  `last` (its content: gaps first..last-1); `parent`: the index of the one around it."""
-
-  def __init__(self, first: int, parent: int | None):
-    self.first, self.last, self.parent = first, first, parent
-
-
-class _Run:
-  """Text translated as one: its gaps (text between tags) and its inline elements."""
-
-  def __init__(self):
-    self.gaps: list[_Gap] = []
-    self.inline: list[_Inline] = []
-    self.open: list[int] = []  # Inline elements open at the end, innermost last.
-
-  @property
-  def text(self) -> str:
-    return "".join(gap.source for gap in self.gaps)
-
-  def span(self, element: _Inline) -> tuple[int, int]:
-    """Where `element`'s text is in the run's text."""
-    start = sum(len(gap.source) for gap in self.gaps[:element.first])
-    return start, start + sum(len(gap.source) for gap in self.gaps[element.first:element.last])
-
-  def translated(self) -> bool:
-    return _prose(self.text)
-
-
-def _prose(text: str) -> bool:
-  return any(c.isalpha() for c in text)
 
 
 def _element(node) -> bool:
@@ -129,14 +103,40 @@ def _kept(element) -> bool:
   return bool(classes & NAMES) or bool(text and href and text in href)
 
 
+def _piece(element) -> str | None:
+  """What a kept or empty inline element stands for in its sentence (module docstring),
+  or None: it ends its run (not inline all through, or a text to translate)."""
+  if not _element(element) or any(not _element(node) or node.tag not in INLINE | PIECES
+                                  for node in element.iter()):
+    return None
+  if element.tag not in PIECES and not _kept(element) and _open_text(element).strip():
+    return None  # Words to translate: a joinable element's, or one ending its run.
+  text = _all_text(element)
+  if has_letters(text) and len(text.split()) <= PIECE_WORDS and not PROTECTED.search(text):
+    return text  # A name, a command: words of the sentence.
+  return ""  # An image, a mention, a URL, a long snippet: no words of the sentence.
+
+
+def _open_text(element) -> str | None:
+  """The text of an inline element, not kept, inline all through (kept or empty inline
+  elements within counting as what they stand for), or None."""
+  if not _element(element) or element.tag not in INLINE or _kept(element):
+    return None
+  parts = [element.text or ""]
+  for child in element:
+    inner = _open_text(child)
+    inner = _piece(child) if inner is None else inner
+    if inner is None:
+      return None
+    parts += [inner, child.tail or ""]
+  return "".join(parts)
+
+
 def _joinable(element) -> bool:
   """An inline element whose text can join its block's: inline all through, with text,
-  nothing kept, no comment, no URL, mention, hashtag or emoji within."""
-  for node in element.iter():
-    if not _element(node) or node.tag not in INLINE or _kept(node):
-      return False
-  text = _all_text(element)  # "#<span>cats</span>": a hashtag across its tags.
-  return bool(text.strip()) and not PROTECTED.search(text)
+  nothing kept but in place, no comment, no URL, mention, hashtag or emoji within."""
+  text = _open_text(element)  # "#<span>cats</span>": a hashtag across its tags.
+  return bool(text and text.strip()) and not PROTECTED.search(text)
 
 
 class _Reader:
@@ -144,12 +144,20 @@ class _Reader:
   what they are made of: fixed strings and gaps of runs."""
 
   def __init__(self):
-    self.runs: list[_Run] = []
+    self.runs: list[Run] = []
     self.slots: list[tuple[object, str, list]] = []
-    self.run: _Run | None = None
+    self.run: Run | None = None
 
   def cut(self) -> None:
     self.run = None
+
+  def keep(self, stands_for: str) -> None:
+    """A kept element or string in the current run, standing for `stands_for` there."""
+    run = self.run
+    if run is None:
+      return
+    run.inline.append(Inline(len(run.gaps), run.open[-1] if run.open else None, True))
+    run.gaps.append(Gap(stands_for, kept=True))
 
   def text(self, node, attribute: str, href: str | None) -> None:
     """Places node.text or node.tail: gaps of the current run, and what is not prose."""
@@ -161,14 +169,14 @@ class _Reader:
       parts.append(text)
       return
     for i, piece in enumerate(PROTECTED.split(text)):
-      if i % 2:
-        self.cut()
+      if i % 2:  # Left as it is, where it stands in its sentence.
         parts.append(piece)
+        self.keep("")
         continue
       if self.run is None:
-        self.run = _Run()
+        self.run = Run()
         self.runs.append(self.run)
-      gap = _Gap(piece)  # Even empty: runs alternate gaps and tags.
+      gap = Gap(piece)  # Even empty: runs alternate gaps and tags.
       self.run.gaps.append(gap)
       parts.append(gap)
 
@@ -176,12 +184,15 @@ class _Reader:
     """`element`'s text, then each child's (in runs), then each child's tail."""
     self.text(element, "text", href)
     for child in element:
+      stands_for = _piece(child) if self.run is not None else None
       if _element(child) and not _kept(child) and _joinable(child):
         run = self.run
-        run.inline.append(_Inline(len(run.gaps), run.open[-1] if run.open else None))
+        run.inline.append(Inline(len(run.gaps), run.open[-1] if run.open else None))
         run.open.append(len(run.inline) - 1)
         self.walk(child, _readable(child.get("href")) if child.tag == "a" else href)
         run.inline[run.open.pop()].last = len(run.gaps)
+      elif stands_for is not None:  # Left as it is, where it stands in its sentence.
+        self.keep(stands_for)
       else:
         self.cut()
         if _element(child) and not _kept(child):
@@ -203,93 +214,6 @@ def _parse(source: str):
                                 namespaceHTMLElements=False)
 
 
-def _words(text: str, start: int, end: int) -> list[tuple[int, int]]:
-  return [(m.start(), m.end()) for m in re.finditer(r"\S+", text[:end]) if m.start() >= start]
-
-
-def _found(text: str, wanted: list[str], start: int, end: int, near: int, whole: bool
-           ) -> tuple[int, int] | None:
-  """Where in text[start:end] one of `wanted` is, as written (nearest `near`; `whole`: as
-  whole words), or else in the most similar run of words (difflib's ratio, case-folded,
-  SIMILAR at least)."""
-  for want in wanted:
-    hits = [m.start() for m in re.finditer(f"(?={re.escape(want)})", text[:end])  # Overlapping.
-            if m.start() >= start
-            and not (whole and _inside_word(text, m.start(), m.start() + len(want)))]
-    if want.strip() and hits:
-      at = min(hits, key=lambda hit: abs(hit - near))
-      return at, at + len(want)
-  words, best, where = _words(text, start, end), SIMILAR, None
-  middle = min(range(len(words)), key=lambda i: abs(words[i][0] - near), default=0)
-  for want in {w.strip().casefold() for w in wanted if w.strip()}:
-    count, matcher = len(want.split()), difflib.SequenceMatcher(None, b=want)
-    # Starting within WINDOW words of where it stood: a sentence's words move, not far.
-    for i in range(max(0, middle - WINDOW), min(len(words), middle + WINDOW + 1)):
-      for j in range(i + max(1, count - 2), min(len(words), i + count + 2) + 1):
-        matcher.set_seq1(text[words[i][0]:words[j - 1][1]].casefold())
-        if matcher.real_quick_ratio() < best or matcher.quick_ratio() < best:
-          continue
-        score = matcher.ratio()
-        if score > best or score == best and where and abs(words[i][0] - near) < abs(
-            where[0] - near):
-          best, where = score, (words[i][0], words[j - 1][1])
-  return where
-
-
-def _inside_word(text: str, start: int, end: int) -> bool:
-  """Whether text[start:end] begins or ends within a word."""
-  return (0 < start < len(text) and text[start - 1].isalnum() and text[start].isalnum()
-          or 0 < end < len(text) and text[end - 1].isalnum() and text[end].isalnum())
-
-
-def _in_proportion(text: str, start: int, end: int, lo: int, hi: int) -> tuple[int, int]:
-  """The words of text[lo:hi] whose middles lie in [start, end], or the one nearest
-  `start`: where an inline element stood, in proportion, none of its text found."""
-  words = _words(text, lo, hi)
-  inside = [w for w in words if start <= (w[0] + w[1]) / 2 <= end]
-  if inside:
-    return inside[0][0], inside[-1][1]
-  if words:
-    return min(words, key=lambda w: abs(w[0] - start))
-  return lo, lo
-
-
-def _placed(run: _Run, translation: str, own: list[str]) -> list[tuple[int, int]]:
-  """Where each inline element of `run` goes in its `translation` (`own`: each one's own
-  translation), within its parent's place and after its previous sibling's."""
-  spans: list[tuple[int, int]] = []
-  source, last_end = run.text, {}
-  for k, element in enumerate(run.inline):
-    parent_src = (0, len(source)) if element.parent is None else run.span(
-        run.inline[element.parent])
-    top, hi = (0, len(translation)) if element.parent is None else spans[element.parent]
-    lo = max(top, last_end.get(element.parent, top))  # After its previous sibling.
-    begin, finish = run.span(element)
-    scale = (hi - top) / max(1, parent_src[1] - parent_src[0])
-    near = max(lo, top + round((begin - parent_src[0]) * scale))
-    written = source[begin:finish]
-    where = _found(translation, [own[k], written, own[k].strip(), written.strip()], lo, hi,
-                   near, not _inside_word(source, begin, finish))
-    if where is None:
-      where = _in_proportion(translation, near, top + round((finish - parent_src[0]) * scale),
-                             lo, hi)
-    spans.append(where)
-    last_end[element.parent] = where[1]
-  return spans
-
-
-def _fill(run: _Run, translation: str, spans: list[tuple[int, int]]) -> None:
-  """Each gap's text: the translation between the tags around it."""
-  cuts = [None] * (len(run.gaps) + 1)
-  cuts[0], cuts[-1] = 0, len(translation)
-  for element, (start, end) in zip(run.inline, spans):
-    cuts[element.first], cuts[element.last] = start, end
-  for i in range(1, len(cuts)):  # A gap between two closes, or two opens: as wide as 0.
-    cuts[i] = cuts[i - 1] if cuts[i] is None else max(cuts[i], cuts[i - 1])
-  for i, gap in enumerate(run.gaps):
-    gap.value = translation[cuts[i]:cuts[i + 1]]
-
-
 class Document:
   """An HTML document or fragment: `texts` to translate, and `render(translations)`."""
 
@@ -301,23 +225,27 @@ class Document:
     reader.walk(self._tree, None)
     self._slots = reader.slots
     self._runs = [run for run in reader.runs if run.translated()]
+    for run in self._runs:
+      run.settle()
 
   @property
   def prose(self) -> str:
     """The document's text to translate, its runs joined by spaces (its language's)."""
-    return " ".join(run.text for run in self._runs)
+    return " ".join(run.prose for run in self._runs)
 
   @property
   def texts(self) -> list[str]:
-    """Each run's text, then each inline element's within them (to locate them)."""
+    """Each run's text, then each inline element's within them (to locate them), but
+    for kept elements standing for no text."""
     return [run.text for run in self._runs] + [
-        run.text[slice(*run.span(e))] for run in self._runs for e in run.inline]
+        own for run in self._runs for own in map(run.written, run.inline) if own]
 
   def render(self, translations: list[str]) -> str:
     """The document with its texts replaced by `translations` (in `texts`' order)."""
     own = iter(translations[len(self._runs):])
     for run, translation in zip(self._runs, translations):
-      _fill(run, translation, _placed(run, translation, [next(own) for _ in run.inline]))
+      mine = [next(own) if run.written(e) else "" for e in run.inline]
+      fill(run, translation, placed(run, translation, mine))
     for node, attribute, parts in self._slots:
       setattr(node, attribute, "".join(p if isinstance(p, str) else p.value for p in parts))
     serializer = HTMLSerializer(quote_attr_values="always", omit_optional_tags=False,

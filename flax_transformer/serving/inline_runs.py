@@ -1,0 +1,211 @@
+"""A block's text and the inline elements within it, as one text to translate (a run), and
+where each element goes in the run's translation: markup.py's runs (format=html).
+
+An inline element with text to translate (<b>, <a href>) goes around its own translation
+where found in its run's (as written, else the most similar words, else where it stood, in
+proportion). A kept one (<code>, translate="no", an image, a mention, an emoji: markup.py
+says which) is left as it is, in its sentence: it stands there for its text if a few words
+of prose with letters on both sides of it in its run (a name, a command: the sentence is
+translated with them, and the element takes the place of its text as written or as
+translated alone, if found), else for nothing (the sentence is translated around it), and
+it goes between the words nearest where it stood, in proportion, or at the run's start or
+end when no letter stood between it and there. No word of the translation is dropped but
+what a kept element stood for.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+
+SIMILAR = 0.6  # difflib's ratio from which words are taken for an inline element's text.
+WINDOW = 40  # Words either side of an inline element's place in proportion, searched.
+
+
+class Gap:
+  """A stretch of a text node within a run: its text as parsed, then as rendered; or
+  (`kept`) what a kept element stands for in its sentence, rendered as it is."""
+
+  def __init__(self, text: str, kept: bool = False):
+    self.source = self.value = text
+    self.kept = kept
+
+
+class Inline:
+  """An inline element within a run: it opens before gap `first` and closes before gap
+  `last` (its content: gaps first..last-1); `parent`: the index of the one around it.
+  `kept`: left as it is, its one gap standing for it in the sentence."""
+
+  def __init__(self, first: int, parent: int | None, kept: bool = False):
+    self.first, self.last, self.parent, self.kept = first, first + kept, parent, kept
+
+
+class Run:
+  """Text translated as one: its gaps (text between tags) and its inline elements."""
+
+  def __init__(self):
+    self.gaps: list[Gap] = []
+    self.inline: list[Inline] = []
+    self.open: list[int] = []  # Inline elements open at the end, innermost last.
+
+  @property
+  def text(self) -> str:
+    return "".join(gap.source for gap in self.gaps)
+
+  def span(self, element: Inline) -> tuple[int, int]:
+    """Where `element`'s text is in the run's text."""
+    start = sum(len(gap.source) for gap in self.gaps[:element.first])
+    return start, start + sum(len(gap.source) for gap in self.gaps[element.first:element.last])
+
+  @property
+  def prose(self) -> str:
+    """Its text but what kept elements stand for."""
+    return "".join(gap.source for gap in self.gaps if not gap.kept)
+
+  def written(self, element: Inline) -> str:
+    return self.text[slice(*self.span(element))]
+
+  def translated(self) -> bool:
+    return has_letters(self.prose)
+
+  def settle(self) -> None:
+    """A kept element with no letter before or after it in its run (at its sentence's
+    start or end) stands for no text there: its sentence is translated as without it."""
+    for i, gap in enumerate(self.gaps):
+      before = "".join(g.source for g in self.gaps[:i] if not g.kept)
+      after = "".join(g.source for g in self.gaps[i + 1:] if not g.kept)
+      if gap.kept and not (has_letters(before) and has_letters(after)):
+        gap.source = gap.value = ""
+
+
+def has_letters(text: str) -> bool:
+  return any(c.isalpha() for c in text)
+
+
+def _words(text: str, start: int, end: int) -> list[tuple[int, int]]:
+  return [(m.start(), m.end()) for m in re.finditer(r"\S+", text[:end]) if m.start() >= start]
+
+
+def _found(text: str, wanted: list[str], start: int, end: int, near: int, whole: bool
+           ) -> tuple[int, int] | None:
+  """Where in text[start:end] one of `wanted` is, as written (nearest `near`; `whole`: as
+  whole words), or else in the most similar run of words (difflib's ratio, case-folded,
+  SIMILAR at least)."""
+  for want in wanted:
+    hits = [m.start() for m in re.finditer(f"(?={re.escape(want)})", text[:end])  # Overlapping.
+            if m.start() >= start
+            and not (whole and _inside_word(text, m.start(), m.start() + len(want)))]
+    if want.strip() and hits:
+      at = min(hits, key=lambda hit: abs(hit - near))
+      return at, at + len(want)
+  words, best, where = _words(text, start, end), SIMILAR, None
+  middle = min(range(len(words)), key=lambda i: abs(words[i][0] - near), default=0)
+  for want in {w.strip().casefold() for w in wanted if w.strip()}:
+    count, matcher = len(want.split()), difflib.SequenceMatcher(None, b=want)
+    # Starting within WINDOW words of where it stood: a sentence's words move, not far.
+    for i in range(max(0, middle - WINDOW), min(len(words), middle + WINDOW + 1)):
+      for j in range(i + max(1, count - 2), min(len(words), i + count + 2) + 1):
+        matcher.set_seq1(text[words[i][0]:words[j - 1][1]].casefold())
+        if matcher.real_quick_ratio() < best or matcher.quick_ratio() < best:
+          continue
+        score = matcher.ratio()
+        if score > best or score == best and where and abs(words[i][0] - near) < abs(
+            where[0] - near):
+          best, where = score, (words[i][0], words[j - 1][1])
+  return where
+
+
+def _inside_word(text: str, start: int, end: int) -> bool:
+  """Whether text[start:end] begins or ends within a word."""
+  return (0 < start < len(text) and text[start - 1].isalnum() and text[start].isalnum()
+          or 0 < end < len(text) and text[end - 1].isalnum() and text[end].isalnum())
+
+
+def _in_proportion(text: str, start: int, end: int, lo: int, hi: int) -> tuple[int, int]:
+  """The words of text[lo:hi] whose middles lie in [start, end], or the one nearest
+  `start`: where an inline element stood, in proportion, none of its text found."""
+  words = _words(text, lo, hi)
+  inside = [w for w in words if start <= (w[0] + w[1]) / 2 <= end]
+  if inside:
+    return inside[0][0], inside[-1][1]
+  if words:
+    return min(words, key=lambda w: abs(w[0] - start))
+  return lo, lo
+
+
+def _anchor(source: str, span: tuple[int, int], parent: tuple[int, int], translation: str,
+            lo: int, hi: int, near: int) -> int:
+  """Where a kept element goes in translation[lo:hi] when none of its text is there: at
+  the start (the end) if no letter stood before (after) it within its parent, past what
+  stood there if the translation has it too ("Hi <img>!": before the "!"); else in the
+  space between two words nearest `near`, split as the spaces around it were."""
+  before, after = source[parent[0]:span[0]], source[span[1]:parent[1]]
+  if not has_letters(before):
+    return lo + len(before) if translation[lo:hi].startswith(before) else lo
+  if not has_letters(after):
+    return hi - len(after) if translation[lo:hi].endswith(after) else hi
+  spaces = [(m.start(), m.end()) for m in re.finditer(r"\s+", translation[:hi])
+            if translation[lo:m.start()].strip() and translation[m.end():hi].strip()]
+  if not spaces:  # One word, or a script without spaces: before or after all of it.
+    return lo if near - lo < hi - near else hi
+  start, end = min(spaces, key=lambda space: min(abs(space[0] - near), abs(space[1] - near)))
+  return start + min(len(before) - len(before.rstrip()), end - start)
+
+
+def placed(run: Run, translation: str, own: list[str]) -> list[tuple[int, int]]:
+  """Where each inline element of `run` goes in its `translation` (`own`: each one's own
+  translation), within its parent's place and after its previous sibling's."""
+  spans: list[tuple[int, int]] = []
+  source, last_end = run.text, {}
+  for k, element in enumerate(run.inline):
+    parent_src = (0, len(source)) if element.parent is None else run.span(
+        run.inline[element.parent])
+    top, hi = (0, len(translation)) if element.parent is None else spans[element.parent]
+    lo = max(top, last_end.get(element.parent, top))  # After its previous sibling.
+    begin, finish = run.span(element)
+    scale = (hi - top) / max(1, parent_src[1] - parent_src[0])
+    near = max(lo, top + round((begin - parent_src[0]) * scale))
+    written = source[begin:finish]
+    if element.kept:  # Its text as written (a name, a command), or as translated alone.
+      wanted = [written, own[k], written.strip(), own[k].strip()]
+      where = _found(translation, wanted, lo, hi, near, True) if written.strip() else None
+      if where is None:
+        at = _anchor(source, (begin, finish), parent_src, translation, lo, hi, near)
+        where = at, at
+    else:
+      where = _found(translation, [own[k], written, own[k].strip(), written.strip()], lo, hi,
+                     near, not _inside_word(source, begin, finish))
+    if where is None:
+      where = _in_proportion(translation, near, top + round((finish - parent_src[0]) * scale),
+                             lo, hi)
+    spans.append(where)
+    last_end[element.parent] = where[1]
+  return spans
+
+
+def fill(run: Run, translation: str, spans: list[tuple[int, int]]) -> None:
+  """Each gap's text: the translation between the tags around it."""
+  cuts = [None] * (len(run.gaps) + 1)
+  cuts[0], cuts[-1] = 0, len(translation)
+  for element, (start, end) in zip(run.inline, spans):
+    cuts[element.first], cuts[element.last] = start, end
+  for i in range(1, len(cuts)):  # A gap between two closes, or two opens: as wide as 0.
+    cuts[i] = cuts[i - 1] if cuts[i] is None else max(cuts[i], cuts[i - 1])
+  for i, gap in enumerate(run.gaps):
+    gap.value = translation[cuts[i]:cuts[i + 1]]
+  _spaced(run, spans)
+
+
+def _spaced(run: Run, spans: list[tuple[int, int]]) -> None:
+  """A kept element placed between two words (none of its text found), that stood between
+  spaces, keeps a space either side ("Eine Katze <img> sitzt", not "Katze <img>sitzt")."""
+  for element, (start, end) in zip(run.inline, spans):
+    if not (element.kept and start == end and 0 < element.first < element.last < len(run.gaps)):
+      continue
+    before, after = run.gaps[element.first - 1], run.gaps[element.last]
+    if not (before.source[-1:].isspace() and after.source[:1].isspace()):
+      continue
+    if before.value[-1:].isspace() and after.value[:1].strip():
+      after.value = " " + after.value
+    elif after.value[:1].isspace() and before.value[-1:].strip():
+      before.value += " "
