@@ -124,9 +124,18 @@ class Languages:
   def targets_of(self, source: str) -> list[str]:
     return [t for s, t in self.pairs() if s == source]
 
+  @property
+  def every_pair(self) -> bool:
+    """Whether each of more than three languages translates into each other one (NLLB's
+    202): its pairs are then said as one list of languages, not as 202 x 201 pairs."""
+    return len(self.targets) > 3 and set(self.sources) == set(self.targets)
+
   def _known(self) -> str:
     if not self.sources:
       return f"it translates into {', '.join(self.targets)} (from a source it does not state)"
+    if self.every_pair:
+      return (f"it translates between any two of its {len(self.targets)} languages: "
+              f"{', '.join(self.targets)}")
     return ("it knows " + "; ".join(f"{s} -> {', '.join(self.targets_of(s))}"
                                    for s in self.sources))
 

@@ -48,6 +48,8 @@ class LanguageApi:
     """The pairs, as a LibreTranslate error names them: 'en to de, fr; de to en'."""
     if not self.languages.sources:
       return f"into {', '.join(map(self.shown, self.languages.targets))}"
+    if self.languages.every_pair:  # NLLB's 202: one list, not 202 x 201 pairs.
+      return f"between any two of {', '.join(map(self.shown, self.languages.targets))}"
     return "; ".join(f"{self.shown(s)} to "
                      f"{', '.join(map(self.shown, self.languages.targets_of(s)))}"
                      for s in self.languages.sources)
