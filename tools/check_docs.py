@@ -72,7 +72,7 @@ PHRASES = [
     ("docs/provenance.md", "eps/V on every class plus 1-eps on the truth", "the formula"),
     ("README.md", "Apache License 2.0", "the licence's name"),
     ("docs/provenance.md", "the 1/sqrt(d_k) scaling", "the paper's formula"),
-    ("docs/provenance.md", "within its budget of 12 minutes", "the suite's budget (issue 59), a target"),
+    ("docs/provenance.md", "over its budget of 12 minutes", "the suite's budget (issue 59), a target"),
     ("docs/faults.md", "heartbeat timeout (30 s here,", "a setting (training.distributed.HEARTBEAT_TIMEOUT_S)"),
     ("docs/multi_host.md", "gives its peers only 30 s (gloo's", "gloo's connection timeout, a library setting"),
     ("docs/accelerators.md", "`profile_first_step`+1 onwards (default 10,", SETTING),
