@@ -488,6 +488,10 @@ def test_bad_config_exits_2_with_a_message(bad_config_runs, override, message):
     ("prng_impl", "philox", "config.prng_impl must be one of threefry2x32, rbg, unsafe_rbg"),
     ("cross_entropy_backward", "auto", r"cross_entropy_backward must be one of \('fused', 'autodiff'\)"),
     ("profile_steps", -1, "profile_steps and config.profile_first_step must be >= 0"),
+    # Refused before the data is read (not after every direction's files are loaded).
+    ("pair_temperature", 0.0, r"config.pair_temperature=0.0: must be > 0"),
+    ("pair_temperature", -1.0, r"config.pair_temperature=-1.0: must be > 0"),
+    ("pair_temperature", float("nan"), r"config.pair_temperature=nan: must be > 0"),
 ])
 def test_bad_recipe_choices_are_config_errors(multi30k_dir, key, value, message):
   from flax_transformer.errors import ConfigError

@@ -48,6 +48,10 @@ def check_config(config, model: TransformerConfig | None = None) -> None:
   if config.cross_entropy_backward not in CROSS_ENTROPY_BACKWARDS:
     raise ConfigError(f"config.cross_entropy_backward must be one of {CROSS_ENTROPY_BACKWARDS}, "
                       f"got {config.cross_entropy_backward!r}")
+  temperature = config.get("pair_temperature", 1.0)
+  if not temperature > 0:  # NaN too: refused here, before the data is read.
+    raise ConfigError(f"config.pair_temperature={temperature!r}: must be > 0 (1 = the "
+                      "corpora's proportions, 5 = close to uniform)")
   if config.prng_impl not in PRNG_IMPLS:
     raise ConfigError(f"config.prng_impl must be one of {', '.join(PRNG_IMPLS)}, got "
                       f"{config.prng_impl!r}")
