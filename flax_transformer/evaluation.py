@@ -17,6 +17,7 @@ from flax_transformer.training import sharding as sharding_lib
 from flax_transformer.training.cadence import WorkDue
 from flax_transformer.training.steps import Trainer, evaluate
 from flax_transformer.translation import batching
+from flax_transformer.translation.directions import cut, token_ids
 from flax_transformer.translation.search_config import SearchConfig
 from flax_transformer.translation.programs import (batch_keys, make_search_fn, search_batches,
                                                    search_per_shape, translate_ids)
@@ -132,6 +133,7 @@ class Evaluation:
     out, n = {}, self.config.num_bleu_sentences
     sets = (self.directions if prefix == "" else
             multilingual.eval_directions(self.sets[prefix], self.tokenizer))
+    tokens = token_ids(forced for _, forced, _ in sets.values())  # '<2de>', ...
     for name, (sources, forced, references) in sets.items():
       count = len(sources) if n < 0 else min(n, len(sources))
       with jax.set_mesh(self.mesh):
@@ -141,7 +143,8 @@ class Evaluation:
       if any(h is None for h in hyps):
         logging.warning("%sBLEU cut short by the stop; not reported", prefix)
         return {}
-      hypotheses = [self.tokenizer.target.detokenize(h[0][0][len(forced):]) for h in hyps]
+      hypotheses = [self.tokenizer.target.detokenize(cut(h[0][0], len(forced), tokens))
+                    for h in hyps]
       out[f"{prefix}bleu_{name}"] = sacrebleu.corpus_bleu(hypotheses,
                                                           [references[:count]]).score
       out[f"{prefix}chrf_{name}"] = sacrebleu.corpus_chrf(hypotheses,

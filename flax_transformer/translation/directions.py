@@ -13,7 +13,7 @@ data, search.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -46,6 +46,7 @@ class Directions:
           raise DataError(f"run.json: the languages record's target token "
                           f"{languages.target_tokens[code]!r} ({code}) tokenizes to nothing")
         self._target_ids[code] = np.asarray(ids, np.int32)
+    self._token_ids = token_ids(self._target_ids.values())
 
   def resolve(self, count: int, source_lang: Codes = None, target_lang: Codes = None
               ) -> list[tuple[str | None, str | None]]:
@@ -99,6 +100,28 @@ class Directions:
             for (_, target), prefix in zip(rows, prefixes)]
 
   def written(self, ids: Sequence[int], target: str | None) -> list[int]:
-    """A hypothesis' ids as written: without its forced target token's."""
-    ids = list(ids)
-    return ids[len(self._target_ids[target]):] if self._target_ids else ids
+    """A hypothesis' ids as written: without its forced target token's (`cut`)."""
+    if not self._target_ids:
+      return list(ids)
+    return cut(ids, len(self._target_ids[target]), self._token_ids)
+
+
+def token_ids(forced: Iterable[Sequence[int]]) -> dict[int, tuple[int, ...]]:
+  """The id of each target's token ('<2de>': the last of its forced ids) -> the ids its
+  tokenization puts before it ('▁'), for `cut`."""
+  return {int(ids[-1]): tuple(int(i) for i in ids[:-1]) for ids in forced}
+
+
+def cut(ids: Sequence[int], forced: int, tokens: Mapping[int, tuple[int, ...]]) -> list[int]:
+  """A decoder_prefix hypothesis' ids as written: its first `forced` (the target token's)
+  cut, and a target token the model writes again after them dropped, with the ids of its
+  own tokenization before it ('▁'; `tokens`: `token_ids`), as transformers'
+  skip_special_tokens drops NLLB's language codes: a weakly trained model writes
+  '<2fr> Un chien'."""
+  out: list[int] = []
+  for i in map(int, list(ids)[forced:]):
+    if i not in tokens:
+      out.append(i)
+    elif (before := list(tokens[i])) and out[-len(before):] == before:
+      del out[-len(before):]
+  return out
