@@ -6,6 +6,7 @@ greedy outputs and beam-4 outputs (length_penalty=0) for three target languages 
 English source, the target language forced as the decoder's first output."""
 
 import json
+import re
 from pathlib import Path
 
 import jax
@@ -217,6 +218,52 @@ def test_bf16_tensors_import_as_stored_or_cast(tmp_path):
   save_file(mixed, str(folder / "model.safetensors"))
   with pytest.raises(DataError, match="several dtypes"):
     importer.import_folder(folder, dtype="stored")
+
+
+def test_a_sharded_save_imports_as_the_whole_file(tmp_path):
+  """A sharded save (model-0000i-of-00003.safetensors and model.safetensors.index.json,
+  as save_pretrained writes a model over max_shard_size: transformers 4.x shards at 5 GB,
+  NLLB-1.3B and 3.3B so) imports to the parameters of the one-file save; a missing shard,
+  an index that misplaces a tensor and sharded pytorch_model-*.bin files are one line."""
+  import shutil
+
+  from safetensors.numpy import load_file, save_file
+
+  from flax_transformer.errors import DataError
+  folder = tmp_path / "nllb_sharded"
+  shutil.copytree(FIXTURES / "nllb", folder)
+  tensors = load_file(str(folder / "model.safetensors"))
+  (folder / "model.safetensors").unlink()
+  names = sorted(tensors)
+  weight_map = {}
+  for i, part in enumerate((names[:30], names[30:60], names[60:])):
+    shard = f"model-{i + 1:05d}-of-00003.safetensors"
+    save_file({name: tensors[name] for name in part}, str(folder / shard),
+              metadata={"format": "pt"})
+    weight_map.update(dict.fromkeys(part, shard))
+  index = folder / "model.safetensors.index.json"
+  index.write_text(json.dumps({"metadata": {"total_size": sum(
+      t.nbytes for t in tensors.values())}, "weight_map": weight_map}, indent=2))
+  for name, source in (("whole", FIXTURES / "nllb"), ("sharded", folder)):
+    importer.import_model(source, tmp_path / name)
+  params = {}
+  for name in ("whole", "sharded"):
+    model_config, _ = read_run(tmp_path / name)
+    params[name] = load_params(tmp_path / name, model_config)[0]
+  jax.tree.map(np.testing.assert_array_equal, params["whole"], params["sharded"])
+  moved = dict(weight_map, **{names[0]: "model-00002-of-00003.safetensors"})
+  for change, named in (
+      (lambda: index.write_text(json.dumps({"weight_map": moved})),
+       f"tensor '{names[0]}' is in model-00001-of-00003.safetensors, the index names "
+       "model-00002-of-00003.safetensors"),
+      (lambda: (folder / "model-00003-of-00003.safetensors").unlink(),
+       "model-00003-of-00003.safetensors not found (named by model.safetensors.index.json)"),
+      (lambda: (index.unlink(), (folder / "pytorch_model.bin.index.json").write_text("{}")),
+       "sharded pytorch_model-*.bin files but no safetensors")):
+    change()
+    with pytest.raises(DataError, match=re.escape(named)) as error:
+      importer.import_folder(folder)
+    assert "\n" not in str(error.value)
 
 
 def test_the_vocabulary_is_padded_to_split_and_the_padding_is_never_produced(tmp_path):
