@@ -8,7 +8,10 @@ ISO 639-1 code where one exists (arb -> ar, zsm -> ms, pes -> fa), 3-letter code
 otherwise (ace), and the script dropped where it is the language's usual one (CLDR's
 likely subtags): 'zho_Hans' is 'zh', 'zho_Hant' is 'zh-Hant', 'srp_Cyrl' is 'sr',
 'ace_Latn' 'ace' and 'ace_Arab' 'ace-Arab'. So a language written in two scripts gives
-its bare ISO code to its usual script and keeps the script in the other's. Where two of
+its bare ISO code to its usual script and keeps the script in the other's; a language
+the model has in one script only takes its bare code too (kor_Hang: 'ko', though CLDR's
+usual Korean script is Kore; listed so). A code with a region is read by the region's
+script ('zh-TW' is 'zh-Hant', 'zh-CN' 'zh', 'pt-BR' 'pt'). Where two of
 a model's codes would take one form (two varieties folded into one macrolanguage), the
 form goes to the code whose own language is the macrolanguage's ISO code, else to none of
 them; a code left without one takes its unfolded form where that is free (twi_Latn: 'tw',
@@ -73,6 +76,11 @@ def aliases(model_codes: Iterable[str]) -> dict[str, str]:
     form = iso_form(code, macro=False)
     if form not in out and form not in by_form:
       out[form] = code
+  languages = [form.split("-")[0] for form in out]
+  for form, code in list(out.items()):  # kor_Hang: 'ko-Hang' (CLDR's Korean is Kore), 'ko'.
+    language, *rest = form.split("-")
+    if len(rest) == 1 and len(rest[0]) == 4 and languages.count(language) == 1:
+      out[language] = code
   return out
 
 
@@ -90,12 +98,29 @@ def resolve(code: str, model_codes: Iterable[str],
   if code in table:
     return table[code]
   form = iso_form(code)
-  return table.get(form)
+  return table.get(form) or table.get(_without_region(code) or "")
+
+
+def _without_region(code: str) -> str | None:
+  """The ISO form of a code with a region, the region's usual script kept where it is not
+  the language's: 'zh-TW' -> 'zh-Hant', 'zh-CN' -> 'zh', 'pt-BR' -> 'pt' (None without a
+  region)."""
+  import langcodes
+  try:
+    language = langcodes.Language.get(langcodes.standardize_tag(code.replace("_", "-")))
+  except (ValueError, LookupError):
+    return None
+  if not language.territory or not language.language:
+    return None
+  script = language.script or language.maximize().script
+  return iso_form(language.update_dict({"territory": None, "script": script}).to_tag())
 
 
 def listed(model_codes: Iterable[str]) -> list[tuple[str, str]]:
   """(the code a client sees: its ISO form where the model's code has one, the model's
   code) for each of `model_codes`, in their order: what /languages lists."""
-  table = aliases(model_codes)
-  back = {model: form for form, model in table.items()}
+  back: dict[str, str] = {}
+  for form, model in aliases(model_codes).items():  # The shortest: 'ko', not 'ko-Hang'.
+    if model not in back or len(form) < len(back[model]):
+      back[model] = form
   return [(back.get(code, code), code) for code in model_codes]

@@ -37,3 +37,20 @@ def test_both_forms_resolve_in_any_spelling():
 def test_listed_gives_the_iso_form_where_one_exists():
   assert language_codes.listed(["eng_Latn", "zho_Hans", "zho_Hant"]) == [
       ("en", "eng_Latn"), ("zh", "zho_Hans"), ("zh-Hant", "zho_Hant")]
+
+
+def test_a_language_in_one_script_and_codes_with_a_region_resolve():
+  """Korean is kor_Hang in NLLB-200, CLDR's usual Korean script Kore: 'ko' (what a
+  LibreTranslate client sends) found no code and /languages listed 'ko-Hang' (so the
+  language identifier never detected it). Browsers' and Google's codes carry a region:
+  'zh-TW' is Traditional, 'zh-CN' Simplified, 'pt-BR' and 'en-US' the language."""
+  codes = [*NLLB, "kor_Hang", "por_Latn", "tzm_Tfng", "taq_Latn", "taq_Tfng"]
+  for asked, want in (("ko", "kor_Hang"), ("ko-KR", "kor_Hang"), ("zh-TW", "zho_Hant"),
+                      ("zh-HK", "zho_Hant"), ("zh-CN", "zho_Hans"), ("pt-BR", "por_Latn"),
+                      ("en-US", "eng_Latn"), ("tzm", "tzm_Tfng"), ("taq", "taq_Latn"),
+                      ("sr-Latn", None), ("ko-Latn", None)):
+    assert language_codes.resolve(asked, codes) == want, asked
+  listed = dict((model, shown) for shown, model in language_codes.listed(codes))
+  assert (listed["kor_Hang"], listed["tzm_Tfng"], listed["taq_Tfng"]) == ("ko", "tzm",
+                                                                           "taq-Tfng")
+  assert language_codes.resolve("zh-TW", ["en", "zh"]) is None  # M2M100's zh: one script.
