@@ -7,7 +7,12 @@ folder's size plus 1 GB (issue 77). Prints a table, writes JSON.
     --json=results/bench/import_memory.json
 --make_with: a Python with torch and transformers that builds the folder when it is
 absent (the tokenizer's files are tests/fixtures/nllb's: a model may have more rows than
-its tokenizer has ids, as NLLB's has 2).
+its tokenizer has ids, as NLLB's has 2). The embedding rows (tied to the output
+projection; M2M100's lm_head has no bias) of the ids that tokenizer lacks (all but its
+407) are zeros: their logits are 0 while the real pieces' spread around 0, so generation
+picks real pieces and outputs decode to text (bench/nllb_speed.py compares texts; with
+random rows both engines emitted ids the tokenizer cannot spell and every output was
+empty). Shape, size and dtype are unchanged.
 """
 
 from __future__ import annotations
@@ -27,11 +32,18 @@ SHAPE = dict(vocab_size=256206, d_model=1024, encoder_layers=12, decoder_layers=
              decoder_attention_heads=16, max_position_embeddings=1024)
 MAKE = """
 import sys, torch
-from transformers import M2M100Config, M2M100ForConditionalGeneration
+from transformers import AutoTokenizer, M2M100Config, M2M100ForConditionalGeneration
 torch.manual_seed(0)
 config = M2M100Config(**{shape}, scale_embedding=True, pad_token_id=1, bos_token_id=0,
                       eos_token_id=2, decoder_start_token_id=2, dropout=0.1)
-M2M100ForConditionalGeneration(config).save_pretrained(sys.argv[1], safe_serialization=True)
+model = M2M100ForConditionalGeneration(config)
+spelled = torch.zeros(config.vocab_size, dtype=torch.bool)
+spelled[list(AutoTokenizer.from_pretrained(sys.argv[2]).get_vocab().values())] = True
+assert model.lm_head.weight.data_ptr() == model.model.shared.weight.data_ptr(), "not tied"
+assert model.lm_head.bias is None, "lm_head has a bias"
+with torch.no_grad():
+  model.model.shared.weight[~spelled] = 0
+model.save_pretrained(sys.argv[1], safe_serialization=True)
 """
 CONVERT_ONLY = """
 import resource, sys
@@ -44,9 +56,10 @@ TOKENIZER = ("sentencepiece.bpe.model", "tokenizer.json", "tokenizer_config.json
 
 def make(folder: Path, python: str) -> None:
   folder.mkdir(parents=True)
-  subprocess.run([python, "-c", MAKE.format(shape=SHAPE), str(folder)], check=True)
+  fixture = ROOT / "tests" / "fixtures" / "nllb"
+  subprocess.run([python, "-c", MAKE.format(shape=SHAPE), str(folder), str(fixture)], check=True)
   for name in TOKENIZER:
-    shutil.copy(ROOT / "tests" / "fixtures" / "nllb" / name, folder / name)
+    shutil.copy(fixture / name, folder / name)
 
 
 def main() -> int:

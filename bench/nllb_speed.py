@@ -10,16 +10,24 @@ decode.py seconds include its compiles.
 Runs under a Python with torch and transformers; the project's Python (--python) runs
 import_model.py and decode.py. --folder: an M2M100ForConditionalGeneration folder with
 NllbTokenizer's files (bench/import_memory.py --make_with makes one of
-NLLB-200-distilled-600M's shape with random weights). On the first --sentences English
-lines of Multi30k's test 2016, for each target, beam 4 at the length rule both share
-(generate: length_penalty 0, EOS forced at source tokens + --max_extra, the target's
-code forced first; decode.py: --alpha=0 --eos_within_beam), alternating rounds of:
+NLLB-200-distilled-600M's shape with random weights, the rows of the ids its tokenizer
+has no piece for zeroed so that outputs are text). Refused (exit 2) before timing: a
+folder whose model emits, greedily on the first sentence, ids its tokenizer cannot
+spell (outputs would be empty), or a `FOLDER_workdir` older than the folder's files.
+On the first --sentences English lines of Multi30k's test 2016, for each target, beam 4
+at the length rule both share (generate: length_penalty 0, EOS forced at source tokens
++ --max_extra, the target's code forced first; decode.py: --alpha=0 --eos_within_beam),
+alternating rounds of:
 - decode.py, one launch per target as a user runs it (its compilation cache fresh per
   bench run: round 1 compiles, later rounds read it);
 - generate in this process (model loaded once), sources grouped by equal token length
   (each group its own length limit), at most --batch a call; torch on 2 threads.
 The outputs' texts are compared line by line (decode.py's against
-NllbTokenizer.decode(skip_special_tokens=True)).
+NllbTokenizer.decode(skip_special_tokens=True)). An empty line shows nothing, so the
+JSON's `equality` is "shown" only when every line of every target is identical and
+non-empty, else "vacuous" (identical, some empty) or "differs"; per target it records
+`identical_outputs`, `nonempty_outputs` (each engine's), `identical_nonempty` and the
+first lines of each engine (`examples`). Exit 1 (after the table and JSON) unless shown.
 """
 
 from __future__ import annotations
@@ -63,7 +71,43 @@ def generate_all(model, tokenizer, texts, targets, *, batch: int, max_extra: int
   return out
 
 
-def main() -> None:
+def compare(ours: dict, theirs: dict, count: int) -> dict:
+  """The JSON's equality fields from target -> each engine's output lines."""
+  fields = {"identical_outputs": {}, "nonempty_outputs": {}, "identical_nonempty": {},
+            "examples": {}}
+  for target, lines in ours.items():
+    pairs = list(zip(lines, theirs[target]))
+    fields["identical_outputs"][target] = sum(a == b for a, b in pairs)
+    fields["identical_nonempty"][target] = sum(a == b != "" for a, b in pairs)
+    fields["nonempty_outputs"][target] = {"decode.py": sum(a != "" for a in lines),
+                                          "transformers": sum(b != "" for b in theirs[target])}
+    fields["examples"][target] = [{"decode.py": a, "transformers": b} for a, b in pairs[:3]]
+  shown = all(n == count for n in fields["identical_nonempty"].values())
+  same = all(n == count and len(ours[t]) == count
+             for t, n in fields["identical_outputs"].items())
+  fields["equality"] = "shown" if shown and same else "vacuous" if same else "differs"
+  return fields
+
+
+def refuse_unusable(folder: Path, workdir: Path, model, tokenizer, text: str, target: str):
+  """Exits 2 naming the problem when the run could not show equality or would time a
+  stale import; the check costs one short greedy generate."""
+  newest = max(f.stat().st_mtime for f in folder.iterdir())
+  if workdir.exists() and workdir.stat().st_mtime < newest:
+    print(f"{workdir} is older than {folder}'s files: remove it to re-import", file=sys.stderr)
+    raise SystemExit(2)
+  inputs = tokenizer([text], return_tensors="pt")
+  ids = model.generate(**inputs, num_beams=1, do_sample=False, max_new_tokens=8,
+                       forced_bos_token_id=tokenizer.convert_tokens_to_ids(target))[0]
+  unspelled = sorted(set(ids.tolist()) - set(tokenizer.get_vocab().values()))
+  if unspelled:
+    print(f"--folder={folder}: its model generates ids its tokenizer has no piece for "
+          f"({unspelled[:5]}): outputs would decode to empty text; make the folder with "
+          "bench/import_memory.py's make", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def flags():
   parser = common.parser(__doc__)
   parser.add_argument("--folder", required=True)
   parser.add_argument("--source", default="eng_Latn")
@@ -73,11 +117,13 @@ def main() -> None:
   parser.add_argument("--batch", type=int, default=16, help="generate: sentences a call")
   parser.add_argument("--rounds", type=int, default=2)
   parser.add_argument("--python", default=str(common.ROOT / ".venv" / "bin" / "python"))
-  args = parser.parse_args()
+  return parser.parse_args()
+
+
+def main() -> None:
+  args = flags()
   load_start = os.getloadavg()
   folder, workdir = Path(args.folder), Path(f"{args.folder}_workdir")
-  if not workdir.exists():
-    common.run_script(args.python, "import_model.py", f"--from={folder}", f"--workdir={workdir}")
   import torch
   import transformers
   from transformers import M2M100ForConditionalGeneration, NllbTokenizer
@@ -87,6 +133,9 @@ def main() -> None:
   model = M2M100ForConditionalGeneration.from_pretrained(folder).eval()
   tokenizer = NllbTokenizer.from_pretrained(folder, src_lang=args.source)
   texts, targets = sources(args.sentences), args.targets.split(",")
+  refuse_unusable(folder, workdir, model, tokenizer, texts[0], targets[0])
+  if not workdir.exists():
+    common.run_script(args.python, "import_model.py", f"--from={folder}", f"--workdir={workdir}")
   tmp = Path(tempfile.mkdtemp(prefix="nllb_speed_"))
   (tmp / "src.txt").write_text("".join(t + "\n" for t in texts))
   theirs: dict = {}
@@ -110,16 +159,21 @@ def main() -> None:
           for name, seconds in times.items()]
   for row in rows:
     row["vs_transformers"] = row["sentences_per_s"] / rows[-1]["sentences_per_s"]
-  identical = {t: sum(a == b for a, b in zip((tmp / t).read_text().splitlines(), theirs[t]))
-               for t in targets}
+  equal = compare({t: (tmp / t).read_text().splitlines() for t in targets}, theirs, len(texts))
   common.print_table(rows, ["engine", "median_s", "sentences_per_s", "vs_transformers"])
-  print(f"identical outputs: {identical} of {len(texts)} each")
+  print(f"identical outputs: {equal['identical_outputs']} of {len(texts)} each; "
+        f"identical and non-empty: {equal['identical_nonempty']}; "
+        f"non-empty: {equal['nonempty_outputs']}")
   common.write_json(args.json, {
       "command": common.bench_command(), "folder": str(folder), "sentences": len(texts),
       "source": args.source, "targets": targets, "beam": 4, "max_extra": args.max_extra,
-      "rows": rows, "identical_outputs": identical,
+      "rows": rows, **equal,
       "versions": {"transformers": transformers.__version__, "torch": torch.__version__},
       "load_average": {"start": load_start, "end": os.getloadavg()}})
+  if equal["equality"] != "shown":
+    print(f"EQUALITY NOT SHOWN ({equal['equality']}): see identical_nonempty and examples",
+          file=sys.stderr)
+    sys.exit(1)
 
 
 if __name__ == "__main__":
