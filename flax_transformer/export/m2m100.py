@@ -20,14 +20,13 @@ What the import did, undone:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from flax_transformer.errors import ConfigError
-from flax_transformer.export import layout, write_manifest
+from flax_transformer.export import bart, layout
 from flax_transformer.network import config_fields
 from flax_transformer.network.activations import ACTIVATIONS
 from flax_transformer.network.config import TransformerConfig
@@ -83,33 +82,7 @@ def vocabulary_order(config: TransformerConfig) -> np.ndarray:
 
 def _tensors(config: TransformerConfig, model: layout.Model) -> dict[str, np.ndarray]:
   """M2M100ForConditionalGeneration's state dict (the positions are recomputed at load)."""
-  out: dict[str, np.ndarray] = {}
-
-  def linear(name: str, linear: layout.Linear) -> None:
-    out[f"{name}.weight"] = np.ascontiguousarray(linear.weight)
-    out[f"{name}.bias"] = (np.zeros(linear.weight.shape[0], np.float32) if linear.bias is None
-                           else linear.bias)
-
-  def norm(name: str, norm: layout.Norm) -> None:
-    out[f"{name}.weight"], out[f"{name}.bias"] = norm.scale, norm.bias
-
-  def attention(name: str, attention: layout.Attention, norm_name: str) -> None:
-    for ours, theirs in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj"),
-                         ("out", "out_proj")):
-      linear(f"{name}.{theirs}", getattr(attention, ours))
-    norm(norm_name, attention.norm)
-
-  for side, stack in (("encoder", model.encoder), ("decoder", model.decoder)):
-    for i, layer in enumerate(stack.layers):
-      prefix = f"model.{side}.layers.{i}"
-      attention(f"{prefix}.self_attn", layer.self_attention, f"{prefix}.self_attn_layer_norm")
-      if layer.cross_attention is not None:
-        attention(f"{prefix}.encoder_attn", layer.cross_attention,
-                  f"{prefix}.encoder_attn_layer_norm")
-      linear(f"{prefix}.fc1", layer.w1)
-      linear(f"{prefix}.fc2", layer.w2)
-      norm(f"{prefix}.final_layer_norm", layer.ffn_norm)
-    norm(f"model.{side}.layer_norm", stack.final_norm)
+  out = bart.layer_tensors(model)
   theirs = np.empty((rows(config), config.d_model), np.float32)
   theirs[vocabulary_order(config)] = model.encoder.embedding[:rows(config)]
   out["model.shared.weight"] = theirs  # Tied: both stacks' embed_tokens and lm_head.
@@ -209,11 +182,5 @@ def convert(config: TransformerConfig, params: dict[str, Any], tokenizer, out_di
   files["generation_config.json"] = generation_config(config, search)
   tensors = _tensors(config, layout.unpack(config, params))
   files["model.safetensors"] = save(tensors, metadata={"format": "pt"})
-  out = Path(out_dir)
-  out.mkdir(parents=True, exist_ok=True)
-  for name, value in files.items():
-    (out / name).write_bytes(value if isinstance(value, bytes) else (
-        json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode())
-  write_manifest(out, {"format": FORMAT, "max_len": config.max_len, "search": search,
-                       **(provenance or {})})
-  return out
+  return bart.write_folder(out_dir, files, {"format": FORMAT, "max_len": config.max_len,
+                                            "search": search, **(provenance or {})})

@@ -63,7 +63,6 @@ How our model becomes transformers' Marian (models/marian/modeling_marian.py, 5.
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -72,7 +71,7 @@ import numpy as np
 
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from flax_transformer.errors import ConfigError
-from flax_transformer.export import layout, write_manifest
+from flax_transformer.export import bart, layout
 from flax_transformer.network import config_fields
 from flax_transformer.network.activations import ACTIVATIONS
 from flax_transformer.network.config import TransformerConfig
@@ -137,35 +136,8 @@ def _tensors(config: TransformerConfig, model: layout.Model, perm: np.ndarray
              ) -> dict[str, np.ndarray]:
   """MarianMTModel's state dict: our arrays, the model dimension permuted by `perm`, the
   vocabulary reordered (`vocabulary_order`)."""
-  out: dict[str, np.ndarray] = {}
+  out = bart.layer_tensors(model, perm)
 
-  def linear(name: str, linear: layout.Linear, *, reads: bool, writes: bool) -> None:
-    """reads/writes: the input/output side is the model dimension (permuted)."""
-    weight = linear.weight[perm] if writes else linear.weight
-    weight = weight[:, perm] if reads else weight
-    bias = np.zeros(weight.shape[0], np.float32) if linear.bias is None else linear.bias
-    out[f"{name}.weight"] = np.ascontiguousarray(weight)
-    out[f"{name}.bias"] = bias[perm] if writes else bias
-
-  def norm(name: str, norm: layout.Norm) -> None:
-    out[f"{name}.weight"], out[f"{name}.bias"] = norm.scale[perm], norm.bias[perm]
-
-  def attention(name: str, attention: layout.Attention, norm_name: str) -> None:
-    for ours, theirs in (("query", "q_proj"), ("key", "k_proj"), ("value", "v_proj")):
-      linear(f"{name}.{theirs}", getattr(attention, ours), reads=True, writes=False)
-    linear(f"{name}.out_proj", attention.out, reads=False, writes=True)
-    norm(norm_name, attention.norm)
-
-  for side, stack in (("encoder", model.encoder), ("decoder", model.decoder)):
-    for i, layer in enumerate(stack.layers):
-      prefix = f"model.{side}.layers.{i}"
-      attention(f"{prefix}.self_attn", layer.self_attention, f"{prefix}.self_attn_layer_norm")
-      if layer.cross_attention is not None:
-        attention(f"{prefix}.encoder_attn", layer.cross_attention,
-                  f"{prefix}.encoder_attn_layer_norm")
-      linear(f"{prefix}.fc1", layer.w1, reads=True, writes=False)
-      linear(f"{prefix}.fc2", layer.w2, reads=False, writes=True)
-      norm(f"{prefix}.final_layer_norm", layer.ffn_norm)
   def embedding(matrix: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(matrix[vocabulary_order(len(matrix))][:, perm])
 
@@ -284,11 +256,5 @@ def convert(config: TransformerConfig, params: dict[str, Any], tokenizer, out_di
   files["generation_config.json"] = generation_config(config.without_vocab_padding(), search)
   # As bytes: safetensors' save_file makes its file private (0600), unlike the others.
   files["model.safetensors"] = save(_tensors(config, model, perm), metadata={"format": "pt"})
-  out = Path(out_dir)
-  out.mkdir(parents=True, exist_ok=True)
-  for name, value in files.items():
-    (out / name).write_bytes(value if isinstance(value, bytes) else (
-        json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode())
-  write_manifest(out, {"format": FORMAT, "max_len": config.max_len, "search": search,
-                       **(provenance or {})})
-  return out
+  return bart.write_folder(out_dir, files, {"format": FORMAT, "max_len": config.max_len,
+                                            "search": search, **(provenance or {})})
