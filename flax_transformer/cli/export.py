@@ -70,25 +70,18 @@ def _write(fmt: str, translator: Translator, folder: Path, target: Path, *,
     return (f"Wrote {len(manifest['shapes'])} beam search shapes for {','.join(platforms)} "
             f"to {target}; translate with: python {target / 'translate.py'} < in > out")
   config, params = translator.member(0)
-  if fmt == "transformers" and (getattr(translator.tokenizer, "spec", None) or {}).get(
-      "kind") == "m2m100":
-    from flax_transformer.export import m2m100
-
-    m2m100.convert(config, params, translator.tokenizer, folder,
-                   search={"beam_size": search.beam_size, "alpha": search.alpha},
-                   provenance=record)
-    return (f"Wrote a transformers M2M100ForConditionalGeneration folder (steps "
-            f"{translator.checkpoint_steps[0]} averaged) to {target}; load it with "
-            f"AutoModelForSeq2SeqLM.from_pretrained and AutoTokenizer.from_pretrained")
   if fmt == "transformers":
-    from flax_transformer.export import marian
+    from flax_transformer.export import m2m100, marian
 
-    marian.convert(config, params, translator.tokenizer, folder,
+    imported_m2m100 = (getattr(translator.tokenizer, "spec", None) or {}).get(
+        "kind") == "m2m100"
+    module = m2m100 if imported_m2m100 else marian
+    module.convert(config, params, translator.tokenizer, folder,
                    search={"beam_size": search.beam_size, "alpha": search.alpha},
                    provenance=record)
-    return (f"Wrote a transformers MarianMTModel folder (steps "
+    return (f"Wrote a transformers {module.ARCHITECTURE} folder (steps "
             f"{translator.checkpoint_steps[0]} averaged) to {target}; load it with "
-            f"MarianMTModel.from_pretrained and MarianTokenizer.from_pretrained")
+            f"{module.LOADED_BY}")
   from flax_transformer.export import ct2
 
   ct2.convert(config, params, translator.tokenizer, folder, quantization=quantization,

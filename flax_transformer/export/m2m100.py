@@ -32,6 +32,8 @@ from flax_transformer.network.activations import ACTIVATIONS
 from flax_transformer.network.config import TransformerConfig
 
 FORMAT = "flax_transformer.transformers-m2m100/1"
+ARCHITECTURE = "M2M100ForConditionalGeneration"  # config.json's; export.py names it.
+LOADED_BY = "AutoModelForSeq2SeqLM.from_pretrained and AutoTokenizer.from_pretrained"
 LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default, which M2M100's layers keep.
 FAIRSEQ_IDS = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}  # m2m100_tokenizer.SPECIALS.
 # NllbTokenizer's added tokens (AddedToken's flags); its '<mask>' takes the space before it
@@ -98,7 +100,7 @@ def special_ids(config: TransformerConfig) -> dict[str, int]:
 def m2m100_config(config: TransformerConfig) -> dict[str, Any]:
   """config.json: M2M100Config's fields."""
   return {
-      "architectures": ["M2M100ForConditionalGeneration"], "model_type": "m2m_100",
+      "architectures": [ARCHITECTURE], "model_type": "m2m_100",
       "vocab_size": rows(config), "d_model": config.d_model,
       "encoder_layers": config.encoder_layers, "decoder_layers": config.decoder_layers,
       "encoder_attention_heads": config.num_heads, "decoder_attention_heads": config.num_heads,

@@ -78,6 +78,8 @@ from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.layers import sinusoidal_position_encoding
 
 FORMAT = "flax_transformer.transformers/1"
+ARCHITECTURE = "MarianMTModel"  # config.json's; export.py names it.
+LOADED_BY = "MarianMTModel.from_pretrained and MarianTokenizer.from_pretrained"
 LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default, which Marian's layers keep.
 # The computed config fields (network/config_fields.py) this export writes; any other
 # away from its default is refused, named, so that a field added to the model is never
@@ -165,7 +167,7 @@ def marian_ids(config: TransformerConfig) -> dict[str, int]:
 def marian_config(config: TransformerConfig) -> dict[str, Any]:
   """config.json: MarianConfig's fields."""
   return {
-      "architectures": ["MarianMTModel"], "model_type": "marian",
+      "architectures": [ARCHITECTURE], "model_type": "marian",
       "vocab_size": config.source_vocab, "decoder_vocab_size": config.vocab_size,
       "d_model": config.d_model, "encoder_layers": config.encoder_layers,
       "decoder_layers": config.decoder_layers, "encoder_attention_heads": config.num_heads,
