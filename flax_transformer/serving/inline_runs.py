@@ -88,16 +88,11 @@ def _words(text: str, start: int, end: int) -> list[tuple[int, int]]:
 
 def _found(text: str, wanted: list[str], start: int, end: int, near: int, whole: bool
            ) -> tuple[int, int] | None:
-  """Where in text[start:end] one of `wanted` is, as written (nearest `near`; `whole`: as
-  whole words), or else in the most similar run of words (difflib's ratio, case-folded,
-  SIMILAR at least)."""
-  for want in wanted:
-    hits = [m.start() for m in re.finditer(f"(?={re.escape(want)})", text[:end])  # Overlapping.
-            if m.start() >= start
-            and not (whole and _inside_word(text, m.start(), m.start() + len(want)))]
-    if want.strip() and hits:
-      at = min(hits, key=lambda hit: abs(hit - near))
-      return at, at + len(want)
+  """Where in text[start:end] one of `wanted` is, as written (`_exact`), or else in the
+  most similar run of words (difflib's ratio, case-folded, SIMILAR at least)."""
+  where = _exact(text, wanted, start, end, near, whole)
+  if where is not None:
+    return where
   words, best, where = _words(text, start, end), SIMILAR, None
   middle = min(range(len(words)), key=lambda i: abs(words[i][0] - near), default=0)
   for want in {w.strip().casefold() for w in wanted if w.strip()}:
@@ -113,6 +108,20 @@ def _found(text: str, wanted: list[str], start: int, end: int, near: int, whole:
             where[0] - near):
           best, where = score, (words[i][0], words[j - 1][1])
   return where
+
+
+def _exact(text: str, wanted: list[str], start: int, end: int, near: int, whole: bool
+           ) -> tuple[int, int] | None:
+  """Where in text[start:end] the first of `wanted` found is, as written (nearest `near`;
+  `whole`: as whole words)."""
+  for want in wanted:
+    hits = [m.start() for m in re.finditer(f"(?={re.escape(want)})", text[:end])  # Overlapping.
+            if m.start() >= start
+            and not (whole and _inside_word(text, m.start(), m.start() + len(want)))]
+    if want.strip() and hits:
+      at = min(hits, key=lambda hit: abs(hit - near))
+      return at, at + len(want)
+  return None
 
 
 def _inside_word(text: str, start: int, end: int) -> bool:
@@ -135,15 +144,19 @@ def _in_proportion(text: str, start: int, end: int, lo: int, hi: int) -> tuple[i
 
 def _anchor(source: str, span: tuple[int, int], parent: tuple[int, int], translation: str,
             lo: int, hi: int, near: int) -> int:
-  """Where a kept element goes in translation[lo:hi] when none of its text is there: at
-  the start (the end) if no letter stood before (after) it within its parent, past what
+  """Where a kept element goes in translation[lo:hi] when none of its text is there
+  (`parent`: where its source text may be, from its previous sibling's end to its parent's
+  end): at the start (the end) if no letter stood before (after) it there, past what
   stood there if the translation has it too ("Hi <img>!": before the "!"); else in the
-  space between two words nearest `near`, split as the spaces around it were."""
+  space between two words nearest `near`, split as the spaces around it were (at `near`
+  if it stood within a word)."""
   before, after = source[parent[0]:span[0]], source[span[1]:parent[1]]
   if not has_letters(before):
     return lo + len(before) if translation[lo:hi].startswith(before) else lo
   if not has_letters(after):
     return hi - len(after) if translation[lo:hi].endswith(after) else hi
+  if not before[-1:].isspace() and not after[:1].isspace():  # Within a word ("x<wbr>y").
+    return min(max(lo, near), hi)
   spaces = [(m.start(), m.end()) for m in re.finditer(r"\s+", translation[:hi])
             if translation[lo:m.start()].strip() and translation[m.end():hi].strip()]
   if not spaces:  # One word, or a script without spaces: before or after all of it.
@@ -156,7 +169,7 @@ def placed(run: Run, translation: str, own: list[str]) -> list[tuple[int, int]]:
   """Where each inline element of `run` goes in its `translation` (`own`: each one's own
   translation), within its parent's place and after its previous sibling's."""
   spans: list[tuple[int, int]] = []
-  source, last_end = run.text, {}
+  source, last_end, last_source_end = run.text, {}, {}
   for k, element in enumerate(run.inline):
     parent_src = (0, len(source)) if element.parent is None else run.span(
         run.inline[element.parent])
@@ -166,11 +179,12 @@ def placed(run: Run, translation: str, own: list[str]) -> list[tuple[int, int]]:
     scale = (hi - top) / max(1, parent_src[1] - parent_src[0])
     near = max(lo, top + round((begin - parent_src[0]) * scale))
     written = source[begin:finish]
-    if element.kept:  # Its text as written (a name, a command), or as translated alone.
-      wanted = [written, own[k], written.strip(), own[k].strip()]
-      where = _found(translation, wanted, lo, hi, near, True) if written.strip() else None
+    if element.kept or not written.strip():  # Its text as written, or as translated alone:
+      wanted = [written, own[k], written.strip(), own[k].strip()]  # never a similar word's.
+      where = _exact(translation, wanted, lo, hi, near, not _inside_word(source, begin, finish))
       if where is None:
-        at = _anchor(source, (begin, finish), parent_src, translation, lo, hi, near)
+        after_sibling = (last_source_end.get(element.parent, parent_src[0]), parent_src[1])
+        at = _anchor(source, (begin, finish), after_sibling, translation, lo, hi, near)
         where = at, at
     else:
       where = _found(translation, [own[k], written, own[k].strip(), written.strip()], lo, hi,
@@ -179,7 +193,7 @@ def placed(run: Run, translation: str, own: list[str]) -> list[tuple[int, int]]:
       where = _in_proportion(translation, near, top + round((finish - parent_src[0]) * scale),
                              lo, hi)
     spans.append(where)
-    last_end[element.parent] = where[1]
+    last_end[element.parent], last_source_end[element.parent] = where[1], finish
   return spans
 
 
