@@ -370,6 +370,21 @@ def headless_chromium():
     browser.quit()
 
 
+def translations_shown(browser, seconds: float) -> list[str]:
+  """Clicks the page's Translate and returns the translations it shows, once it marks them
+  done (within `seconds`), asserting it shows no error (test_multilingual.py's page test
+  too)."""
+  from selenium.webdriver.common.by import By
+  from selenium.webdriver.support.ui import WebDriverWait
+
+  browser.find_element(By.ID, "translate").click()
+  WebDriverWait(browser, seconds).until(
+      lambda b: b.find_element(By.ID, "translations").get_attribute("data-done")
+      or b.find_element(By.ID, "error").text)
+  assert browser.find_element(By.ID, "error").text == ""
+  return [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#translations li")]
+
+
 def test_the_page_translates_in_headless_chromium(server, expected):
   from selenium.webdriver.common.by import By
   from selenium.webdriver.support.ui import WebDriverWait
@@ -385,14 +400,8 @@ def test_the_page_translates_in_headless_chromium(server, expected):
     assert {f: (e.get_attribute("value"), e.get_attribute("placeholder"))
             for f, e in fields.items()} == {"beam_size": ("", str(SEARCH.beam_size)),
                                             "alpha": ("", str(SEARCH.alpha))}
-    browser.find_element(By.ID, "translate").click()
-    WebDriverWait(browser, 60).until(
-        lambda b: b.find_element(By.ID, "translations").get_attribute("data-done")
-        or b.find_element(By.ID, "error").text)
-    assert browser.find_element(By.ID, "error").text == ""
-    shown = [li.text for li in browser.find_elements(By.CSS_SELECTOR, "#translations li")]
     # The page shows text as rendered: runs of spaces collapse, as in the browser.
-    assert shown == [" ".join(e.split()) for e in expected[:2]]
+    assert translations_shown(browser, 60) == [" ".join(e.split()) for e in expected[:2]]
 
 
 def _line_within(stream, seconds: float) -> bytes:
