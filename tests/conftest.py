@@ -105,20 +105,26 @@ def translation_info(builder):
 # (26 -> 17 s median, results/ci/2026-11-28_xla_opt_level.log); -O0 then ran the whole
 # suite in 15% less CPU than -O1 (1459 -> 1243 user-s on fresh clones,
 # results/ci/2026-11-28_fresh_clone_332_{df26918_n3_O1,9e2567b_n3_O0}.log) though its steps
-# run slower. The programs the tests compare are all compiled alike, in-process and
-# launched (a level already in XLA_FLAGS is kept for both); FLAX_TRANSFORMER_TEST_XLA_OPT=2
-# runs the suite at XLA's default.
+# run slower. XLA's older elemental emitters then compile in a third less CPU than its
+# fusion emitters, with the same losses and translations (the tiny train step and four
+# beam searches in-process: 15.2 -> 10.1 CPU-s; results/ci/2026-11-29_fusion_emitters.log).
+# The programs the tests compare are all compiled alike, in-process and launched (a value
+# already in XLA_FLAGS is kept for both); FLAX_TRANSFORMER_TEST_XLA_OPT=2 runs the suite
+# at XLA's defaults.
 def suite_xla_flags() -> str:
   if os.environ.get("JAX_PLATFORMS", "cpu") != "cpu":
     return ""  # An accelerator's suite runs as its users' programs.
-  given = re.search(r"--xla_backend_optimization_level=(\d+)", os.environ.get("XLA_FLAGS", ""))
+  flags = os.environ.get("XLA_FLAGS", "")
+  given = re.search(r"--xla_backend_optimization_level=(\d+)", flags)
   level = given[1] if given else os.environ.get("FLAX_TRANSFORMER_TEST_XLA_OPT", "0")
-  return f"--xla_backend_optimization_level={level}"
+  given = re.search(r"--xla_cpu_use_fusion_emitters=(\w+)", flags)
+  emitters = given[1] if given else ("true" if level == "2" else "false")
+  return f"--xla_backend_optimization_level={level} --xla_cpu_use_fusion_emitters={emitters}"
 
 
 def cpu_env(device_count: int = 1) -> dict:
   """The environment of a plain single-host run: one CPU device (or `device_count`
-  simulated ones), at the suite's XLA optimisation level."""
+  simulated ones), with the suite's XLA compile flags."""
   flags = suite_xla_flags()
   if device_count > 1:
     flags += f" --xla_force_host_platform_device_count={device_count}"
@@ -375,8 +381,9 @@ def pytest_configure(config):
   flags = os.environ.get("XLA_FLAGS", "")
   if "xla_force_host_platform_device_count" not in flags:
     flags += " --xla_force_host_platform_device_count=8"
-  if "xla_backend_optimization_level" not in flags:
-    flags += " " + suite_xla_flags()
+  for flag in suite_xla_flags().split():  # Each the user's XLA_FLAGS does not set.
+    if flag.split("=")[0] not in flags:
+      flags += " " + flag
   os.environ["XLA_FLAGS"] = flags.strip()
   # One compilation cache for the session, new each run: tests that build the same
   # step in another Trainer load it instead of compiling it again (a run that trains
