@@ -73,21 +73,28 @@ def logical_shardings(abstract_tree: Any, mesh: Mesh, rules: Sequence[tuple[str,
   return nn.logical_to_mesh_sharding(specs, mesh, [tuple(r) for r in rules])
 
 
-def check_even_splits(abstract_tree: Any, shardings: Any) -> None:
+def check_even_splits(boxed_tree: Any, shardings: Any,
+                      notes: Mapping[str, str] | None = None) -> None:
   """Refuses a mesh that splits some array's dimension unevenly (jax places none such):
   e.g. a model vocabulary of 511 (an imported model's) over a tensor axis of 2.
-  abstract_tree: arrays or ShapeDtypeStructs; shardings: NamedShardings, the same tree."""
-  leaves = jax.tree_util.tree_leaves_with_path(abstract_tree)
+  boxed_tree: arrays or ShapeDtypeStructs, `nn.Partitioned` where they carry logical axis
+  names; shardings: NamedShardings, the same tree; notes: a logical axis name -> the
+  sentence its refusal ends with."""
+  is_boxed = lambda leaf: isinstance(leaf, nn.Partitioned)  # noqa: E731
+  leaves = jax.tree_util.tree_leaves_with_path(boxed_tree, is_leaf=is_boxed)
   for (path, leaf), sharding in zip(leaves, jax.tree_util.tree_leaves(shardings)):
-    for size, axes in zip(leaf.shape, sharding.spec):
+    names = leaf.names if is_boxed(leaf) else ()
+    shape = nn.unbox(leaf).shape
+    for i, (size, axes) in enumerate(zip(shape, sharding.spec)):
       axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
       parts = math.prod(sharding.mesh.shape[a] for a in axes)
       if size % parts:
+        note = (notes or {}).get(names[i] if i < len(names) else None, "")
         raise ShardingConfigError(
-            f"parameter {jax.tree_util.keystr(path)} {list(leaf.shape)}: its dimension of "
+            f"parameter {jax.tree_util.keystr(path)} {list(shape)}: its dimension of "
             f"{size} does not split over mesh axes {'x'.join(axes)} ({parts} devices); choose "
             "config.mesh sizes that divide it, or map its logical axis to None in "
-            "config.logical_axis_rules")
+            f"config.logical_axis_rules{note}")
 
 
 def check_divisible(batch_rows: int, mesh: Mesh, key: str = "batch_tokens",

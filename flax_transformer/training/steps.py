@@ -20,6 +20,7 @@ from flax import linen as nn
 from flax_transformer import compilation
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.model import Transformer
+from flax_transformer.pretrained import vocab_padding
 from flax_transformer.training import distributed
 from flax_transformer.training import sharding as sharding_lib
 
@@ -166,6 +167,17 @@ def model_inputs(batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
   return {k: batch[k] for k in MODEL_INPUT_KEYS if k in batch}
 
 
+def vocab_split_note(model_config: TransformerConfig) -> str:
+  """What a refusal to split the vocabulary adds: an unpadded one may be an import from
+  before import_model.py padded vocabularies to a multiple of vocab_padding.MULTIPLE
+  rows, which split over any tensor axis of up to that many devices (a power of two)."""
+  if model_config.vocab_padding or model_config.source_vocab_padding:
+    return ""
+  return (f"; a workdir imported before import_model.py padded vocabularies (to a multiple "
+          f"of {vocab_padding.MULTIPLE} rows) splits once imported again: python "
+          "import_model.py --from=SOURCE --workdir=NEW_WORKDIR")
+
+
 class Trainer:
   """Sharded, jitted train and eval steps for one model config, config and mesh."""
 
@@ -191,7 +203,8 @@ class Trainer:
 
     boxed = jax.eval_shape(self._boxed_init, self.key(0))
     self.state_shardings = sharding_lib.logical_shardings(boxed, mesh, self.rules)
-    sharding_lib.check_even_splits(nn.unbox(boxed).params, self.state_shardings.params)
+    sharding_lib.check_even_splits(boxed.params, self.state_shardings.params,
+                                   {"vocab": vocab_split_note(model_config)})
     self.abstract_state = jax.tree_util.tree_map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
         nn.unbox(boxed), self.state_shardings)
