@@ -71,6 +71,22 @@ def test_an_imported_m2m100_model_goes_back_out_as_transformers_made_it(name, tm
     assert {int(i): t for i, t in settings["added_tokens_decoder"].items()} == added
 
 
+def test_an_nllb_export_names_its_codes_as_transformers_4_and_5_read_them(tmp_path):
+  """transformers 4.x's tokenizers take `extra_special_tokens` as a dict of named tokens
+  (4.57.6 saved nllb_v4 with {}); the export wrote the codes' list there, which 4.57.6's
+  from_pretrained failed on ('list' object has no attribute 'keys'). The codes go in
+  `additional_special_tokens`, as 4.57.6 wrote them, which 5.24.0 reads too (checked by
+  hand: both load the export, ids and greedy outputs the source folder's)."""
+  importer.import_model(FIXTURES / "nllb", tmp_path / "run")
+  done = export(tmp_path / "run", tmp_path / "hf")
+  assert done.returncode == 0, done.stderr[-2000:]
+  settings = json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())
+  saved_by_4 = json.loads((FIXTURES / "nllb_v4" / "tokenizer_config.json").read_text())
+  assert settings["additional_special_tokens"] == saved_by_4["additional_special_tokens"]
+  assert isinstance(settings.get("extra_special_tokens", {}), type(
+      saved_by_4["extra_special_tokens"]))
+
+
 @pytest.mark.parametrize("name", ["m2m100", "nllb"])
 def test_the_export_imports_back_as_the_same_workdir(name, tmp_path):
   importer.import_model(FIXTURES / name, tmp_path / "run")

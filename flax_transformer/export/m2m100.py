@@ -164,7 +164,7 @@ def tokenizer_files(config: TransformerConfig, tokenizer) -> dict[str, Any]:
     return files
   files["tokenizer_config.json"] = {
       **common, "tokenizer_class": "NllbTokenizer", "mask_token": "<mask>",
-      "extra_special_tokens": codes, "src_lang": spec.get("default_source_token"),
+      "additional_special_tokens": codes, "src_lang": spec.get("default_source_token"),
       "legacy_behaviour": not spec.get("source_language_first", True),
       "added_tokens_decoder": {
           str(i): {"content": p, **ADDED_TOKEN, **(MASK_TOKEN if p == "<mask>" else {})}
