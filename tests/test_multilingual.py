@@ -500,3 +500,22 @@ def test_detect_leaves_out_texts_with_nothing_to_detect():
   assert one.detect(["A dog."]) == [{"confidence": 100.0, "language": "en"}]
   assert one.detect(["", "A dog."]) == [{"confidence": 100.0, "language": "en"}]
   assert one.detect([""]) == [{"confidence": 0.0, "language": "en"}]
+
+
+def test_source_auto_on_a_text_with_nothing_to_detect_guesses_no_language():
+  """source=auto on emoji, digits or spaces: each source at confidence 0, the first that
+  translates into the target, as /detect answers for such a text (and LibreTranslate's
+  when nothing is detected); at e51c893 they were py3langid's guesses ('😀🎉' into fr:
+  de at 33.38, '12345': en at 38.53) while /detect said 0."""
+  api = language_api.for_model(Languages.trained(list(LANGUAGES)))
+  nothing = ["😀🎉", "12345", "  "]
+  german = "Zwei Männer stehen am Herd und bereiten Essen zu."
+  sources, detected = api.sources_of([*nothing, german], "auto", "fr", as_is=True)
+  assert sources == ["en", "en", "en", "de"]
+  assert detected[:3] == [{"confidence": 0.0, "language": "en"}] * 3
+  assert detected[3]["confidence"] > 90
+  for text in nothing:
+    assert api.detect([text])[0] == detected[0]
+  sources, detected = api.sources_of(nothing, "auto", "en", as_is=True)
+  assert sources == ["en"] * 3  # Already in the target: sent back as they are.
+  assert detected == [{"confidence": 0.0, "language": "en"}] * 3

@@ -98,7 +98,7 @@ class LanguageApi:
     length of those texts. A text with no letter (empty, emoji, digits) has no language
     and counts for none; if every text is such, every source at confidence 0
     (LibreTranslate's answer when nothing is detected)."""
-    texts = [text for text in texts if any(c.isalpha() for c in text)]
+    texts = [text for text in texts if _has_letters(text)]
     if not texts:  # The sources a text could be detected in (or the 400 saying none).
       codes = {code for code, _ in self._ranked("")}
       return [{"confidence": 0.0, "language": self.shown(code)}
@@ -134,6 +134,8 @@ class LanguageApi:
     found, pairs = [], self.languages.pairs()
     for text in texts:
       ranked = self._ranked(text) if self.languages.sources else []
+      if ranked and not _has_letters(text):  # No language: no guess, confidence 0 (detect).
+        ranked = [(code, 0.0) for code in self.languages.sources if code in dict(ranked)]
       if not (as_is and ranked and ranked[0][0] == target):
         ranked = [(code, c) for code, c in ranked if (code, target) in pairs]
       found.append(ranked[0] if ranked else None)
@@ -162,6 +164,11 @@ class LanguageApi:
     except UnknownLanguageError as e:
       raise RequestError(400, str(e)) from None
     return [pair] * len(texts)
+
+
+def _has_letters(text: str) -> bool:
+  """Whether `text` has a language to detect (not empty, emoji or digits only)."""
+  return any(c.isalpha() for c in text)
 
 
 def for_model(languages: Languages | tuple[str, str]) -> LanguageApi:
