@@ -535,13 +535,13 @@ def test_sentences_waiting_while_others_are_searched_fill_whole_batches(translat
   assert searched == {"searches": 3, "rows": 10}, searched
 
 
-def _post(app, path: str, body: dict) -> tuple[int, dict]:
-  """(status, JSON answer) of POST `body` (JSON) to the ASGI `app` in this process, its
-  connection open until the answer (as an ASGI server's receive: blocks once the body
-  is in)."""
+def _asgi(app, method: str, path: str, data: bytes = b"{}", headers=()) -> tuple[int, bytes]:
+  """(status, body) of `method` `path` with `data` as a JSON body, sent to the ASGI `app` in
+  this process, its connection open until the answer (as an ASGI server's receive: blocks
+  once the body is in)."""
   import asyncio
 
-  data, sent, calls = json.dumps(body).encode(), [], []
+  sent, calls = [], []
 
   async def receive():
     if calls:
@@ -552,15 +552,41 @@ def _post(app, path: str, body: dict) -> tuple[int, dict]:
   async def send(message):
     sent.append(message)
 
-  scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+  scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
            "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
            "root_path": "", "headers": [(b"content-type", b"application/json"),
-                                        (b"content-length", str(len(data)).encode())],
+                                        (b"content-length", str(len(data)).encode()),
+                                        *headers],
            "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
   asyncio.run(app(scope, receive, send))
   status = next(m["status"] for m in sent if m["type"] == "http.response.start")
-  return status, json.loads(b"".join(m.get("body", b"") for m in sent
-                                     if m["type"] == "http.response.body"))
+  return status, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+
+def _post(app, path: str, body: dict) -> tuple[int, dict]:
+  """(status, JSON answer) of POST `body` (JSON) to the ASGI `app` in this process."""
+  status, answer = _asgi(app, "POST", path, json.dumps(body).encode())
+  return status, json.loads(answer)
+
+
+def test_health_gives_an_imported_models_vocabulary_size_not_its_padded_rows(tmp_path):
+  """An import pads the vocabulary for sharding (pretrained/vocab_padding.py: the fixture's
+  511 ids to 512 rows, the added ones never produced): /health's vocab_size is the
+  vocabulary's, as transformers' config.json gives it."""
+  from flax_transformer.pretrained import importer
+  from flax_transformer.serving.app import make_app
+  from flax_transformer.serving.batcher import Batcher
+
+  folder = ROOT / "tests/fixtures/marian_swish_shared"
+  importer.import_model(folder, tmp_path / "run")
+  translator = Translator.from_workdir(tmp_path / "run", search=SEARCH, batch_tokens=128,
+                                       devices=jax.devices()[:1])
+  assert translator.model_config.vocab_size == 512  # The padded rows.
+  app = make_app(translator, Batcher(translator, max_batch=8, max_tokens=64), workdir="wd")
+  status, answer = _asgi(app, "GET", "/health")
+  assert status == 200
+  assert json.loads(answer)["model"]["vocab_size"] == json.loads(
+      (folder / "config.json").read_text())["vocab_size"] == 511
 
 
 def test_a_request_whose_search_no_memory_holds_is_a_422_line(translator, batcher):
@@ -865,31 +891,6 @@ def test_sigterm_during_a_compile_answers_the_accepted_requests_and_503s_new_one
   assert "Traceback" not in log
 
 
-def _status(app, method: str, path: str, headers=()) -> int:
-  """The status of `method` `path` with an empty JSON object as body, sent to the ASGI
-  `app` in this process."""
-  import asyncio
-
-  data, sent, calls = b"{}", [], []
-
-  async def receive():
-    if calls:
-      await asyncio.Event().wait()
-    calls.append(1)
-    return {"type": "http.request", "body": data, "more_body": False}
-
-  async def send(message):
-    sent.append(message)
-
-  scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
-           "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
-           "root_path": "", "headers": [(b"content-type", b"application/json"),
-                                        (b"content-length", b"2"), *headers],
-           "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
-  asyncio.run(app(scope, receive, send))
-  return next(m["status"] for m in sent if m["type"] == "http.response.start")
-
-
 def test_every_route_without_the_token_is_refused_but_libretranslates_open_ones(translator,
                                                                                batcher):
   """The token is one dependency of the whole app: every route, one added after the app
@@ -911,15 +912,15 @@ def test_every_route_without_the_token_is_refused_but_libretranslates_open_ones(
   assert {path for _, path in routes} >= (OPEN_ROUTES | BODY_KEY_ROUTES
                                           | {"/health", "/score", "/added_later"})
   for method, path in routes:
-    status = _status(app, method, path)
+    status = _asgi(app, method, path)[0]
     if path in OPEN_ROUTES:
       assert status == 200, (method, path, status)
     elif path in BODY_KEY_ROUTES:
       assert 400 <= status < 500, (method, path, status)
     else:
       assert status == 401, (method, path, status)
-  assert _status(app, "GET", "/added_later", [(b"authorization", f"Bearer {TOKEN}".encode())]
-                 ) == 200
+  assert _asgi(app, "GET", "/added_later", headers=[(b"authorization",
+                                                    f"Bearer {TOKEN}".encode())])[0] == 200
 
 
 def test_serve_py_languages_must_be_a_pair_the_workdirs_model_translates(tmp_path):

@@ -233,7 +233,9 @@ def _health(translator: Translator, batcher: Batcher, workdir: str, limits: Limi
   return {"status": "ok",
           "model": {"workdir": str(workdir), "members": len(translator.model_configs),
                     "d_model": model.d_model, "num_layers": model.num_layers,
-                    "vocab_size": model.vocab_size, "max_len": model.max_len},
+                    # The vocabulary's ids, not an import's padded rows (never produced).
+                    "vocab_size": model.without_vocab_padding().vocab_size,
+                    "max_len": model.max_len},
           "steps_averaged": [list(s) for s in translator.checkpoint_steps or ()],
           "commit": provenance.commit(),
           "search": dataclasses.asdict(batcher.default_search),
