@@ -66,6 +66,12 @@ def test_a_many_language_model_names_each_language_once():
                               "ces_Latn, zho_Hans")
   from flax_transformer.serving.language_api import LanguageApi
   assert LanguageApi(five).known() == "between any two of en, de, fr, cs, zh"
+  both = Languages(sources=("eng_Latn", "zho_Hans", "zho_Hant"),
+                   targets=("eng_Latn", "zho_Hans", "zho_Hant"), target_by="decoder_prefix",
+                   target_tokens={c: c for c in ("eng_Latn", "zho_Hans", "zho_Hant")})
+  assert [(e["code"], e["name"]) for e in LanguageApi(both).listing()] == [
+      ("en", "English"), ("zh", "Chinese (Simplified)"), ("zh-Hant", "Chinese (Traditional)")]
+  assert LanguageApi(five).listing()[4]["name"] == "Chinese"  # One script: no need to say.
   many = [f"x{i:03d}_Latn" for i in range(202)]
   nllb = Languages(sources=tuple(many), targets=tuple(many), target_by="decoder_prefix",
                    target_tokens={c: c for c in many})

@@ -57,9 +57,20 @@ class LanguageApi:
   def listing(self) -> list[dict]:
     """GET /languages: every language the model knows, each with the targets it
     translates into (none for a target only), as LibreTranslate lists them."""
-    return [{"code": self.shown(c), "name": NAMES.get(self.shown(c), self.shown(c)),
+    shown = {self.shown(c) for c in self._codes}
+    return [{"code": self.shown(c), "name": self._name(self.shown(c), shown),
              "targets": [self.shown(t) for t in self.languages.targets_of(c)]}
             for c in self._codes]
+
+  @staticmethod
+  def _name(code: str, shown: set[str]) -> str:
+    """A listed code's name; Chinese says its script where the model has both (NLLB's
+    zho_Hans 'zh' and zho_Hant 'zh-Hant'), as LibreTranslate names them."""
+    if code == "zh-Hant":
+      return "Chinese (Traditional)"
+    if code == "zh" and "zh-Hant" in shown:
+      return "Chinese (Simplified)"
+    return NAMES.get(code, code)
 
   def default_pair(self) -> tuple[str, str]:
     """The pair LibreTranslate's page starts with (/frontend/settings)."""
