@@ -279,6 +279,12 @@ FIGURES = {
     'en_de_4000steps_bleu': r'{run("multi30k_en-de_4000steps").bleu:.1f}',
 }
 
+# The paragraphs bench on the Multi30k-sized multilingual run: the same figures, its own JSON.
+FIGURES.update({name.replace("serve_paragraphs", "serve_paragraphs_multi30k", 1):
+                template.replace("bench/serve_paragraphs.json", "bench/serve_paragraphs_multi30k.json")
+                for name, template in list(FIGURES.items())
+                if name.startswith("serve_paragraphs_") and name != "serve_paragraphs_clients"})
+
 # The arguments of the tables whose markers would be long (`rows`: a JSON file under
 # results/, its list(s) of records and a template per column; `curves`: steps and rows).
 ARGS = {
