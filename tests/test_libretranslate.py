@@ -104,6 +104,39 @@ def test_mastodon_sends_html_lists_with_source_auto(server, expected):
                     ("<p>" + best[SENTENCES[3]] + "<b></b></p>", "en")]
 
 
+# Issue 78's sentences with an element left as it is inside (each to be translated as one
+# text, the element back unchanged at its place), and one with a link (translated).
+WITHIN = {"<p>Run <code>ls -l</code> to list the files.</p>": "Run ls -l to list the files.",
+          '<p>Hello <span translate="no">Mastodon</span> friends, welcome.</p>':
+              "Hello Mastodon friends, welcome.",
+          '<p>A cat <img src="c.png" alt="cat"> sits on the mat.</p>': "A cat sits on the mat.",
+          '<p>Read <a href="https://x.org">the guide</a> before you start.</p>':
+              "Read the guide before you start."}
+
+
+def test_elements_inside_a_sentence_leave_it_one_text(server):
+  """Each sentence comes back as format=text translates it whole (at 71e5e11 "A cat " and
+  " sits on the mat." were translated apart): all of its words, but for a kept element
+  with text the ones standing for it; the element as it was; every tag, in order."""
+  from test_markup import _Tags
+
+  status, answer = _post(server, {"q": list(WITHIN), "source": "en", "target": "de",
+                                  "format": "html"})
+  assert status == 200, answer
+  _, whole = _post(server, {"q": list(WITHIN.values()), "source": "en", "target": "de"})
+  for source, out, text in zip(WITHIN, answer["translatedText"], whole["translatedText"]):
+    assert _Tags(out).events == _Tags(source).events and _Tags(out).nested, out
+    kept = re.search(r"<code>.*?</code>|<span translate.*?</span>|<img[^>]*>", source)
+    assert not kept or kept[0] in out, out
+    words = "".join(_Tags(out.replace(kept[0], " ") if kept else out).text).split()
+    want = text.split()
+    if kept and "img" not in kept[0]:  # A span of the sentence's words stood for it, or none.
+      assert any(words == want[:i] + want[j:] for i in range(len(want) + 1)
+                 for j in range(i, len(want) + 1)), (out, text)
+    else:
+      assert words == want, (out, text)
+
+
 def test_weblate_json_lists_and_alternatives_from_the_n_best(server, expected):
   # Weblate's request (weblate/machinery/libretranslate.py, 5.17: BaseLibreTranslateTranslation.
   # _request_translations): JSON {"api_key", "q": [texts], "source", "target"}; its
