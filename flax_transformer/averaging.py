@@ -35,17 +35,23 @@ def average_params(checkpointer: Checkpointer, steps: Sequence[int], abstract: A
   return jax.tree_util.tree_map(lambda x, a: (x * scale).astype(a.dtype), total, abstract)
 
 
-def check_average_last(average_last: int, flag: str = "--average_last") -> None:
-  if average_last < 1:
+DEFAULT_AVERAGE_LAST = 5  # The paper's base-model recipe (section 6.1).
+
+
+def check_average_last(average_last: int | None, flag: str = "--average_last") -> None:
+  if average_last is not None and average_last < 1:
     raise ConfigError(f"{flag} must be at least 1 (how many of the newest checkpoints to "
                       f"average; 1 = the newest alone), got {average_last}")
 
 
 def load_params(workdir: str | Path, model_config: TransformerConfig, *,
-                checkpoint_step: int | None = None, average_last: int = 1,
+                checkpoint_step: int | None = None, average_last: int | None = 1,
                 flag: str = "--average_last"):
   """(parameters, steps): a workdir's checkpoint, or the mean of its last `average_last`.
 
+  average_last: a number the user asked for (a warning where the workdir holds fewer),
+  or None: the default, the last DEFAULT_AVERAGE_LAST or as many as there are, quietly
+  (an imported model's one checkpoint is no shortfall).
   flag: what the caller's user calls `average_last`, named when it is below 1 (the
   one check decode.py, export.py, average_checkpoints.py and Translator share).
   """
@@ -58,7 +64,9 @@ def load_params(workdir: str | Path, model_config: TransformerConfig, *,
 
 
 def _load_params(checkpointer: Checkpointer, model_config: TransformerConfig,
-                 checkpoint_step: int | None, average_last: int):
+                 checkpoint_step: int | None, average_last: int | None):
+  asked = average_last is not None
+  average_last = average_last if asked else DEFAULT_AVERAGE_LAST
   steps = checkpointer.steps()
   if not steps:
     raise CheckpointError(f"no checkpoint in {checkpointer.directory}")
@@ -69,7 +77,7 @@ def _load_params(checkpointer: Checkpointer, model_config: TransformerConfig,
     chosen = [s for s in steps if s <= checkpoint_step][-average_last:]
   else:
     chosen = steps[-average_last:]
-  if len(chosen) < average_last:
+  if asked and len(chosen) < average_last:
     logging.warning("Averaging %d checkpoints (%s): fewer than the %d asked for",
                     len(chosen), chosen, average_last)
   target = abstract_params(model_config)

@@ -22,7 +22,7 @@ FORMATS = ("stablehlo", "ctranslate2", "transformers")
 
 
 def run_export(*, workdir: str, out: str, fmt: str, search: SearchConfig, batch_tokens: int,
-               average_last: int, checkpoint_step: int | None, platforms: list[str],
+               average_last: int | None, checkpoint_step: int | None, platforms: list[str],
                quantization: str, overwrite: bool) -> None:
   """Loads `workdir`'s model, writes it in a fresh folder beside `out` and only then puts
   that folder in `out`'s place: a failure leaves a previous export whole."""

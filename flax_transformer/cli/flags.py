@@ -16,9 +16,10 @@ SEARCH = SearchConfig()  # The defaults.
 
 def define_model_flags(cpu_devices_help: str = "") -> None:
   """--average_last, --checkpoint_step and --cpu_devices (what to load, and where)."""
-  flags.DEFINE_integer("average_last", 5, "Average the parameters of the last K checkpoints, "
+  flags.DEFINE_integer("average_last", None, "Average the parameters of the last K checkpoints, "
                        "as the paper did (5 for base, 20 for big); fewer, with a warning, where "
-                       "the workdir holds fewer. 1 = the newest checkpoint alone.")
+                       "the workdir holds fewer. 1 = the newest checkpoint alone. Default: the "
+                       "last 5, or all the workdir holds where fewer (an imported model's one).")
   flags.DEFINE_integer("checkpoint_step", None, "Use this checkpoint step (default: newest).")
   flags.DEFINE_integer("cpu_devices", 0, "On a CPU host: XLA devices to split each batch over, "
                        "one search each (0 = one per core). An "

@@ -78,7 +78,7 @@ def _check_pair(workdir: str, languages: Sequence[str]) -> None:
 
 
 def run_serve(*, workdir: str, ensemble: Sequence[str], host: str, port: int,
-              token: str | None, search: SearchConfig, average_last: int,
+              token: str | None, search: SearchConfig, average_last: int | None,
               checkpoint_step: int | None, floats: dict[str, float], max_beam: int,
               max_sentences: int, max_chars: int, max_tokens: int, max_batch: int,
               max_configs: int,

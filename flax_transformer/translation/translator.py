@@ -125,7 +125,7 @@ class Translator:
 
   @classmethod
   def from_workdir(cls, workdir: str | Path, *, search: SearchConfig = SearchConfig(),
-                   ensemble: Sequence[str | Path] = (), average_last: int = 1,
+                   ensemble: Sequence[str | Path] = (), average_last: int | None = 1,
                    checkpoint_step: int | None = None, batch_tokens: int = 4096,
                    seed: int = 0, devices: Sequence[jax.Device] | None = None,
                    compile_for: Sequence[str] | None = None,
@@ -135,7 +135,9 @@ class Translator:
     """The model of a training workdir, its checkpoints averaged (paper: last 5 or 20).
 
     average_last: 1 (the newest checkpoint alone) here, where decode.py, serve.py and
-    export.py pass their `--average_last` (default 5, the paper's base-model recipe).
+    export.py pass their `--average_last` (default None: the last 5, the paper's
+    base-model recipe, or as many as the workdir holds, without the warning a number
+    asked for and not there gets).
     The class is what those tools build on: it loads what its caller names, and reading
     and averaging more checkpoints (each a full copy of the parameters in memory, 20
     for the paper's big model) is a choice of recipe the caller makes. Pass
