@@ -98,7 +98,28 @@ def resolve(code: str, model_codes: Iterable[str],
   if code in table:
     return table[code]
   form = iso_form(code)
-  return table.get(form) or table.get(_without_region(code) or "")
+  return (table.get(form) or table.get(_without_region(code) or "")
+          or _in_macrolanguage(_without_region(code) or form, table))
+
+
+def _in_macrolanguage(macro: str, table: Mapping[str, str]) -> str | None:
+  """The model's code for a macrolanguage that CLDR's folding (`iso_form`) leaves apart
+  from its individual languages: IANA's registry (langcodes' MACROLANGUAGES) puts nb and
+  nn in 'no', pbt in 'ps', quy in 'qu', fuv in 'ff'. The model's one language in
+  `macro`, or the one CLDR's language matching puts strictly nearest ('no': nb at
+  distance 1, nn at 20); None where none or a tie ('sh', a script: None)."""
+  import langcodes
+  from langcodes.data_dicts import MACROLANGUAGES
+  if "-" in macro:
+    return None
+  members = {form: code for form, code in table.items()
+             if "-" not in form and MACROLANGUAGES.get(form) == macro}
+  if len(members) == 1:
+    return next(iter(members.values()))
+  distances = sorted((langcodes.tag_distance(macro, form), form) for form in members)
+  if len(distances) > 1 and distances[0][0] < distances[1][0]:
+    return members[distances[0][1]]
+  return None
 
 
 def _without_region(code: str) -> str | None:

@@ -54,3 +54,24 @@ def test_a_language_in_one_script_and_codes_with_a_region_resolve():
   assert (listed["kor_Hang"], listed["tzm_Tfng"], listed["taq_Tfng"]) == ("ko", "tzm",
                                                                            "taq-Tfng")
   assert language_codes.resolve("zh-TW", ["en", "zh"]) is None  # M2M100's zh: one script.
+
+
+def test_iso_macrolanguage_codes_find_the_nllb_language_in_them():
+  """LibreTranslate's clients send ISO 639-1 macrolanguage codes; NLLB-200 names an
+  individual language in each (transformers' FAIRSEQ_LANGUAGE_CODES). CLDR folds some
+  (arb -> ar) and not others (nob, pbt, quy, fuv): 'no', 'ps', 'qu' and 'ff' found
+  nothing. IANA's registry says which macrolanguage each belongs to; Norwegian's two
+  go to Bokmål, CLDR's match for 'no'."""
+  codes = ["eng_Latn", "nob_Latn", "nno_Latn", "pbt_Arab", "quy_Latn", "fuv_Latn",
+           "zsm_Latn", "min_Latn", "arb_Arab", "ars_Arab", "pes_Arab", "prs_Arab",
+           "est_Latn", "lvs_Latn", "ltg_Latn", "swh_Latn", "uzn_Latn", "zho_Hans", "zho_Hant",
+           "yue_Hant", "bos_Latn", "hrv_Latn", "srp_Cyrl"]
+  for asked, want in (("no", "nob_Latn"), ("no-NO", "nob_Latn"), ("nb", "nob_Latn"),
+                      ("nn", "nno_Latn"), ("ps", "pbt_Arab"), ("qu", "quy_Latn"),
+                      ("ff", "fuv_Latn"), ("ms", "zsm_Latn"), ("ar", "arb_Arab"),
+                      ("fa", "pes_Arab"), ("et", "est_Latn"), ("lv", "lvs_Latn"),
+                      ("sw", "swh_Latn"), ("uz", "uzn_Latn"), ("zh", "zho_Hans"),
+                      ("sh", None)):  # Serbo-Croatian in Latin: none of the three.
+    assert language_codes.resolve(asked, codes) == want, asked
+  # The macrolanguage alone: a model with only Nynorsk answers 'no' with it.
+  assert language_codes.resolve("no", ["eng_Latn", "nno_Latn"]) == "nno_Latn"
