@@ -285,6 +285,17 @@ FIGURES.update({name.replace("serve_paragraphs", "serve_paragraphs_multi30k", 1)
                 for name, template in list(FIGURES.items())
                 if name.startswith("serve_paragraphs_") and name != "serve_paragraphs_clients"})
 
+# The same bench on the toy model with one batcher flag changed (serve.py's --max_batch,
+# --max_wait_ms): each its own JSON, named by the flag.
+for _variant in ("max_batch_256", "max_wait_50ms"):
+  FIGURES.update({name.replace("serve_paragraphs", f"serve_paragraphs_{_variant}", 1):
+                  template.replace("bench/serve_paragraphs.json",
+                                   f"bench/serve_paragraphs_{_variant}.json")
+                  for name, template in list(FIGURES.items())
+                  if name.startswith("serve_paragraphs_") and name != "serve_paragraphs_clients"
+                  and name != "serve_paragraphs_rows"  # Their JSONs predate it.
+                  and not name.startswith(("serve_paragraphs_multi30k", "serve_paragraphs_max"))})
+
 # The arguments of the tables whose markers would be long (`rows`: a JSON file under
 # results/, its list(s) of records and a template per column; `curves`: steps and rows).
 ARGS = {

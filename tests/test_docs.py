@@ -275,3 +275,15 @@ def test_each_run_folder_has_the_page_its_record_renders(copy):
   assert page in result.stdout and "results/runs/multi30k_en-fr/README.md" in result.stdout
   assert run("render_docs", copy).returncode == 0  # Writes them back.
   assert (copy / page).read_text() == (ROOT / page).read_text()
+
+
+def test_each_paragraphs_bench_json_has_its_command_in_benchmarks():
+  """Every committed serve_paragraphs*.json (issue 78's load bench, its variants included)
+  is shown in BENCHMARKS.md with the command that wrote it, so a reader can rerun it."""
+  import json
+
+  text = (ROOT / "BENCHMARKS.md").read_text()
+  flat = " ".join(re.sub(r"\\\n", " ", text).split())
+  missing = [path.name for path in sorted((ROOT / "results/bench").glob("serve_paragraphs*.json"))
+             if " ".join(json.loads(path.read_text())["command"].split()) not in flat]
+  assert not missing, f"BENCHMARKS.md lacks the commands of {missing}"
