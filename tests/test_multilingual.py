@@ -519,3 +519,22 @@ def test_source_auto_on_a_text_with_nothing_to_detect_guesses_no_language():
   sources, detected = api.sources_of(nothing, "auto", "en", as_is=True)
   assert sources == ["en"] * 3  # Already in the target: sent back as they are.
   assert detected == [{"confidence": 0.0, "language": "en"}] * 3
+
+
+@pytest.mark.parametrize("fmt", ["stablehlo", "ctranslate2"])
+def test_export_refuses_a_model_whose_target_is_a_forced_token(three, tmp_path, fmt):
+  """A model trained on en, de and fr picks its target by '<2de>' forced as the decoder's
+  first output: StableHLO's and CTranslate2's translate.py can neither force it nor cut
+  it, so an export would translate into whichever language the model starts with and
+  write its token into the text. One line, before the model loads; --out untouched."""
+  from flax_transformer.cli.export import run_export
+  from flax_transformer.errors import ConfigError
+
+  out = tmp_path / "export"
+  with pytest.raises(ConfigError, match=rf"^export --format={fmt} of .*: its model chooses "
+                     r"the target by a token forced as the decoder's first output "
+                     r"\(<2en>, <2de>, <2fr>\), .* decode.py or serve.py"):
+    run_export(workdir=str(three), out=str(out), fmt=fmt, search=SearchConfig(),
+               batch_tokens=256, average_last=None, checkpoint_step=None,
+               platforms=["cpu"], quantization="float32", overwrite=False)
+  assert not out.exists()

@@ -32,6 +32,7 @@ def run_export(*, workdir: str, out: str, fmt: str, search: SearchConfig, batch_
     raise ConfigError(f"--quantization={quantization} is CTranslate2's: --format=transformers "
                       "writes float32 weights")
   target = check_out(out, workdir, overwrite)
+  check_target_choice(fmt, workdir)
   if fmt == "ctranslate2":  # Before the model is read (NLLB-3.3B: 13 GB).
     from flax_transformer.export import ct2
 
@@ -90,6 +91,26 @@ def _write(fmt: str, translator: Translator, folder: Path, target: Path, *,
               languages=translator.languages)
   return (f"Wrote a CTranslate2 model ({quantization} weights, steps "
           f"{translator.checkpoint_steps[0]} averaged) to {target}")
+
+
+def check_target_choice(fmt: str, workdir: str) -> None:
+  """ConfigError, before the model loads, where the export could not be told its target:
+  a model whose target is a token forced as the decoder's first output (trained here on
+  several languages: `<2de>`; NLLB, M2M100) as StableHLO or a CTranslate2 directory
+  with our translate.py, neither of which forces that token nor cuts it from the
+  output. An imported M2M100 / NLLB model's CTranslate2 export does (`target_prefix`,
+  the manifest's languages: docs/pretrained.md)."""
+  languages = workdir_lib.languages(workdir)
+  if languages.target_by != "decoder_prefix" or fmt == "transformers":
+    return
+  spec = (workdir_lib.read_record(workdir) or {}).get("tokenizer") or {}
+  if fmt == "ctranslate2" and spec.get("kind") == "m2m100":
+    return
+  tokens = ", ".join(languages.target_tokens.get(c, c) for c in languages.targets)
+  raise ConfigError(f"export --format={fmt} of {workdir}: its model chooses the target by a "
+                    f"token forced as the decoder's first output ({tokens}), which the "
+                    "exported translate.py can neither force nor cut from the output; "
+                    "translate it with decode.py or serve.py (--target_lang)")
 
 
 def check_out(out: str, workdir: str, overwrite: bool) -> Path:
