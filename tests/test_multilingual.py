@@ -4,6 +4,7 @@ targets, the target chosen as the workdir's languages record says (directions.py
 import gzip
 import html
 import json
+import logging
 import re
 import subprocess
 import sys
@@ -79,6 +80,21 @@ def test_a_servers_token_limit_counts_the_target_tag(tagged):
   assert batcher.source_length(sentence) == len(tokenize(f">>fra<< {sentence}")) == 17
   pieces = sentences.cut(sentence, 16, batcher.source_length)
   assert len(pieces) == 2 and all(len(tokenize(f">>deu<< {p}")) <= 16 for p in pieces)
+
+
+def test_translate_texts_cuts_a_sentence_the_target_tag_puts_over_max_len(tagged, caplog):
+  """decode.py --split_sentences' limit counts the '>>fra<<' the model reads before the
+  sentence. Before, a sentence of max_len tokens without it passed as fitting and was
+  searched as max_len + 1: truncated (its EOS cut off) instead of cut in pieces."""
+  tokenize = tagged.tokenizer.source.tokenize
+  words = ("a dog runs in the park and two men are here and " * tagged.max_len).split()
+  sentence = next(" ".join(words[:n]) for n in range(len(words))
+                  if len(tokenize(" ".join(words[:n]))) == tagged.max_len)
+  assert len(tokenize(f">>fra<< {sentence}")) == tagged.max_len + 1
+  with caplog.at_level(logging.WARNING):
+    found = tagged.translate_texts([sentence], "en", target_lang="fra")
+  assert f"over the limit of {tagged.max_len}" in caplog.text
+  assert "were truncated" not in caplog.text and found[0].strip()
 
 
 # --- A model trained here on Multi30k's six directions (config.languages) ---------------

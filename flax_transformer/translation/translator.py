@@ -309,13 +309,15 @@ class Translator:
     """One translation per text, each split into sentences by `language`'s rules
     (sentences.py, sentencex), the sentences translated together, each text joined back
     with its own whitespace and newlines; a sentence over the model's max_len is cut at
-    it, with a warning, and translated in pieces (decode.py --split_sentences).
+    it, with a warning, and translated in pieces (decode.py --split_sentences): measured
+    as the model reads it, an OPUS-MT target's >>xx<< tag or a source token included.
     `language` is the source's (source_lang), target_lang as `translate_nbest`'s."""
-    inputs, layouts = sentences_lib.layout(
-        texts, language, self.max_len, lambda s: len(self.tokenizer.source.tokenize(s)))
     source = self.languages.model_code(language, self.languages.sources)  # en: eng_Latn.
     direction = dict(source_lang=source if source in self.languages.sources else None,
                      target_lang=target_lang)
+    row = self._directions.resolve(1, **direction)
+    inputs, layouts = sentences_lib.layout(texts, language, self.max_len, lambda s: len(
+        self.tokenizer.source.tokenize(self._directions.source_texts([s], row)[0])))
     return sentences_lib.join(layouts, self.translate(inputs, progress, **direction))
 
   def score(self, sources: Sequence[str], targets: Sequence[str], progress=None,
