@@ -234,9 +234,11 @@ FIGURES = {
     'trained_start_ct2_beam_1_equal_lines': r'{bench("export_transformers_trained_start").ctranslate2.beam_1_equal_lines}',
     'trained_start_ct2_greedy_equal_zero_start': r'{bench("export_transformers_trained_start").ctranslate2.greedy_equal_lines_to_transformers_with_zero_start}',
     # --- docs/provenance.md: The test suite
+    'suite_f73b9a8_tests': r'{suite("ci/2026-11-29_fresh_clone_609_f73b9a8.log").tests} tests',
+    'suite_f73b9a8_minutes': r'{suite("ci/2026-11-29_fresh_clone_609_f73b9a8.log").minutes:.1f} minutes',
+    'suite_f73b9a8_job_minutes': r'{suite("ci/2026-11-29_fresh_clone_609_f73b9a8.log").job_minutes:.1f} minutes with the venv',
     'suite_ec0c2e5_tests': r'{suite("ci/2026-11-29_fresh_clone_590_ec0c2e5.log").tests} tests',
     'suite_ec0c2e5_minutes': r'{suite("ci/2026-11-29_fresh_clone_590_ec0c2e5.log").minutes:.1f} minutes',
-    'suite_ec0c2e5_job_minutes': r'{suite("ci/2026-11-29_fresh_clone_590_ec0c2e5.log").job_minutes:.1f} minutes with the venv',
     'suite_c323038_tests': r'{suite("ci/2026-11-28_fresh_clone_429_c323038.log").tests} tests',
     'suite_c323038_minutes': r'{suite("ci/2026-11-28_fresh_clone_429_c323038.log").minutes:.1f} minutes',
     'suite_2a158ac_tests': r'{suite("ci/2026-11-27_fresh_clone_285_2a158ac.log").tests} tests',
