@@ -16,6 +16,9 @@ a model's codes would take one form (two varieties folded into one macrolanguage
 form goes to the code whose own language is the macrolanguage's ISO code, else to none of
 them; a code left without one takes its unfolded form where that is free (twi_Latn: 'tw',
 as aka_Latn has 'ak').
+Four ISO macrolanguage codes that CLDR leaves apart from the NLLB-200 language in them
+('no', 'ps', 'qu', 'ff') find it by MACROLANGUAGE_MEMBERS; no other macrolanguage code
+answers for a member ('zh' is never Cantonese).
 
 langcodes (PyPI, 3.5.1 tried) is chosen over iso639-lang: it knows scripts, macrolanguage
 folding and CLDR's likely scripts, which the NLLB codes need; iso639-lang maps ISO 639
@@ -72,6 +75,8 @@ def aliases(model_codes: Iterable[str]) -> dict[str, str]:
       own = [c for c in codes if _own_language(c) == form.split("-")[0]]
       if len(own) == 1:
         out[form] = own[0]
+  for macro in MACROLANGUAGE_MEMBERS.keys() & out.keys():  # 'ps': pbt_Arab's, not pbu_Arab's.
+    out[macro] = _in_macrolanguage(macro, model_codes, out) or out[macro]
   for code in set(model_codes) - set(out.values()):  # Unfolded: twi_Latn -> 'tw'.
     form = iso_form(code, macro=False)
     if form not in out and form not in by_form:
@@ -97,29 +102,35 @@ def resolve(code: str, model_codes: Iterable[str],
   table = aliases(model_codes) if table is None else table
   if code in table:
     return table[code]
-  form = iso_form(code)
-  return (table.get(form) or table.get(_without_region(code) or "")
-          or _in_macrolanguage(_without_region(code) or form, table))
+  form, regionless = iso_form(code), _without_region(code)
+  return (_in_macrolanguage(regionless or form, model_codes, table) or table.get(form)
+          or table.get(regionless or ""))
 
 
-def _in_macrolanguage(macro: str, table: Mapping[str, str]) -> str | None:
-  """The model's code for a macrolanguage that CLDR's folding (`iso_form`) leaves apart
-  from its individual languages: IANA's registry (langcodes' MACROLANGUAGES) puts nb and
-  nn in 'no', pbt in 'ps', quy in 'qu', fuv in 'ff'. The model's one language in
-  `macro`, or the one CLDR's language matching puts strictly nearest ('no': nb at
-  distance 1, nn at 20); None where none or a tie ('sh', a script: None)."""
-  import langcodes
-  from langcodes.data_dicts import MACROLANGUAGES
-  if "-" in macro:
+# ISO 639-1 macrolanguage codes that CLDR's folding (`iso_form`) leaves apart from the
+# individual language NLLB-200 names in them, and the members that count for each,
+# preferred first: 'no' is Bokmål, else Nynorsk; 'ps' Southern Pashto (NLLB-200's pbt_Arab,
+# the one with data), else Northern. Only these: a macrolanguage whose main language a
+# model lacks is not answered by a regional member (zh by yue, ms by min, et by vro, ar by
+# ary, ku by ckb), which CLDR's distances do not tell apart from the ones here.
+MACROLANGUAGE_MEMBERS = {"no": ("nb", "nn"), "ps": ("pbt", "pbu"), "qu": ("quy",),
+                         "ff": ("fuv",)}
+
+
+def _in_macrolanguage(macro: str, model_codes: list[str],
+                      table: Mapping[str, str]) -> str | None:
+  """The model's code for one of MACROLANGUAGE_MEMBERS' macrolanguages: the code that is
+  the macrolanguage itself where the model has one (pus_Arab for 'ps'), else its first
+  member the model has; None for any other code."""
+  if macro not in MACROLANGUAGE_MEMBERS:
     return None
-  members = {form: code for form, code in table.items()
-             if "-" not in form and MACROLANGUAGES.get(form) == macro}
-  if len(members) == 1:
-    return next(iter(members.values()))
-  distances = sorted((langcodes.tag_distance(macro, form), form) for form in members)
-  if len(distances) > 1 and distances[0][0] < distances[1][0]:
-    return members[distances[0][1]]
-  return None
+  if macro in table and _own_language(table[macro]) == macro:
+    return table[macro]
+  by_language: dict[str, str] = {}
+  for code in model_codes:
+    by_language.setdefault(_own_language(code), code)
+  return next((by_language[member] for member in MACROLANGUAGE_MEMBERS[macro]
+               if member in by_language), None)
 
 
 def _without_region(code: str) -> str | None:

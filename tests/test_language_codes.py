@@ -2,7 +2,10 @@
 eng_Latn, M2M100's en): flax_transformer.language_codes, against ISO 639's own tables
 (639-1 two-letter codes of the 639-3 languages NLLB names) and the scripts CLDR gives."""
 
+import pytest
+
 from flax_transformer import language_codes
+from flax_transformer.languages import Languages, UnknownLanguageError
 from flax_transformer.pretrained.m2m100_tokenizer import M2M100_CODES
 
 # A slice of NLLB-200's codes (transformers' FAIRSEQ_LANGUAGE_CODES), with the two-script
@@ -75,3 +78,33 @@ def test_iso_macrolanguage_codes_find_the_nllb_language_in_them():
     assert language_codes.resolve(asked, codes) == want, asked
   # The macrolanguage alone: a model with only Nynorsk answers 'no' with it.
   assert language_codes.resolve("no", ["eng_Latn", "nno_Latn"]) == "nno_Latn"
+
+
+def test_a_macrolanguage_is_not_answered_by_a_regional_member():
+  """A model without a macrolanguage's main language does not take the macrolanguage's
+  code for a regional member (at 2bf6a75 'zh' was Cantonese, 'ms' Minangkabau, 'et' Võro,
+  'ar' Moroccan, 'ku' Central Kurdish): the code is unknown, and the one-line error names
+  what the model has."""
+  for asked, member in (("zh", "yue_Hant"), ("ms", "min_Latn"), ("et", "vro_Latn"),
+                        ("ar", "ary_Arab"), ("ku", "ckb_Arab")):
+    codes = ("eng_Latn", member)
+    assert language_codes.resolve(asked, codes) is None, asked
+    model = Languages(sources=codes, targets=codes, target_by="decoder_prefix",
+                      target_tokens={c: c for c in codes}, source_tokens={c: c for c in codes})
+    with pytest.raises(UnknownLanguageError, match=(
+        rf"^the model does not translate into '{asked}': it knows eng_Latn -> {member}; "
+        rf"{member} -> eng_Latn$")):
+      model.check_pair("eng_Latn", asked)
+
+
+def test_pashto_is_southern_pashto_where_a_model_has_both():
+  """'ps' on a model with Southern (pbt_Arab, NLLB-200's, the one with data) and Northern
+  (pbu_Arab, which CLDR folds into 'ps') Pashto: Southern, in either order, and
+  /languages lists it as 'ps' (the served table resolves the same); Northern alone
+  still answers 'ps'."""
+  for codes in (["eng_Latn", "pbt_Arab", "pbu_Arab"], ["eng_Latn", "pbu_Arab", "pbt_Arab"]):
+    assert language_codes.resolve("ps", codes) == "pbt_Arab"
+    listed = language_codes.listed(codes)
+    assert dict(listed)["ps"] == "pbt_Arab" and dict(listed)["pbu"] == "pbu_Arab"
+    assert language_codes.resolve("ps", codes, dict(listed)) == "pbt_Arab"
+  assert language_codes.resolve("ps", ["eng_Latn", "pbu_Arab"]) == "pbu_Arab"
