@@ -2,9 +2,13 @@
 forced target token cut, and a target token the model writes again dropped, as
 transformers' skip_special_tokens drops NLLB's language codes."""
 
+import re
+
 import numpy as np
+import pytest
 
 from flax_transformer.data.tokenizer import EOS_ID, train_tokenizer
+from flax_transformer.errors import DataError
 from flax_transformer.languages import Languages
 from flax_transformer.translation.directions import Directions
 
@@ -29,3 +33,17 @@ def test_a_target_token_the_model_writes_again_is_not_in_the_translation(tmp_pat
   for hypothesis in (np.concatenate([forced, text, [EOS_ID]]),
                      np.concatenate([forced, again, [EOS_ID]])):
     assert tokenizer.detokenize(directions.written(hypothesis, "fr")) == "Un chien court."
+
+
+def test_a_target_token_that_is_not_one_piece_is_refused(tmp_path):
+  """A target token the target side splits into pieces ('<2en>' without it as a
+  user-defined symbol) would have its last piece taken for the token and cut from every
+  output: Directions refuses it in one line naming the token and its pieces."""
+  languages = Languages.trained(["en", "de", "fr"])
+  tokenizer = train_tokenizer(CAPTIONS, tmp_path / "vocab.model", vocab_size=80)
+  pieces = ", ".join(map(repr, tokenizer.pieces(tokenizer.tokenize("<2en>")[:-1])))
+  assert pieces.count(",") >= 1  # Split, as the message says.
+  with pytest.raises(DataError, match=re.escape(
+      "run.json: the languages record's target token '<2en>' (en) is not one piece of the "
+      f"target vocabulary: it tokenizes to {pieces}")):
+    Directions(languages, tokenizer)

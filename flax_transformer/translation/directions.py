@@ -40,12 +40,9 @@ class Directions:
     self.languages = languages
     self._target_ids: dict[str, np.ndarray] = {}
     if languages.target_by == "decoder_prefix":
-      for code in languages.targets:  # As training's targets start (data.multilingual).
-        ids = tokenizer.target.tokenize(languages.target_tokens[code])[:-1]
-        if not len(ids):
-          raise DataError(f"run.json: the languages record's target token "
-                          f"{languages.target_tokens[code]!r} ({code}) tokenizes to nothing")
-        self._target_ids[code] = np.asarray(ids, np.int32)
+      for code in languages.targets:
+        self._target_ids[code] = forced_ids(tokenizer.target, languages.target_tokens[code],
+                                            code)
     self._token_ids = token_ids(self._target_ids.values())
 
   def resolve(self, count: int, source_lang: Codes = None, target_lang: Codes = None
@@ -104,6 +101,21 @@ class Directions:
     if not self._target_ids:
       return list(ids)
     return cut(ids, len(self._target_ids[target]), self._token_ids)
+
+
+def forced_ids(tokenizer, token: str, code: str) -> np.ndarray:
+  """The ids a decoder_prefix target's token is forced as: its tokenization by the target
+  side (`tokenizer`), as training's targets start (data.multilingual), which must be the
+  token as one piece of the vocabulary, after nothing but the space marker a sentencepiece
+  user-defined symbol takes ('▁'): a token split into pieces would have its last piece
+  taken for the token and cut from every output (`cut`). A DataError names it otherwise."""
+  ids = tokenizer.tokenize(token)[:-1]
+  pieces = tokenizer.pieces(ids)
+  if not pieces or pieces[-1] != token or any(p.strip("▁ ") for p in pieces[:-1]):
+    became = ", ".join(map(repr, pieces)) or "nothing"
+    raise DataError(f"run.json: the languages record's target token {token!r} ({code}) is "
+                    f"not one piece of the target vocabulary: it tokenizes to {became}")
+  return np.asarray(ids, np.int32)
 
 
 def token_ids(forced: Iterable[Sequence[int]]) -> dict[int, tuple[int, ...]]:
