@@ -619,12 +619,15 @@ def test_load_params_averages_the_last_k_up_to_the_step_asked_for(count, choices
                         jax.tree_util.tree_map(lambda a: a.dtype, target))
 
 
-def test_default_averaging_is_quiet_on_one_checkpoint_an_asked_number_warns(caplog):
-  """An imported model's workdir holds one checkpoint: decode.py and serve.py without
-  --average_last (None: the last 5 or as many as there are) load it without warning
-  "fewer than the 5 asked for"; --average_last=5 given explicitly still warns."""
+@pytest.mark.parametrize("tool", ["decode.py", "tools/results.py"])
+def test_default_averaging_is_quiet_on_one_checkpoint_an_asked_number_warns(tool, caplog):
+  """An imported model's workdir holds one checkpoint: decode.py, serve.py and
+  tools/results.py without --average_last (None: the last 5 or as many as there are) load
+  it without warning "fewer than the 5 asked for" (tools/results.py defaulted to 5 until
+  its flag took decode.py's); --average_last=5 given explicitly still warns."""
   from flax_transformer import TransformerConfig
   from flax_transformer.averaging import abstract_params, load_params
+  from tools import results
 
   config = TransformerConfig(vocab_size=16, d_model=8, d_ff=16, num_heads=2, num_layers=1,
                              max_len=16)
@@ -632,7 +635,9 @@ def test_default_averaging_is_quiet_on_one_checkpoint_an_asked_number_warns(capl
   folder = saved({0: tree})
   try:
     with caplog.at_level(logging.WARNING):
-      _, used = load_params(folder, config, average_last=None)
+      default = (None if tool == "decode.py"  # flags.py's, as absl defines it once.
+                 else results.flags().parse_args(["--workdir", folder]).average_last)
+      _, used = load_params(folder, config, average_last=default)
       assert used == [0]
       assert not [r for r in caplog.records if "fewer than" in r.getMessage()]
       _, used = load_params(folder, config, average_last=5)

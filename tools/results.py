@@ -1,6 +1,6 @@
 """Test-set scores of a trained Multi30k workdir, as results/runs/NAME/NAME.json.
 
-python -m tools.results --workdir DIR [--ensemble DIR2,DIR3] [--average_last 5]
+python -m tools.results --workdir DIR [--ensemble DIR2,DIR3] [--average_last K]
     [--beam_size 4 --alpha 0.6] [--command CMD ...] [--out results/runs/NAME/NAME.json]
     [--source_lang de --target_lang fr]
 Decodes test_2016_flickr with beam 4, alpha 0.6 (the paper's search; another one only once
@@ -20,6 +20,7 @@ import shlex
 import time
 from pathlib import Path
 
+from flax_transformer.cli.flags import AVERAGE_LAST_HELP
 from tools.common import MULTI30K, print_table, write_json
 
 
@@ -28,8 +29,7 @@ def flags() -> argparse.ArgumentParser:
   parser.add_argument("--workdir", required=True, help="a trained Multi30k workdir")
   parser.add_argument("--ensemble", default="",
                       help="comma-separated workdirs whose models vote with --workdir's")
-  parser.add_argument("--average_last", type=int, default=5,
-                      help="average the last K checkpoints")
+  parser.add_argument("--average_last", type=int, default=None, help=AVERAGE_LAST_HELP)
   parser.add_argument("--beam_size", type=int, default=4, help="beam width")
   parser.add_argument("--alpha", type=float, default=0.6,
                       help="length penalty exponent, ((5 + length) / 6) ** alpha")

@@ -12,14 +12,18 @@ from absl import flags
 from flax_transformer.translation.search_config import SearchConfig
 
 SEARCH = SearchConfig()  # The defaults.
+# --average_last's help; its default is None (averaging.load_params: the last 5, or as
+# many as the workdir holds, quietly). tools/results.py's --average_last shares both.
+AVERAGE_LAST_HELP = (
+    "Average the parameters of the last K checkpoints, as the paper did (5 for base, 20 for "
+    "big); fewer, with a warning, where the workdir holds fewer. 1 = the newest checkpoint "
+    "alone. Default: the last 5, or all the workdir holds where fewer (an imported model's "
+    "one).")
 
 
 def define_model_flags(cpu_devices_help: str = "") -> None:
   """--average_last, --checkpoint_step and --cpu_devices (what to load, and where)."""
-  flags.DEFINE_integer("average_last", None, "Average the parameters of the last K checkpoints, "
-                       "as the paper did (5 for base, 20 for big); fewer, with a warning, where "
-                       "the workdir holds fewer. 1 = the newest checkpoint alone. Default: the "
-                       "last 5, or all the workdir holds where fewer (an imported model's one).")
+  flags.DEFINE_integer("average_last", None, AVERAGE_LAST_HELP)
   flags.DEFINE_integer("checkpoint_step", None, "Use this checkpoint step (default: newest).")
   flags.DEFINE_integer("cpu_devices", 0, "On a CPU host: XLA devices to split each batch over, "
                        "one search each (0 = one per core). An "
