@@ -419,3 +419,44 @@ def test_an_ensemble_of_imports_padded_differently_says_so(tmp_path, monkeypatch
   for first, other in (("new", "old"), ("old", "new")):
     with pytest.raises(DataError, match=r"the same 511 ids, padded differently"):
       Translator.from_workdir(tmp_path / first, ensemble=[tmp_path / other])
+
+
+X64_DECODE = """
+import json, sys
+import jax
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp
+from flax_transformer import workdir as workdir_lib
+from flax_transformer.pretrained import importer
+from flax_transformer.translation.search_config import SearchConfig
+from flax_transformer.translation.translator import Translator
+folder, workdir = sys.argv[1:3]
+importer.import_model(folder, workdir)
+search = SearchConfig(beam_size=4, alpha=0.0, max_extra=20, eos_within_beam=True)
+t32 = Translator.from_workdir(workdir, search=search)
+config, params = t32.member()
+t64 = Translator(config.replace(dtype="float64", param_dtype="float64"),
+                 jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float64), params),
+                 t32.tokenizer, search, languages=workdir_lib.languages(workdir))
+sources = json.loads(open(folder + "/references.json").read())["sources"]
+print(json.dumps({name: t.translate_nbest(sources) for name, t in (("float32", t32),
+                                                                  ("float64", t64))}))
+"""
+
+
+def test_beam_search_under_jax_enable_x64_is_transformers(tmp_path):
+  """A JAX program with jax_enable_x64 on (a user's project, or a float64 check of a
+  float32 difference) searches as float32 does: a float32 model, and the model cast to
+  float64, give transformers' beam-4 outputs and scores."""
+  folder = FIXTURES / "marian_swish_shared"
+  ref = json.loads((folder / "references.json").read_text())
+  done = subprocess.run([sys.executable, "-c", X64_DECODE, str(folder), str(tmp_path / "run")],
+                        capture_output=True, text=True, timeout=300, cwd=ROOT)
+  assert done.returncode == 0, done.stderr[-2000:]
+  kept = [i for i, at in enumerate(ref["at_limit"][len(ref["sources"]):]) if not at]
+  assert len(kept) >= 26
+  for name, found in json.loads(done.stdout.splitlines()[-1]).items():
+    assert [found[i][0][0] for i in kept] == [ref["beam4_text"][i] for i in kept], name
+    np.testing.assert_allclose([found[i][0][1] for i in kept],
+                               [ref["beam4_scores"][i] for i in kept], atol=1e-3, rtol=0,
+                               err_msg=name)

@@ -20,9 +20,29 @@ NEG_INF = -1.0e7  # Finite, so sums of it stay ordered and never NaN.
 PAD_ID = 0
 
 
+def score_dtype() -> jnp.dtype:
+  """Scores' dtype: jax's default float (float32; float64 under jax_enable_x64)."""
+  return jnp.result_type(float)
+
+
+def _log_softmax(logits: jax.Array) -> jax.Array:
+  """Log-probabilities in the scores' dtype or wider (bfloat16 logits: float32)."""
+  return jax.nn.log_softmax(logits.astype(jnp.promote_types(logits.dtype, score_dtype())))
+
+
+def _div(x: jax.Array, n: int) -> jax.Array:
+  """x // n for x >= 0 (lax's div: no sign fix-up), n in x's integer dtype."""
+  return jax.lax.div(x, jnp.asarray(n, x.dtype))
+
+
+def _rem(x: jax.Array, n: int) -> jax.Array:
+  """x % n for x >= 0 (lax's rem: no sign fix-up), n in x's integer dtype."""
+  return jax.lax.rem(x, jnp.asarray(n, x.dtype))
+
+
 def length_penalty(length: jax.Array, alpha: float) -> jax.Array:
   """GNMT length penalty lp(Y) = ((5 + |Y|) / 6) ** alpha."""
-  return ((5.0 + length.astype(jnp.float32)) / 6.0) ** alpha
+  return ((5.0 + length.astype(score_dtype())) / 6.0) ** alpha
 
 
 def repeat_beams(x: jax.Array, beam_size: int) -> jax.Array:
@@ -88,16 +108,16 @@ class BeamState(NamedTuple):
   step: jax.Array  # int32 [], tokens generated so far.
   choices: jax.Array  # int32 [L, B, K]: [t, b, k] = token * K + p: live beam k of step t
   # extends live beam p of step t - 1 by `token`.
-  alive_log_probs: jax.Array  # float32 [B, K]
+  alive_log_probs: jax.Array  # score_dtype() [B, K]
   finished_ends: jax.Array  # int32 [B, K]: t * K + p, EOS at step t after live beam p of
   # step t - 1 (p = 0 at t = 0); -1: no hypothesis (an all-pad sequence).
-  finished_scores: jax.Array  # float32 [B, K], length-penalised; NEG_INF if none.
+  finished_scores: jax.Array  # score_dtype() [B, K], length-penalised; NEG_INF if none.
   cache: Any
 
 
 class SearchResult(NamedTuple):
   sequences: jax.Array  # int32 [B, K, L], best first, EOS-terminated, 0-padded.
-  scores: jax.Array  # float32 [B, K]: log P / lp (beam) or log P (greedy/sampling).
+  scores: jax.Array  # score_dtype() [B, K]: log P / lp (beam) or log P (greedy/sampling).
 
 
 def _initial_beam_state(cache, b: int, k: int, length: int) -> BeamState:
@@ -106,9 +126,9 @@ def _initial_beam_state(cache, b: int, k: int, length: int) -> BeamState:
   return BeamState(
       step=jnp.array(0, jnp.int32),
       choices=jnp.zeros((length, b, k), jnp.int32),
-      alive_log_probs=jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), jnp.float32), (b, 1)),
+      alive_log_probs=jnp.tile(jnp.array([0.0] + [NEG_INF] * (k - 1), score_dtype()), (b, 1)),
       finished_ends=jnp.full((b, k), -1, jnp.int32),
-      finished_scores=jnp.full((b, k), NEG_INF, jnp.float32),
+      finished_scores=jnp.full((b, k), NEG_INF, score_dtype()),
       cache=cache)
 
 
@@ -124,8 +144,8 @@ def _backtrack(choices: jax.Array, ends: jax.Array, eos_id: int) -> jax.Array:
     t = length - 1 - i
     before_end = t < end
     choice = jnp.take_along_axis(choices[t], beam, axis=1)
-    token = jnp.where(before_end, jax.lax.div(choice, k), jnp.where(t == end, eos_id, 0))
-    return sequences.at[t].set(token), jnp.where(before_end, jax.lax.rem(choice, k), beam)
+    token = jnp.where(before_end, _div(choice, k), jnp.where(t == end, eos_id, 0))
+    return sequences.at[t].set(token), jnp.where(before_end, _rem(choice, k), beam)
 
   sequences, _ = jax.lax.fori_loop(0, length, back,
                                    (jnp.zeros_like(choices), ends % k))
@@ -134,7 +154,7 @@ def _backtrack(choices: jax.Array, ends: jax.Array, eos_id: int) -> jax.Array:
 
 def _previous_token(s: BeamState, k: int) -> jax.Array:
   """int [B, K]: each live beam's last token (its history's column; pad, 0, at step 0)."""
-  return jnp.where(s.step > 0, jax.lax.div(s.choices[jnp.maximum(s.step - 1, 0)], k), 0)
+  return jnp.where(s.step > 0, _div(s.choices[jnp.maximum(s.step - 1, 0)], k), 0)
 
 
 def _keep_finished(s: BeamState, top_log_probs: jax.Array, top_beams: jax.Array,
@@ -180,15 +200,14 @@ def beam_search(tokens_to_logits: TokensToLogits, cache, *, batch_size: int, bea
 
   def step_fn(s: BeamState) -> BeamState:
     logits, cache = tokens_to_logits(_previous_token(s, k).reshape(b * k, 1), s.cache)
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(b, k, -1)
+    log_probs = _log_softmax(logits).reshape(b, k, -1)
     log_probs = _forbid(log_probs, s.step, max_lengths, eos_id)
     log_probs = _force(log_probs, s.step, forced_ids, forced_lengths)
     vocab = log_probs.shape[-1]
     candidates = (s.alive_log_probs[:, :, None] + log_probs).reshape(b, k * vocab)
     # 2K candidates: even if K of them end in EOS, K remain to stay alive.
     top_log_probs, top_ids = jax.lax.top_k(candidates, min(2 * k, k * vocab))
-    # top_ids >= 0: lax's div and rem are // and % without their sign fix-ups.
-    top_beams, top_tokens = jax.lax.div(top_ids, vocab), jax.lax.rem(top_ids, vocab)
+    top_beams, top_tokens = _div(top_ids, vocab), _rem(top_ids, vocab)
     ended = top_tokens == eos_id
     dead = top_log_probs <= NEG_INF / 2
 
@@ -198,7 +217,7 @@ def beam_search(tokens_to_logits: TokensToLogits, cache, *, batch_size: int, bea
     alive_log_probs, alive_pick = jax.lax.top_k(alive_scores, k)
     choice = jnp.take_along_axis(top_tokens * k + top_beams, alive_pick, axis=1)
     choices = jax.lax.dynamic_update_index_in_dim(s.choices, choice, s.step, 0)
-    cache = _gather_beams(cache, jax.lax.rem(choice, k), b, k)
+    cache = _gather_beams(cache, _rem(choice, k), b, k)
 
     finished_ends, finished_scores = _keep_finished(
         s, top_log_probs, top_beams, ended & ~dead, k, alpha, eos_within_beam)
@@ -213,7 +232,7 @@ def beam_search(tokens_to_logits: TokensToLogits, cache, *, batch_size: int, bea
 class SampleState(NamedTuple):
   step: jax.Array
   seqs: jax.Array  # int32 [B, L]
-  log_probs: jax.Array  # float32 [B]
+  log_probs: jax.Array  # score_dtype() [B]
   done: jax.Array  # bool [B]
   cache: Any
   rng: jax.Array
@@ -234,7 +253,7 @@ def sample_search(tokens_to_logits: TokensToLogits, cache, *, batch_size: int,
   if temperature > 0 and rng is None:
     raise ValueError("sampling (temperature > 0) needs an rng")
   state = SampleState(jnp.array(0, jnp.int32), jnp.zeros((b, length), jnp.int32),
-                      jnp.zeros((b,), jnp.float32), jnp.zeros((b,), bool), cache,
+                      jnp.zeros((b,), score_dtype()), jnp.zeros((b,), bool), cache,
                       rng if rng is not None else jax.random.PRNGKey(0))
 
   def not_done(s: SampleState):
@@ -244,7 +263,7 @@ def sample_search(tokens_to_logits: TokensToLogits, cache, *, batch_size: int,
     previous = jnp.where(s.step > 0, jax.lax.dynamic_index_in_dim(s.seqs, s.step - 1, 1, False),
                          0)
     logits, cache = tokens_to_logits(previous.reshape(b, 1), s.cache)
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32))
+    log_probs = _log_softmax(logits)
     log_probs = _forbid(log_probs[:, None, :], s.step, max_lengths, eos_id)
     log_probs = _force(log_probs, s.step, forced_ids, forced_lengths)[:, 0]
     rng, key = jax.random.split(s.rng)
