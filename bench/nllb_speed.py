@@ -15,8 +15,10 @@ has no piece for zeroed so that outputs are text). Refused (exit 2) before timin
 folder whose model emits, greedily on the first sentence, ids its tokenizer cannot
 spell (outputs would be empty), or a `FOLDER_workdir` older than the folder's files.
 On the first --sentences English lines of Multi30k's test 2016, for each target, beam 4
-at the length rule both share (generate: length_penalty 0, EOS forced at source tokens
-+ --max_extra, the target's code forced first; decode.py: --alpha=0 --eos_within_beam),
+at the rule both share (generate: length_penalty 0, the target's code forced first, at
+source tokens + --max_extra only EOS, scored by its log-probability as decode.py scores
+it: `eos_at_limit` stands in for transformers' forced_eos_token_id, which scores it 0;
+decode.py: --alpha=0 --eos_within_beam),
 alternating rounds of:
 - decode.py, one launch per target as a user runs it (its compilation cache fresh per
   bench run: round 1 compiles, later rounds read it);
@@ -48,10 +50,42 @@ def sources(count: int) -> list[str]:
     return f.read().splitlines()[:count]
 
 
-def generate_all(model, tokenizer, texts, targets, *, batch: int, max_extra: int) -> dict:
-  """target -> generate's output texts (beam 4, length_penalty 0), in the texts' order."""
+def eos_at_limit(max_length: int, eos: int):
+  """A logits processor for generate: at the length limit only EOS, scored by its
+  log-probability, as decode.py's search (and fairseq's) scores it. transformers'
+  ForcedEOSTokenLogitsProcessor scores that forced EOS 0, so hypotheses that reach the
+  limit would rank by another rule than decode.py's."""
+  import torch
+  from transformers import LogitsProcessor
+
+  class EosAtLimit(LogitsProcessor):
+    def __call__(self, input_ids, scores):
+      if input_ids.shape[-1] != max_length - 1:
+        return scores
+      kept = torch.full_like(scores, -float("inf"))
+      kept[:, eos] = scores[:, eos]
+      return kept
+  return EosAtLimit()
+
+
+def generate_kwargs(model, tokenizer, source_length: int, target: str, max_extra: int) -> dict:
+  """generate's settings for beam 4 at decode.py's rule (--alpha=0 --eos_within_beam
+  --max_extra): sum of log-probabilities, EOS at source tokens + max_extra scored as
+  decode.py scores it (`eos_at_limit`), `target`'s code forced first."""
+  from transformers import LogitsProcessorList
   sys.path.insert(0, str(common.ROOT / "tests" / "fixtures"))
   from make_pretrained import generation_kwargs
+  eos = model.config.eos_token_id
+  kwargs = generation_kwargs(model, [None] * source_length, 4, eos)
+  limit = 1 + source_length + max_extra  # The decoder start, then the new tokens.
+  return {**kwargs, "max_new_tokens": source_length + max_extra, "forced_eos_token_id": None,
+          "logits_processor": LogitsProcessorList([eos_at_limit(limit, eos)]),
+          "return_dict_in_generate": False, "output_scores": False,
+          "forced_bos_token_id": tokenizer.convert_tokens_to_ids(target)}
+
+
+def generate_all(model, tokenizer, texts, targets, *, batch: int, max_extra: int) -> dict:
+  """target -> generate's output texts (`generate_kwargs`), in the texts' order."""
   by_length: dict[int, list[int]] = {}
   for i, text in enumerate(texts):
     by_length.setdefault(len(tokenizer(text)["input_ids"]), []).append(i)
@@ -61,10 +95,8 @@ def generate_all(model, tokenizer, texts, targets, *, batch: int, max_extra: int
     texts_out = [""] * len(texts)
     for call in calls:
       inputs = tokenizer([texts[i] for i in call], return_tensors="pt")
-      kwargs = {**generation_kwargs(model, inputs["input_ids"][0], 4, model.config.eos_token_id),
-                "max_new_tokens": inputs["input_ids"].shape[1] + max_extra,
-                "return_dict_in_generate": False, "output_scores": False,
-                "forced_bos_token_id": tokenizer.convert_tokens_to_ids(target)}
+      kwargs = generate_kwargs(model, tokenizer, inputs["input_ids"].shape[1], target,
+                               max_extra)
       for i, ids in zip(call, model.generate(**inputs, **kwargs)):
         texts_out[i] = tokenizer.decode(ids, skip_special_tokens=True)
     out[target] = texts_out
