@@ -138,7 +138,8 @@ MUTANTS = [
            ("tests/test_decoding.py::test_average_checkpoints_cli_writes_a_decodable_workdir",)),
     # --- Beam search (section 6.1) ------------------------------------------------
     Mutant("length penalty (5 + |Y|) / 5", f"{SEARCH}:length_penalty",
-           "(5.0 + length.astype(jnp.float32)) / 6.0", "(5.0 + length.astype(jnp.float32)) / 5.0",
+           "(5.0 + length.astype(score_dtype())) / 6.0",
+           "(5.0 + length.astype(score_dtype())) / 5.0",
            ("tests/test_decoding.py::test_beam_equals_exhaustive_search", PAPER)),
     Mutant("finished hypotheses penalised one token short", f"{SEARCH}:_keep_finished",
            "top_log_probs / length_penalty(s.step + 1, alpha)",
