@@ -93,6 +93,26 @@ def test_a_sentence_without_letters_is_written_back_as_it_is():
   assert inputs == ["A line."] and sentences.join(layouts, ["X"]) == ["3.14\n X"]
 
 
+def test_urls_addresses_mentions_and_emoji_go_around_the_model_and_back_in_place():
+  """A model with none of them in its vocabulary drops them (the tiny Multi30k model's
+  '<unk>'): they are no input, and come back as they were where they stood in the
+  sentence's translation (a mock model upper-casing, and one saying one more word),
+  as format=html's kept pieces do (inline_runs.py). A sentence without them: as before."""
+  texts = ["Mail me at anna@example.com 😀", "@anna Two men play. A dog runs.",
+           "See https://example.org/a?b=1 or write to @bob@social.example today 🙂!"]
+  inputs, layouts = sentences.layout(texts, "en", 100, len)
+  assert inputs == ["Mail me at", "Two men play.", "A dog runs.", "See or write to today!"]
+  assert sentences.join(layouts, [s.upper() for s in inputs]) == [
+      "MAIL ME AT anna@example.com 😀", "@anna TWO MEN PLAY. A DOG RUNS.",
+      "SEE https://example.org/a?b=1 OR WRITE TO @bob@social.example TODAY 🙂!"]
+  # Words moved: each piece between the words nearest its place, in proportion, in order.
+  assert sentences.join(layouts, ["Ja, " + s for s in inputs]) == [
+      "Ja, Mail me at anna@example.com 😀", "@anna Ja, Two men play. Ja, A dog runs.",
+      "Ja, https://example.org/a?b=1 See or write @bob@social.example to today 🙂!"]
+  assert sentences.join(layouts, inputs) == [  # The model's words as given: the texts back.
+      "Mail me at anna@example.com 😀", texts[1], texts[2]]
+
+
 def test_a_models_own_language_code_splits_by_that_languages_rules():
   """decode.py --split_sentences --source_lang=deu_Latn (an NLLB import's code) or deu
   (OPUS-MT's): German's rules, as 'de' (sentencex knows ISO 639-1 codes; with 'deu_Latn'

@@ -11,6 +11,10 @@ translated alone, if found), else for nothing (the sentence is translated around
 it goes between the words nearest where it stood, in proportion, or at the run's start or
 end when no letter stood between it and there. No word of the translation is dropped but
 what a kept element stood for.
+
+A plain text's sentence (format=text, decode.py --split_sentences: sentences.py) is a run
+too (TextRun): its URLs, e-mail addresses, @mentions, #hashtags and emoji kept pieces
+standing for nothing, as within an HTML text.
 """
 
 from __future__ import annotations
@@ -20,6 +24,16 @@ import re
 
 SIMILAR = 0.6  # difflib's ratio from which words are taken for an inline element's text.
 WINDOW = 40  # Words either side of an inline element's place in proportion, searched.
+# Not prose, within text: URLs, e-mail addresses, @mentions (@bob, @bob@example.org),
+# #hashtags, emoji runs. Left as they are, in place (a model without them in its
+# vocabulary would drop them; one with them has nothing to translate there). A URL ends
+# before the sentence's punctuation; each starts where the one before could not (the
+# lookbehinds): linear time, "@" * 5000 included.
+PROTECTED = re.compile(r"((?:https?://|www\.)\S*[^\s.,;:!?'\"]|"
+                       r"(?<![\w.+-])[\w.+-]*\w@[\w-]+(?:\.[\w-]+)+|(?<![.@-])[@#][\w.@-]*\w|"
+                       r"[\U0001F000-\U0001FAFF\u2600-\u27BF\u2B00-\u2BFF\uFE0F\u200D]+)")
+# Punctuation a word is written against: where a piece stood before it, no space.
+CLOSING = frozenset(".,;:!?…)]}»”’。、，！？：；")
 
 
 class Gap:
@@ -211,15 +225,67 @@ def fill(run: Run, translation: str, spans: list[tuple[int, int]]) -> None:
 
 
 def _spaced(run: Run, spans: list[tuple[int, int]]) -> None:
-  """A kept element placed between two words (none of its text found), that stood between
-  spaces, keeps a space either side ("Eine Katze <img> sitzt", not "Katze <img>sitzt")."""
+  """A kept element placed between words (none of its text found) is not glued to a word
+  it was not glued to: a space on each side where one stood in its source ("Eine Katze
+  <img> sitzt", "Sie schläft 😀.", not "Katze <img>sitzt", "schläft😀."), or where a
+  letter or digit now stands and none did ("Hi 👋, how": "Hallo, 👋 wie")."""
   for element, (start, end) in zip(run.inline, spans):
-    if not (element.kept and start == end and 0 < element.first < element.last < len(run.gaps)):
+    if not (element.kept and start == end):
       continue
-    before, after = run.gaps[element.first - 1], run.gaps[element.last]
-    if not (before.source[-1:].isspace() and after.source[:1].isspace()):
-      continue
-    if before.value[-1:].isspace() and after.value[:1].strip():
-      after.value = " " + after.value
-    elif after.value[:1].isspace() and before.value[-1:].strip():
-      before.value += " "
+    if element.first > 0:
+      before = run.gaps[element.first - 1]
+      if _glued(before.value[-1:], before.source[-1:]):
+        before.value += " "
+    if element.last < len(run.gaps):
+      after = run.gaps[element.last]
+      if _glued(after.value[:1], after.source[:1]):
+        after.value = " " + after.value
+
+
+def _glued(now: str, was: str) -> bool:
+  """Whether the character `now` next to a kept element needs a space between them,
+  `was` the one next to it in the source."""
+  return bool(now and was) and not now.isspace() and (was.isspace() or now.isalnum()
+                                                       and not was.isalnum())
+
+
+class TextRun(Run):
+  """A plain text as a run: its prose in gaps, each PROTECTED piece a kept element
+  standing for nothing, put back as it is where it stood in `render`'s translation."""
+
+  def __init__(self, text: str):
+    super().__init__()
+    self.pieces: list[str] = []
+    for i, piece in enumerate(PROTECTED.split(text)):
+      if i % 2:
+        self.inline.append(Inline(len(self.gaps), None, kept=True))
+        self.gaps.append(Gap("", kept=True))
+        self.pieces.append(piece)
+      else:
+        self.gaps.append(Gap(piece))
+
+  @property
+  def model_text(self) -> str:
+    """What the model translates: the prose, where pieces stood one space between two
+    words, none before closing punctuation ("A cat 😀 sleeps 😀." -> "A cat sleeps.")."""
+    text, cut = "", False
+    for gap in self.gaps:
+      cut = cut or gap.kept
+      if gap.kept or not gap.source:
+        continue
+      words = gap.source
+      if cut:
+        text, words = text.rstrip(), words.lstrip()
+        if text and words and words[0] not in CLOSING:
+          text += " "
+      text, cut = text + words, False
+    return text.strip()
+
+  def render(self, translation: str) -> str:
+    """The text with `translation` (of `model_text`) for its prose, its pieces in place."""
+    source = self.text
+    translation = (source[:len(source) - len(source.lstrip())] + translation
+                   + source[len(source.rstrip()):])  # Its spaces at the ends, as found.
+    fill(self, translation, placed(self, translation, [""] * len(self.inline)))
+    pieces = iter(self.pieces)
+    return "".join(next(pieces) if gap.kept else gap.value for gap in self.gaps)

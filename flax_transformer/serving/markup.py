@@ -18,15 +18,15 @@ sentence does not cut it; each inline element's own text is translated too, and 
 put around it in its block's translation (inline_runs.py says how it is found). Kept inline
 elements (<code>, <kbd>, <samp>, <var>, translate="no" or class "notranslate" on an inline
 element, mentions' and hashtags' links, an <img>, a <wbr>, an inline element with no text)
-and URLs, @mentions, #hashtags and emoji within text do not cut it either: left as they
-are, in place in their sentence (inline_runs.py). Runs end at block elements, `<br>` (a
-line break: it ends a sentence, as a newline does in format=text), comments, and the rest
-of what is not translated. Left as they are: the text of <code>, <pre>, <kbd>, <samp>,
-<var>, <textarea>, <script>, <style>, <svg>, <math>, of an element with translate="no"
-(HTML's attribute) or class "notranslate", text with no letter (emoji, numbers,
-punctuation), URLs, @mentions and #hashtags within text, a link whose text is part of its
-href (percent-decoded, any case: Mastodon's shortened-URL links) and a link of class
-"mention" or "hashtag" (Mastodon's).
+and URLs, e-mail addresses, @mentions, #hashtags and emoji within text (inline_runs.PROTECTED)
+do not cut it either: left as they are, in place in their sentence
+(inline_runs.py). Runs end at block elements, `<br>` (a line break: it ends a sentence, as
+a newline does in format=text), comments, and the rest of what is not translated. Left as
+they are: the text of <code>, <pre>, <kbd>, <samp>, <var>, <textarea>, <script>, <style>,
+<svg>, <math>, of an element with translate="no" (HTML's attribute) or class "notranslate",
+text with no letter (emoji, numbers, punctuation), URLs, e-mail addresses, @mentions and
+#hashtags within text, a link whose text is part of its href (percent-decoded, any case:
+Mastodon's shortened-URL links) and a link of class "mention" or "hashtag" (Mastodon's).
 
 LibreTranslate (argos-translate-files 1.4.4's translatehtml, argos-translate 1.12's
 tags.py) translates each text node alone: its tag injection, meant to translate a block as
@@ -44,7 +44,8 @@ import html5lib
 from html5lib.constants import voidElements
 from html5lib.serializer import HTMLSerializer
 
-from flax_transformer.serving.inline_runs import Gap, Inline, Run, fill, has_letters, placed
+from flax_transformer.serving.inline_runs import (PROTECTED, Gap, Inline, Run, fill, has_letters,
+                                                  placed)
 
 VOID = frozenset(voidElements)
 KEEP = frozenset("code pre kbd samp var textarea script style svg math".split())
@@ -60,9 +61,6 @@ PIECE_WORDS = 4  # What a kept element stands for in its sentence: its text, if 
 # A link of one of these classes is a mention or a hashtag (Mastodon's, microformats'):
 # its text is a name, whatever its href spells (percent-encoded, another case, a domain).
 NAMES = frozenset(("mention", "hashtag"))
-# Not prose, within text: URLs, @mentions (@bob, @bob@example.org), #hashtags, emoji runs.
-PROTECTED = re.compile(r"(https?://\S+|www\.\S+|[@#][\w.@-]*\w|"
-                       r"[\U0001F000-\U0001FAFF\u2600-\u27BF\u2B00-\u2BFF\uFE0F\u200D]+)")
 # A document: a doctype or <html>, <head> or <body> first (none is a fragment's), after
 # comments, an XML declaration (XHTML) or spaces, if any.
 DOCUMENT = re.compile(r"(?:\s|<!--.*?-->|<\?[^>]*>)*<(!doctype|(html|head|body)[\s>])",

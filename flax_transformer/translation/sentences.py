@@ -1,6 +1,9 @@
 """Long texts as model inputs: each text split into sentences (sentencex), each sentence
-longer than the model takes cut at its limit, one with no letter left as it is, and the
-translations joined back with the text's own whitespace and newlines. serve.py's
+longer than the model takes cut at its limit, one with no letter left as it is, the URLs,
+e-mail addresses, @mentions, #hashtags and emoji within one passed around the model and put
+back where they stood in its translation (inline_runs.TextRun: format=html's mechanism; a
+model without them in its vocabulary would drop them), and the translations joined back
+with the text's own whitespace and newlines. serve.py's
 LibreTranslate face, the Translator and decode.py --split_sentences use it.
 
 sentencex, chosen by bench/sentence_split.py (results/bench/sentence_split.json): as
@@ -14,6 +17,8 @@ import dataclasses
 import logging
 import re
 from typing import Callable, Iterator, Sequence
+
+from flax_transformer.serving.inline_runs import TextRun
 
 log = logging.getLogger("flax_transformer.sentences")
 NEWLINES = re.compile(r"(\s*\n\s*)")  # Always a boundary, kept as it is.
@@ -86,19 +91,24 @@ def _longest(top: int, fits: Callable[[int], bool]) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-  """One text as model inputs: `parts` as `split`'s, and per sentence the number of
-  inputs it was cut into."""
+  """One text as model inputs: `parts` as `split`'s, per sentence the number of inputs
+  it was cut into, and its TextRun if it holds pieces kept from the model (else None)."""
   parts: list[str]
   pieces: list[int]
+  runs: list[TextRun | None]
 
   def join(self, outputs: Iterator[str]) -> str:
     """The text with each sentence replaced by its pieces' translations (taken from
-    `outputs` in order, a space between pieces); a sentence of no pieces as it is."""
-    counts = iter(self.pieces)
+    `outputs` in order, a space between pieces, its kept pieces put back); a sentence of
+    no pieces as it is."""
+    counts, runs = iter(self.pieces), iter(self.runs)
 
     def sentence(part: str) -> str:
-      count = next(counts)
-      return " ".join(next(outputs) for _ in range(count)) if count else part
+      count, run = next(counts), next(runs)
+      if not count:
+        return part
+      translation = " ".join(next(outputs) for _ in range(count))
+      return run.render(translation) if run else translation
 
     return "".join(sentence(part) if i % 2 else part for i, part in enumerate(self.parts))
 
@@ -108,16 +118,22 @@ def layout(texts: Sequence[str], language: str, most: int, length_of: Callable[[
   """The model inputs of `texts` (in order) and each text's Layout. `sentences` False:
   a line is one sentence (only newlines split), cut all the same. A sentence with no
   letter (emoji, numbers, punctuation: '🎉', '12:30', '1.') is no input: a model has
-  nothing to translate there and would make words up; it is written back as it is."""
+  nothing to translate there and would make words up; it is written back as it is. A
+  sentence's URLs, e-mail addresses, mentions and emoji are no input either (TextRun):
+  the model translates the words around them, and they go back in place."""
   inputs, layouts = [], []
   for text in texts:
     parts = split(text, language) if sentences else _lines(text)
-    counts = []
+    counts, runs = [], []
     for sentence in parts[1::2]:
-      pieces = cut(sentence, most, length_of) if any(c.isalpha() for c in sentence) else []
+      run = TextRun(sentence)
+      run = run if run.inline else None
+      prose = run.model_text if run else sentence
+      pieces = cut(prose, most, length_of) if any(c.isalpha() for c in prose) else []
       inputs += pieces
       counts.append(len(pieces))
-    layouts.append(Layout(parts, counts))
+      runs.append(run)
+    layouts.append(Layout(parts, counts, runs))
   return inputs, layouts
 
 
