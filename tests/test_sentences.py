@@ -99,18 +99,21 @@ def test_urls_addresses_mentions_and_emoji_go_around_the_model_and_back_in_place
   sentence's translation (a mock model upper-casing, and one saying one more word),
   as format=html's kept pieces do (inline_runs.py). A sentence without them: as before."""
   texts = ["Mail me at anna@example.com 😀", "@anna Two men play. A dog runs.",
-           "See https://example.org/a?b=1 or write to @bob@social.example today 🙂!"]
+           "See https://example.org/a?b=1 or write to @bob@social.example today 🙂!",
+           "Write to anna@example.com 😀 today."]
   inputs, layouts = sentences.layout(texts, "en", 100, len)
-  assert inputs == ["Mail me at", "Two men play.", "A dog runs.", "See or write to today!"]
+  assert inputs == ["Mail me at", "Two men play.", "A dog runs.", "See or write to today!",
+                    "Write to today."]
   assert sentences.join(layouts, [s.upper() for s in inputs]) == [
       "MAIL ME AT anna@example.com 😀", "@anna TWO MEN PLAY. A DOG RUNS.",
-      "SEE https://example.org/a?b=1 OR WRITE TO @bob@social.example TODAY 🙂!"]
+      "SEE https://example.org/a?b=1 OR WRITE TO @bob@social.example TODAY 🙂!",
+      "WRITE TO anna@example.com 😀 TODAY."]
   # Words moved: each piece between the words nearest its place, in proportion, in order.
   assert sentences.join(layouts, ["Ja, " + s for s in inputs]) == [
       "Ja, Mail me at anna@example.com 😀", "@anna Ja, Two men play. Ja, A dog runs.",
-      "Ja, https://example.org/a?b=1 See or write @bob@social.example to today 🙂!"]
-  assert sentences.join(layouts, inputs) == [  # The model's words as given: the texts back.
-      "Mail me at anna@example.com 😀", texts[1], texts[2]]
+      "Ja, https://example.org/a?b=1 See or write @bob@social.example to today 🙂!",
+      "Ja, Write anna@example.com 😀 to today."]
+  assert sentences.join(layouts, inputs) == texts  # The model's words as given: the texts.
 
 
 def test_a_models_own_language_code_splits_by_that_languages_rules():

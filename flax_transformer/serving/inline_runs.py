@@ -228,7 +228,8 @@ def _spaced(run: Run, spans: list[tuple[int, int]]) -> None:
   """A kept element placed between words (none of its text found) is not glued to a word
   it was not glued to: a space on each side where one stood in its source ("Eine Katze
   <img> sitzt", "Sie schläft 😀.", not "Katze <img>sitzt", "schläft😀."), or where a
-  letter or digit now stands and none did ("Hi 👋, how": "Hallo, 👋 wie")."""
+  letter or digit now stands and none did ("Hi 👋, how": "Hallo, 👋 wie"); the spaces
+  between two placed at one place kept ("a@b.org 😀")."""
   for element, (start, end) in zip(run.inline, spans):
     if not (element.kept and start == end):
       continue
@@ -238,7 +239,9 @@ def _spaced(run: Run, spans: list[tuple[int, int]]) -> None:
         before.value += " "
     if element.last < len(run.gaps):
       after = run.gaps[element.last]
-      if _glued(after.value[:1], after.source[:1]):
+      if not after.value and after.source.isspace():  # Before another piece, at one place.
+        after.value = after.source
+      elif _glued(after.value[:1], after.source[:1]):
         after.value = " " + after.value
 
 
