@@ -225,31 +225,34 @@ def fill(run: Run, translation: str, spans: list[tuple[int, int]]) -> None:
 
 
 def _spaced(run: Run, spans: list[tuple[int, int]]) -> None:
-  """A kept element placed between words (none of its text found) is not glued to a word
-  it was not glued to: a space on each side where one stood in its source ("Eine Katze
-  <img> sitzt", "Sie schläft 😀.", not "Katze <img>sitzt", "schläft😀."), or where a
-  letter or digit now stands and none did ("Hi 👋, how": "Hallo, 👋 wie"); the spaces
-  between two placed at one place kept ("a@b.org 😀")."""
+  """A kept element placed with none of its text found is not glued to a word it was not
+  glued to: a space on each side where one stood in its source ("Eine Katze <img> sitzt",
+  "Sie schläft 😀.", not "Katze <img>sitzt", "schläft😀."), and, if it stood between
+  words, where a letter or digit now stands and none did ("Hi 👋, how": "Hallo, 👋 wie");
+  the spaces between two placed at one place kept ("a@b.org 😀")."""
+  source = run.text
   for element, (start, end) in zip(run.inline, spans):
     if not (element.kept and start == end):
       continue
+    begin, finish = run.span(element)
+    between = has_letters(source[:begin]) and has_letters(source[finish:])
     if element.first > 0:
       before = run.gaps[element.first - 1]
-      if _glued(before.value[-1:], before.source[-1:]):
+      if _glued(before.value[-1:], before.source[-1:], between):
         before.value += " "
     if element.last < len(run.gaps):
       after = run.gaps[element.last]
       if not after.value and after.source.isspace():  # Before another piece, at one place.
         after.value = after.source
-      elif _glued(after.value[:1], after.source[:1]):
+      elif _glued(after.value[:1], after.source[:1], between):
         after.value = " " + after.value
 
 
-def _glued(now: str, was: str) -> bool:
+def _glued(now: str, was: str, between: bool) -> bool:
   """Whether the character `now` next to a kept element needs a space between them,
-  `was` the one next to it in the source."""
-  return bool(now and was) and not now.isspace() and (was.isspace() or now.isalnum()
-                                                       and not was.isalnum())
+  `was` the one next to it in the source (`between`: it stood between words)."""
+  return bool(now and was) and not now.isspace() and (
+      was.isspace() or between and now.isalnum() and not was.isalnum())
 
 
 class TextRun(Run):
