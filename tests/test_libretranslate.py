@@ -249,21 +249,24 @@ def test_auto_into_a_source_language_is_the_text_as_it_is(server):
 
 
 # format=text with runs the tiny model cannot spell inside sentences (its vocabulary,
-# Multi30k's, maps "@", "/" and emoji to <unk>): each text, its runs in order, and the
-# sentence the model is to translate around them.
+# Multi30k's, maps "@", "/", emoji, "ë" and "€" to <unk>): each text, its runs in order,
+# and the sentence the model is to translate around them.
 AROUND = {"A dog runs in the park https://example.org/dogs?id=1 with a ball.":
               (["https://example.org/dogs?id=1"], "A dog runs in the park with a ball."),
           "Mail me at anna@example.com 😀": (["anna@example.com", "😀"], "Mail me at"),
           "@anna Two men are playing football.": (["@anna"], SENTENCES[1]),
           "Write to @bob@social.example, a woman reads a book 📚.":
-              (["@bob@social.example", "📚"], "Write to, a woman reads a book.")}
+              (["@bob@social.example", "📚"], "Write to, a woman reads a book."),
+          "A dog runs to Zoë in the park for 5 €.":
+              (["Zoë", "€"], "A dog runs to in the park for 5.")}
 
 
 def test_urls_addresses_mentions_and_emoji_in_text_come_back_verbatim_in_order(server, expected):
   """Each run comes back as it was, in order, and what is left is the model's translation
   of the sentence around them, word for word (at 2bf6a75 they were dropped: 'Ein Mann in
   einem ...' with no address and no emoji, as LibreTranslate's argos-translate drops
-  them); a sentence without such runs is translated as before (the Translator's own)."""
+  them; a word with a character the vocabulary lacks, "Zoë", comes back whole); a
+  sentence without such runs is translated as before (the Translator's own)."""
   from libretranslatepy import LibreTranslateAPI
 
   status, answer = _post(server, {"q": list(AROUND), "source": "en", "target": "de"})
@@ -277,9 +280,9 @@ def test_urls_addresses_mentions_and_emoji_in_text_come_back_verbatim_in_order(s
       assert out.find(run, at) >= 0, (out, run)
       at = out.find(run, at) + len(run)
     rest = out
-    for run in runs:
+    for run in runs:  # The rest: the model's translation, every character (spaces aside).
       rest = rest.replace(run, " ")
-    assert rest.split() == want.split(), (out, want)
+    assert "".join(rest.split()) == "".join(want.split()), (out, want)
   assert around["translatedText"][2] == expected[SENTENCES[1]][0]
   # A paragraph through libretranslatepy: its plain sentence as the Translator's own.
   paragraph = f"A cat sleeps 😀. {SENTENCES[4]}\n"

@@ -114,6 +114,12 @@ def test_urls_addresses_mentions_and_emoji_go_around_the_model_and_back_in_place
       "Ja, https://example.org/a?b=1 See or write @bob@social.example to today 🙂!",
       "Ja, Write anna@example.com 😀 to today."]
   assert sentences.join(layouts, inputs) == texts  # The model's words as given: the texts.
+  # A word with a character the vocabulary cannot spell (here "ë", "€"): whole, kept.
+  texts = ["A dog runs to Zoë for 5 € now.", "Mail zoë@exämple.com today."]
+  inputs, layouts = sentences.layout(texts, "en", 100, len, unknown=lambda c: c in "ë€ä")
+  assert inputs == ["A dog runs to for 5 now.", "Mail today."]
+  assert sentences.join(layouts, [s.upper() for s in inputs]) == [
+      "A DOG RUNS TO Zoë FOR 5 € NOW.", "MAIL zoë@exämple.com TODAY."]
 
 
 def test_a_models_own_language_code_splits_by_that_languages_rules():

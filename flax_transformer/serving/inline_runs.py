@@ -13,14 +13,16 @@ end when no letter stood between it and there. No word of the translation is dro
 what a kept element stood for.
 
 A plain text's sentence (format=text, decode.py --split_sentences: sentences.py) is a run
-too (TextRun): its URLs, e-mail addresses, @mentions, #hashtags and emoji kept pieces
-standing for nothing, as within an HTML text.
+too (TextRun): its URLs, e-mail addresses, @mentions, #hashtags and emoji, and its words
+with a character the model cannot spell, kept pieces standing for nothing, as within an
+HTML text.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
+from typing import Callable
 
 SIMILAR = 0.6  # difflib's ratio from which words are taken for an inline element's text.
 WINDOW = 40  # Words either side of an inline element's place in proportion, searched.
@@ -255,20 +257,42 @@ def _glued(now: str, was: str, between: bool) -> bool:
       was.isspace() or between and now.isalnum() and not was.isalnum())
 
 
-class TextRun(Run):
-  """A plain text as a run: its prose in gaps, each PROTECTED piece a kept element
-  standing for nothing, put back as it is where it stood in `render`'s translation."""
+def _kept_spans(text: str, unknown: Callable[[str], bool] | None) -> list[tuple[int, int]]:
+  """Where text's PROTECTED pieces are, and (`unknown`: whether the model cannot spell a
+  character) its words with a character the model cannot spell, each a run of letters,
+  digits and such characters ("Zoë" whole, for a vocabulary without "ë"); in order, those
+  that overlap joined."""
+  spans = [m.span() for m in PROTECTED.finditer(text)]
+  odd = sorted(c for c in set(text) if not c.isspace() and unknown and unknown(c))
+  if odd:
+    chars = "".join(map(re.escape, odd))
+    word = re.compile(rf"(?<![\w{chars}])[\w{chars}]*[{chars}][\w{chars}]*")
+    spans += [m.span() for m in word.finditer(text)]
+  joined: list[tuple[int, int]] = []
+  for start, end in sorted(spans):
+    if joined and start < joined[-1][1]:
+      joined[-1] = joined[-1][0], max(end, joined[-1][1])
+    else:
+      joined.append((start, end))
+  return joined
 
-  def __init__(self, text: str):
+
+class TextRun(Run):
+  """A plain text as a run: its prose in gaps, each kept piece (`_kept_spans`) a kept
+  element standing for nothing, put back as it is where it stood in `render`'s
+  translation."""
+
+  def __init__(self, text: str, unknown: Callable[[str], bool] | None = None):
     super().__init__()
     self.pieces: list[str] = []
-    for i, piece in enumerate(PROTECTED.split(text)):
-      if i % 2:
-        self.inline.append(Inline(len(self.gaps), None, kept=True))
-        self.gaps.append(Gap("", kept=True))
-        self.pieces.append(piece)
-      else:
-        self.gaps.append(Gap(piece))
+    at = 0
+    for start, end in _kept_spans(text, unknown):
+      self.gaps.append(Gap(text[at:start]))
+      self.inline.append(Inline(len(self.gaps), None, kept=True))
+      self.gaps.append(Gap("", kept=True))
+      self.pieces.append(text[start:end])
+      at = end
+    self.gaps.append(Gap(text[at:]))
 
   @property
   def model_text(self) -> str:

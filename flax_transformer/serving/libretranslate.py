@@ -100,6 +100,7 @@ class LibreTranslate:
   def __init__(self, languages: LanguageApi, token: str | None, batcher, limits):
     self.api, self.token = languages, token
     self._batcher, self._limits = batcher, limits
+    self._unknown = sentences.Unknown(batcher.tokenizer.source)  # Words kept from it.
 
   def languages(self) -> list[dict]:
     return self.api.listing()
@@ -257,7 +258,7 @@ class LibreTranslate:
     for text, direction in zip(texts, directions):
       language = self.api.shown(direction[0]) or "en"  # sentencex's codes are ISO's.
       found, (layout,) = sentences.layout([text], language, batcher.max_tokens,
-                                          batcher.source_length)
+                                          batcher.source_length, unknown=self._unknown)
       inputs += found
       layouts.append(layout)
       rows += [direction] * len(found)

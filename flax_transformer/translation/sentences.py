@@ -1,9 +1,10 @@
 """Long texts as model inputs: each text split into sentences (sentencex), each sentence
 longer than the model takes cut at its limit, one with no letter left as it is, the URLs,
-e-mail addresses, @mentions, #hashtags and emoji within one passed around the model and put
-back where they stood in its translation (inline_runs.TextRun: format=html's mechanism; a
-model without them in its vocabulary would drop them), and the translations joined back
-with the text's own whitespace and newlines. serve.py's
+e-mail addresses, @mentions, #hashtags and emoji within one, and its words with a character
+the model cannot spell (`Unknown`), passed around the model and put back where they stood
+in its translation (inline_runs.TextRun: format=html's mechanism; a model without them in
+its vocabulary would drop them), and the translations joined back with the text's own
+whitespace and newlines. serve.py's
 LibreTranslate face, the Translator and decode.py --split_sentences use it.
 
 sentencex, chosen by bench/sentence_split.py (results/bench/sentence_split.json): as
@@ -22,6 +23,7 @@ from flax_transformer.serving.inline_runs import TextRun
 
 log = logging.getLogger("flax_transformer.sentences")
 NEWLINES = re.compile(r"(\s*\n\s*)")  # Always a boundary, kept as it is.
+UNKNOWN = "<unk>"  # The unknown piece of every tokenizer kind (trained, imported).
 
 
 def split(text: str, language: str) -> list[str]:
@@ -113,20 +115,36 @@ class Layout:
     return "".join(sentence(part) if i % 2 else part for i, part in enumerate(self.parts))
 
 
+class Unknown:
+  """Whether `tokenizer` cannot spell a character: it maps it to its unknown piece (what
+  the model reads as '<unk>', and writes back as nothing). Cached per character."""
+
+  def __init__(self, tokenizer):
+    self._tokenizer = tokenizer
+    self._known: dict[str, bool] = {}
+
+  def __call__(self, char: str) -> bool:
+    if char not in self._known:
+      self._known[char] = UNKNOWN in self._tokenizer.pieces(self._tokenizer.tokenize(char))
+    return self._known[char]
+
+
 def layout(texts: Sequence[str], language: str, most: int, length_of: Callable[[str], int],
-           sentences: bool = True) -> tuple[list[str], list[Layout]]:
+           sentences: bool = True, unknown: Callable[[str], bool] | None = None
+           ) -> tuple[list[str], list[Layout]]:
   """The model inputs of `texts` (in order) and each text's Layout. `sentences` False:
   a line is one sentence (only newlines split), cut all the same. A sentence with no
   letter (emoji, numbers, punctuation: '🎉', '12:30', '1.') is no input: a model has
   nothing to translate there and would make words up; it is written back as it is. A
-  sentence's URLs, e-mail addresses, mentions and emoji are no input either (TextRun):
-  the model translates the words around them, and they go back in place."""
+  sentence's URLs, e-mail addresses, mentions and emoji are no input either (TextRun),
+  nor its words with a character the model cannot spell (`unknown`, an `Unknown`): the
+  model translates the words around them, and they go back in place."""
   inputs, layouts = [], []
   for text in texts:
     parts = split(text, language) if sentences else _lines(text)
     counts, runs = [], []
     for sentence in parts[1::2]:
-      run = TextRun(sentence)
+      run = TextRun(sentence, unknown)
       run = run if run.inline else None
       prose = run.model_text if run else sentence
       pieces = cut(prose, most, length_of) if any(c.isalpha() for c in prose) else []

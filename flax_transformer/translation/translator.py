@@ -311,13 +311,16 @@ class Translator:
     with its own whitespace and newlines; a sentence over the model's max_len is cut at
     it, with a warning, and translated in pieces (decode.py --split_sentences): measured
     as the model reads it, an OPUS-MT target's >>xx<< tag or a source token included.
+    URLs, e-mail addresses, mentions, emoji and words with a character the vocabulary
+    cannot spell come back as they were, in place (sentences.layout).
     `language` is the source's (source_lang), target_lang as `translate_nbest`'s."""
     source = self.languages.model_code(language, self.languages.sources)  # en: eng_Latn.
     direction = dict(source_lang=source if source in self.languages.sources else None,
                      target_lang=target_lang)
     row = self._directions.resolve(1, **direction)
     inputs, layouts = sentences_lib.layout(texts, language, self.max_len, lambda s: len(
-        self.tokenizer.source.tokenize(self._directions.source_texts([s], row)[0])))
+        self.tokenizer.source.tokenize(self._directions.source_texts([s], row)[0])),
+        unknown=sentences_lib.Unknown(self.tokenizer.source))
     return sentences_lib.join(layouts, self.translate(inputs, progress, **direction))
 
   def score(self, sources: Sequence[str], targets: Sequence[str], progress=None,
