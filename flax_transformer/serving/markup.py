@@ -44,7 +44,7 @@ import html5lib
 from html5lib.constants import voidElements
 from html5lib.serializer import HTMLSerializer
 
-from flax_transformer.serving.inline_runs import (PROTECTED, Gap, Inline, Run, fill, has_letters,
+from flax_transformer.translation.inline_runs import (PROTECTED, Gap, Inline, Run, fill, has_letters,
                                                   placed)
 
 VOID = frozenset(voidElements)

@@ -19,7 +19,7 @@ import logging
 import re
 from typing import Callable, Iterator, Sequence
 
-from flax_transformer.serving.inline_runs import TextRun
+from flax_transformer.translation.inline_runs import TextRun
 
 log = logging.getLogger("flax_transformer.sentences")
 NEWLINES = re.compile(r"(\s*\n\s*)")  # Always a boundary, kept as it is.
