@@ -34,6 +34,7 @@ WINDOW = 40  # Words either side of an inline element's place in proportion, sea
 PROTECTED = re.compile(r"((?:https?://|www\.)\S*[^\s.,;:!?'\"]|"
                        r"(?<![\w.+-])[\w.+-]*\w@[\w-]+(?:\.[\w-]+)+|(?<![.@-])[@#][\w.@-]*\w|"
                        r"[\U0001F000-\U0001FAFF\u2600-\u27BF\u2B00-\u2BFF\uFE0F\u200D]+)")
+SPACES = re.compile(r"\s+")
 # Punctuation a word is written against: where a piece stood before it, no space.
 CLOSING = frozenset(".,;:!?…)]}»”’。、，！？：；")
 
@@ -131,10 +132,12 @@ def _exact(text: str, wanted: list[str], start: int, end: int, near: int, whole:
   """Where in text[start:end] the first of `wanted` found is, as written (nearest `near`;
   `whole`: as whole words)."""
   for want in wanted:
+    if not want.strip():  # Nothing to find (a kept piece's text): no scan of every position.
+      continue
     hits = [m.start() for m in re.finditer(f"(?={re.escape(want)})", text[:end])  # Overlapping.
             if m.start() >= start
             and not (whole and _inside_word(text, m.start(), m.start() + len(want)))]
-    if want.strip() and hits:
+    if hits:
       at = min(hits, key=lambda hit: abs(hit - near))
       return at, at + len(want)
   return None
@@ -173,8 +176,8 @@ def _anchor(source: str, span: tuple[int, int], parent: tuple[int, int], transla
     return hi - len(after) if translation[lo:hi].endswith(after) else hi
   if not before[-1:].isspace() and not after[:1].isspace():  # Within a word ("x<wbr>y").
     return min(max(lo, near), hi)
-  spaces = [(m.start(), m.end()) for m in re.finditer(r"\s+", translation[:hi])
-            if translation[lo:m.start()].strip() and translation[m.end():hi].strip()]
+  spaces = [(m.start(), m.end()) for m in SPACES.finditer(translation, lo, hi)
+            if lo < m.start() and m.end() < hi]  # With a word on each side, within lo:hi.
   if not spaces:  # One word, or a script without spaces: before or after all of it.
     return lo if near - lo < hi - near else hi
   start, end = min(spaces, key=lambda space: min(abs(space[0] - near), abs(space[1] - near)))
