@@ -122,6 +122,22 @@ def test_urls_addresses_mentions_and_emoji_go_around_the_model_and_back_in_place
       "A DOG RUNS TO Zoë FOR 5 € NOW.", "MAIL zoë@exämple.com TODAY."]
 
 
+def test_a_url_in_parentheses_leaves_them_balanced():
+  """"(https://x.org)" took the text's ")" into the URL: the model got "See ( now." (an
+  unbalanced bracket it wrote as ", der"), and the URL came back as "https://x.org)"
+  glued to it. A URL holds only balanced parentheses (Wikipedia's "Foo_(bar)"), and a
+  kept piece alone in brackets goes around the model with them."""
+  texts = ["See (https://x.org) now.", "A girl (https://x.org/a_(b)) smiles.",
+           "See https://en.wikipedia.org/wiki/Foo_(bar) now.", "(See https://x.org/a).",
+           "Write to <anna@example.com> today."]
+  inputs, layouts = sentences.layout(texts, "en", 100, len)
+  assert inputs == ["See now.", "A girl smiles.", "See now.", "(See).", "Write to today."]
+  assert sentences.join(layouts, [s.upper() for s in inputs]) == [
+      "SEE (https://x.org) NOW.", "A GIRL (https://x.org/a_(b)) SMILES.",
+      "SEE https://en.wikipedia.org/wiki/Foo_(bar) NOW.", "(SEE https://x.org/a).",
+      "WRITE TO <anna@example.com> TODAY."]
+
+
 def test_a_models_own_language_code_splits_by_that_languages_rules():
   """decode.py --split_sentences --source_lang=deu_Latn (an NLLB import's code) or deu
   (OPUS-MT's): German's rules, as 'de' (sentencex knows ISO 639-1 codes; with 'deu_Latn'

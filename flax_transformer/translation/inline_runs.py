@@ -29,12 +29,15 @@ WINDOW = 40  # Words either side of an inline element's place in proportion, sea
 # Not prose, within text: URLs, e-mail addresses, @mentions (@bob, @bob@example.org),
 # #hashtags, emoji runs. Left as they are, in place (a model without them in its
 # vocabulary would drop them; one with them has nothing to translate there). A URL ends
-# before the sentence's punctuation; each starts where the one before could not (the
-# lookbehinds): linear time, "@" * 5000 included.
-PROTECTED = re.compile(r"((?:https?://|www\.)\S*[^\s.,;:!?'\"]|"
+# before the sentence's punctuation and holds only balanced parentheses ("(see
+# https://x.org/a_(b))": its ")" is the text's); each starts where the one before could
+# not (the lookbehinds): linear time, "@" * 5000 included.
+PROTECTED = re.compile(r"((?:https?://|www\.)(?:\([^\s()]*\)|[^\s()])*"
+                       r"(?:\([^\s()]*\)|[^\s().,;:!?'\"])|"
                        r"(?<![\w.+-])[\w.+-]*\w@[\w-]+(?:\.[\w-]+)+|(?<![.@-])[@#][\w.@-]*\w|"
                        r"[\U0001F000-\U0001FAFF\u2600-\u27BF\u2B00-\u2BFF\uFE0F\u200D]+)")
 SPACES = re.compile(r"\s+")
+BRACKETS = frozenset(("()", "[]", "<>", "{}"))  # Around a kept piece alone: kept with it.
 # Punctuation a word is written against: where a piece stood before it, no space.
 CLOSING = frozenset(".,;:!?…)]}»”’。、，！？：；")
 
@@ -273,6 +276,8 @@ def _kept_spans(text: str, unknown: Callable[[str], bool] | None) -> list[tuple[
     spans += [m.span() for m in word.finditer(text)]
   joined: list[tuple[int, int]] = []
   for start, end in sorted(spans):
+    if 0 < start and text[start - 1] + text[end:end + 1] in BRACKETS:  # "(https://x.org)"
+      start, end = start - 1, end + 1  # whole: the model gets no empty "()".
     if joined and start < joined[-1][1]:
       joined[-1] = joined[-1][0], max(end, joined[-1][1])
     else:
