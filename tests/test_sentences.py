@@ -138,6 +138,19 @@ def test_a_url_in_parentheses_leaves_them_balanced():
       "WRITE TO <anna@example.com> TODAY."]
 
 
+def test_keycaps_and_subdivision_flags_are_kept_whole():
+  """A keycap emoji (a digit, # or *, U+FE0F, U+20E3) and a subdivision flag (U+1F3F4 and
+  tag characters) are one emoji each: the model got "Press 1 \u20e3 now." (the keycap cut
+  in two around a space) and England's flag without its black flag, for a model that can
+  spell every character (unknown=None: NLLB's, one with byte fallback)."""
+  england = "\U0001F3F4\U000E0067\U000E0062\U000E0065\U000E006E\U000E0067\U000E007F"
+  texts = ["Press 1\uFE0F\u20E3 or #\uFE0F\u20E3 now.", f"We love {england} football."]
+  inputs, layouts = sentences.layout(texts, "en", 100, len)
+  assert inputs == ["Press or now.", "We love football."]
+  assert sentences.join(layouts, [s.upper() for s in inputs]) == [
+      "PRESS 1\uFE0F\u20E3 OR #\uFE0F\u20E3 NOW.", f"WE LOVE {england} FOOTBALL."]
+
+
 def test_a_models_own_language_code_splits_by_that_languages_rules():
   """decode.py --split_sentences --source_lang=deu_Latn (an NLLB import's code) or deu
   (OPUS-MT's): German's rules, as 'de' (sentencex knows ISO 639-1 codes; with 'deu_Latn'

@@ -27,7 +27,8 @@ from typing import Callable
 SIMILAR = 0.6  # difflib's ratio from which words are taken for an inline element's text.
 WINDOW = 40  # Words either side of an inline element's place in proportion, searched.
 # Not prose, within text: URLs, e-mail addresses, @mentions (@bob, @bob@example.org),
-# #hashtags, emoji runs. Left as they are, in place (a model without them in its
+# #hashtags, emoji runs (a keycap, 1 U+FE0F U+20E3, and a flag's tag characters, U+E0020
+# to U+E007F, within them). Left as they are, in place (a model without them in its
 # vocabulary would drop them; one with them has nothing to translate there). A URL ends
 # before the sentence's punctuation and holds only balanced parentheses ("(see
 # https://x.org/a_(b))": its ")" is the text's); each starts where the one before could
@@ -35,7 +36,8 @@ WINDOW = 40  # Words either side of an inline element's place in proportion, sea
 PROTECTED = re.compile(r"((?:https?://|www\.)(?:\([^\s()]*\)|[^\s()])*"
                        r"(?:\([^\s()]*\)|[^\s().,;:!?'\"])|"
                        r"(?<![\w.+-])[\w.+-]*\w@[\w-]+(?:\.[\w-]+)+|(?<![.@-])[@#][\w.@-]*\w|"
-                       r"[\U0001F000-\U0001FAFF\u2600-\u27BF\u2B00-\u2BFF\uFE0F\u200D]+)")
+                       r"(?:[0-9#*]\uFE0F?\u20E3|[\U0001F000-\U0001FAFF\u2600-\u27BF\u2B00-\u2BFF"
+                       r"\uFE0F\u200D\u20E3\U000E0020-\U000E007F])+)")
 SPACES = re.compile(r"\s+")
 BRACKETS = frozenset(("()", "[]", "<>", "{}"))  # Around a kept piece alone: kept with it.
 # Punctuation a word is written against: where a piece stood before it, no space.
