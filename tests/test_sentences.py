@@ -151,6 +151,17 @@ def test_keycaps_and_subdivision_flags_are_kept_whole():
       "PRESS 1\uFE0F\u20E3 OR #\uFE0F\u20E3 NOW.", f"WE LOVE {england} FOOTBALL."]
 
 
+def test_two_pieces_placed_at_one_place_are_not_glued():
+  """Two kept pieces with words between them, placed together (the model's translation
+  shorter than its input: an imported Marian fixture's "Verrrrrierbenenen."): a space
+  between them, as between words, not "@bob#summer2024" nor "man’sdoesn’t"."""
+  texts = ["Follow @bob and #summer2024 for more pictures of dogs.", "A man’s dog doesn’t run."]
+  inputs, layouts = sentences.layout(texts, "en", 100, len, unknown=lambda c: c == "’")
+  assert inputs == ["Follow and for more pictures of dogs.", "A dog run."]
+  assert sentences.join(layouts, ["Verrrrrierbenenen.", "Hund rennt."]) == [
+      "@bob #summer2024 Verrrrrierbenenen.", "Hund man’s doesn’t rennt."]
+
+
 def test_a_models_own_language_code_splits_by_that_languages_rules():
   """decode.py --split_sentences --source_lang=deu_Latn (an NLLB import's code) or deu
   (OPUS-MT's): German's rules, as 'de' (sentencex knows ISO 639-1 codes; with 'deu_Latn'

@@ -239,7 +239,8 @@ def _spaced(run: Run, spans: list[tuple[int, int]]) -> None:
   glued to: a space on each side where one stood in its source ("Eine Katze <img> sitzt",
   "Sie schläft 😀.", not "Katze <img>sitzt", "schläft😀."), and, if it stood between
   words, where a letter or digit now stands and none did ("Hi 👋, how": "Hallo, 👋 wie");
-  the spaces between two placed at one place kept ("a@b.org 😀")."""
+  the spaces between two placed at one place kept ("a@b.org 😀"), one if words stood
+  between them ("Follow @bob and #tag": "@bob #tag Folgen", not "@bob#tag")."""
   source = run.text
   for element, (start, end) in zip(run.inline, spans):
     if not (element.kept and start == end):
@@ -254,6 +255,9 @@ def _spaced(run: Run, spans: list[tuple[int, int]]) -> None:
       after = run.gaps[element.last]
       if not after.value and after.source.isspace():  # Before another piece, at one place.
         after.value = after.source
+      elif not after.value and element.last + 1 < len(run.gaps) and re.search(
+          r"\s", after.source):  # Words between them translated elsewhere: one space.
+        after.value = " "
       elif _glued(after.value[:1], after.source[:1], between):
         after.value = " " + after.value
 
