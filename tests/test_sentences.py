@@ -162,6 +162,18 @@ def test_two_pieces_placed_at_one_place_are_not_glued():
       "@bob #summer2024 Verrrrrierbenenen.", "Hund man’s doesn’t rennt."]
 
 
+def test_a_price_with_a_character_the_model_cannot_spell_is_kept_whole():
+  """A vocabulary without "$" or "€" (the Marian fixture's): "$12.99" was "$12" kept and
+  ".99" given to the model, which dropped it ("Viessbergen $12 siet."). A word's inner
+  punctuation is the word's; an emoji within a word is kept alone ("Dogs🐕run": the
+  model still gets "Dogs run.")."""
+  texts = ["The price is $12.99 at 3:30 pm.", "It costs 1.200,50€ now.", "Dogs🐕run."]
+  inputs, layouts = sentences.layout(texts, "en", 100, len, unknown=lambda c: c in "$€🐕")
+  assert inputs == ["The price is at 3:30 pm.", "It costs now.", "Dogs run."]
+  assert sentences.join(layouts, [s.upper() for s in inputs]) == [
+      "THE PRICE IS $12.99 AT 3:30 PM.", "IT COSTS 1.200,50€ NOW.", "DOGS🐕 RUN."]
+
+
 def test_a_models_own_language_code_splits_by_that_languages_rules():
   """decode.py --split_sentences --source_lang=deu_Latn (an NLLB import's code) or deu
   (OPUS-MT's): German's rules, as 'de' (sentencex knows ISO 639-1 codes; with 'deu_Latn'

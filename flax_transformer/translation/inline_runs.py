@@ -272,14 +272,16 @@ def _glued(now: str, was: str, between: bool) -> bool:
 def _kept_spans(text: str, unknown: Callable[[str], bool] | None) -> list[tuple[int, int]]:
   """Where text's PROTECTED pieces are, and (`unknown`: whether the model cannot spell a
   character) its words with a character the model cannot spell, each a run of letters,
-  digits and such characters ("Zoë" whole, for a vocabulary without "ë"); in order, those
-  that overlap joined."""
+  digits and such characters, with the punctuation within it ("Zoë", "$12.99" whole, for
+  a vocabulary without "ë", "$"; an emoji is PROTECTED's, alone: "Dogs🐕run" keeps
+  "🐕"); in order, those that overlap joined."""
   spans = [m.span() for m in PROTECTED.finditer(text)]
-  odd = sorted(c for c in set(text) if not c.isspace() and unknown and unknown(c))
+  odd = sorted(c for c in set(text) if not c.isspace() and unknown and unknown(c)
+               and not PROTECTED.fullmatch(c))
   if odd:
     chars = "".join(map(re.escape, odd))
-    word = re.compile(rf"(?<![\w{chars}])[\w{chars}]*[{chars}][\w{chars}]*")
-    spans += [m.span() for m in word.finditer(text)]
+    word = re.compile(rf"[\w{chars}]+(?:[.,:'’/-][\w{chars}]+)*")
+    spans += [m.span() for m in word.finditer(text) if any(c in odd for c in m.group())]
   joined: list[tuple[int, int]] = []
   for start, end in sorted(spans):
     if 0 < start and text[start - 1] + text[end:end + 1] in BRACKETS:  # "(https://x.org)"
