@@ -136,6 +136,12 @@ def test_a_url_in_parentheses_leaves_them_balanced():
       "SEE (https://x.org) NOW.", "A GIRL (https://x.org/a_(b)) SMILES.",
       "SEE https://en.wikipedia.org/wiki/Foo_(bar) NOW.", "(SEE https://x.org/a).",
       "WRITE TO <anna@example.com> TODAY."]
+  # "/" unspellable (the NLLB fixture's): the URL's words are kept pieces too, one
+  # starting where it does; the "(" before it stays with it.
+  inputs, layouts = sentences.layout(texts[1:2], "en", 100, len, unknown=lambda c: c == "/")
+  assert inputs == ["A girl smiles."]
+  assert sentences.join(layouts, ["EIN MÄDCHEN LÄCHELT."]) == [
+      "EIN MÄDCHEN (https://x.org/a_(b)) LÄCHELT."]
 
 
 def test_keycaps_and_subdivision_flags_are_kept_whole():

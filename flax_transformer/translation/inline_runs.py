@@ -282,10 +282,15 @@ def _kept_spans(text: str, unknown: Callable[[str], bool] | None) -> list[tuple[
     chars = "".join(map(re.escape, odd))
     word = re.compile(rf"[\w{chars}]+(?:[.,:'’/-][\w{chars}]+)*")
     spans += [m.span() for m in word.finditer(text) if any(c in odd for c in m.group())]
+  # One alone in brackets, with them ("(https://x.org)"): the model gets no empty "()".
+  return _joined([(start - 1, end + 1) if 0 < start and text[start - 1] + text[end:end + 1]
+                  in BRACKETS else (start, end) for start, end in _joined(spans)])
+
+
+def _joined(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+  """`spans` in order, those that overlap joined."""
   joined: list[tuple[int, int]] = []
   for start, end in sorted(spans):
-    if 0 < start and text[start - 1] + text[end:end + 1] in BRACKETS:  # "(https://x.org)"
-      start, end = start - 1, end + 1  # whole: the model gets no empty "()".
     if joined and start < joined[-1][1]:
       joined[-1] = joined[-1][0], max(end, joined[-1][1])
     else:
