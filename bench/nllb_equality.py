@@ -15,8 +15,12 @@ decode.py forces it); torch: generate at bench/nllb_speed.py's settings
 (`generate_kwargs`: its EOS processor, sources grouped by equal length).
 1. float32 on both, every line and target: output tokens compared.
 2. Each line whose tokens differ, again on both in float64 (torch's model loaded as
-   float64; jax_enable_x64 with the parameters cast), one sentence a call; and both
-   float32 outputs scored by teacher forcing under torch in float64 (`gap`: how far
+   float64; jax_enable_x64 with the parameters cast), one sentence a call. generate's
+   beam search itself stays float32 (transformers 5.x casts each step's logits to
+   float32 before its log-softmax and keeps beam scores in float32): its float64 run is
+   a float64 model under a float32 search, so a line "identical in float64" is the
+   stronger evidence and one that still differs may be a float32 tie on its side. Both
+   float32 outputs are also scored by teacher forcing under torch in float64 (`gap`: how far
    apart the two hypotheses are under the exact model; `at_limit`: whether each output
    reached the length limit).
 The JSON's `verdict`: "identical" (no line differs), "rounding" (every differing line is
