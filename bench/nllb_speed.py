@@ -17,8 +17,8 @@ spell (outputs would be empty), or a `FOLDER_workdir` older than the folder's fi
 On the first --sentences English lines of Multi30k's test 2016, for each target, beam 4
 at the rule both share (generate: length_penalty 0, the target's code forced first, at
 source tokens + --max_extra only EOS, scored by its log-probability as decode.py scores
-it: `eos_at_limit` stands in for transformers' forced_eos_token_id, which scores it 0;
-decode.py: --alpha=0 --eos_within_beam),
+it: tests/fixtures/make_pretrained.py's `eos_at_limit` stands in for transformers'
+forced_eos_token_id, which scores it 0; decode.py: --alpha=0 --eos_within_beam),
 alternating rounds of:
 - decode.py, one launch per target as a user runs it (its compilation cache fresh per
   bench run: round 1 compiles, later rounds read it);
@@ -50,31 +50,13 @@ def sources(count: int) -> list[str]:
     return f.read().splitlines()[:count]
 
 
-def eos_at_limit(max_length: int, eos: int):
-  """A logits processor for generate: at the length limit only EOS, scored by its
-  log-probability, as decode.py's search (and fairseq's) scores it. transformers'
-  ForcedEOSTokenLogitsProcessor scores that forced EOS 0, so hypotheses that reach the
-  limit would rank by another rule than decode.py's."""
-  import torch
-  from transformers import LogitsProcessor
-
-  class EosAtLimit(LogitsProcessor):
-    def __call__(self, input_ids, scores):
-      if input_ids.shape[-1] != max_length - 1:
-        return scores
-      kept = torch.full_like(scores, -float("inf"))
-      kept[:, eos] = scores[:, eos]
-      return kept
-  return EosAtLimit()
-
-
 def generate_kwargs(model, tokenizer, source_length: int, target: str, max_extra: int) -> dict:
   """generate's settings for beam 4 at decode.py's rule (--alpha=0 --eos_within_beam
   --max_extra): sum of log-probabilities, EOS at source tokens + max_extra scored as
   decode.py scores it (`eos_at_limit`), `target`'s code forced first."""
   from transformers import LogitsProcessorList
   sys.path.insert(0, str(common.ROOT / "tests" / "fixtures"))
-  from make_pretrained import generation_kwargs
+  from make_pretrained import eos_at_limit, generation_kwargs
   eos = model.config.eos_token_id
   kwargs = generation_kwargs(model, [None] * source_length, 4, eos)
   limit = 1 + source_length + max_extra  # The decoder start, then the new tokens.

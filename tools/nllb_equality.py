@@ -1,8 +1,11 @@
 """Where decode.py's search and transformers' generate differ on an NLLB model: is it
 float32 rounding (a near tie), or a difference of algorithm? (issue 77)
 
-  /work/hfvenv/bin/python bench/nllb_equality.py --folder=/tmp/nllb600m --sentences=200 \\
+  /work/hfvenv/bin/python -m tools.nllb_equality --folder=/tmp/nllb600m --sentences=200 \\
       --targets=deu_Latn,fra_Latn --python=.venv/bin/python --json=OUT.json
+
+A check, not a benchmark (bench/ times and measures): recorded as bench/nllb_equality.py at
+13ed811 (results/bench/nllb_equality.json).
 
 Runs under a Python with torch and transformers; the project's Python (--python) runs
 the JAX side (this file with --jax_side) on `FOLDER_workdir` (import_model.py's, made
@@ -37,8 +40,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402  (stdlib only: importable under any Python)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import common  # noqa: E402  (bench's: stdlib only, importable under any Python)
 
 BEAM = 4
 
