@@ -231,7 +231,8 @@ def _member_step(model_config, encoder, decoder, params, inputs, rows, max_decod
 def _log_mean_probabilities(logits: Sequence[jax.Array]) -> jax.Array:
   """Members' logits [..., V] -> log of the mean of their softmaxes [..., V] (one: its
   log-softmax)."""
-  log_probs = [jax.nn.log_softmax(x.astype(jnp.float32)) for x in logits]
+  log_probs = [jax.nn.log_softmax(x.astype(jnp.promote_types(x.dtype, search_lib.score_dtype())))
+               for x in logits]  # The search's scores' dtype (float64 under x64).
   if len(log_probs) == 1:
     return log_probs[0]
   return jax.scipy.special.logsumexp(jnp.stack(log_probs), axis=0) - np.log(len(log_probs))
