@@ -240,15 +240,26 @@ def test_a_launch_whose_lock_is_taken_over_stops_at_the_next_step(tmp_path, mult
   config.eval_every_steps = config.checkpoint_every_steps = 1_000_000
   metrics = tmp_path / METRICS_FILE
 
+  stopped_training = threading.Event()
+
   def take_over():
     deadline = time.time() + 300
     while not (metrics.exists() and metrics.read_text()) and time.time() < deadline:
       time.sleep(0.05)
-    write_lock(Workdir(tmp_path))
+    # The new holder keeps its lock fresh, as its own heartbeat would: a heartbeat of
+    # ours that read its lock just before this write may still write over it once.
+    while not stopped_training.is_set():
+      write_lock(Workdir(tmp_path))
+      stopped_training.wait(0.05)
 
-  threading.Thread(target=take_over, daemon=True).start()
-  with pytest.raises(WorkdirBusyError) as stopped:
-    train_and_evaluate(config, str(tmp_path))
+  taker = threading.Thread(target=take_over, daemon=True)
+  taker.start()
+  try:
+    with pytest.raises(WorkdirBusyError) as stopped:
+      train_and_evaluate(config, str(tmp_path))
+  finally:
+    stopped_training.set()
+    taker.join()
   message = str(stopped.value)
   assert "taken over by another launch (host elsewhere, pid 4242" in message
   assert "\n" not in message
