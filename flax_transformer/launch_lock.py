@@ -24,7 +24,9 @@ the taker waits TAKEOVER_SETTLE_S and reads the lock back: the later writer wins
 other is refused. Every take reads its lock back, which also catches a store that
 ignores the conditional create. Last, each heartbeat reads the lock before rewriting
 it: one naming another launch marks this one `lost`, and the training loop stops with
-one line at its next step (`check`).
+one line at its next step (`check`). A heartbeat that read its own lock just before a
+taker wrote may write over the taker's lock once: the taker's own heartbeat then finds
+this launch's lock and stops the taker, so one of the two always stops.
 """
 
 from __future__ import annotations
