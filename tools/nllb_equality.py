@@ -76,21 +76,27 @@ def jax_side(args) -> None:
   source, target = translator.tokenizer.source, translator.tokenizer.target
   jobs = json.loads(Path(args.jobs).read_text())
   one_call = args.dtype == "float64"  # Each sentence alone: no batch-shape effects.
+  def ids(vocabulary, pieces: list[str]) -> np.ndarray:
+    missing = [p for p in pieces if vocabulary.piece_id(p) is None]
+    if missing:  # transformers' pieces must be the workdir's: else another input is searched.
+      raise SystemExit(f"the workdir {args.workdir} has no id for transformers' pieces {missing}")
+    return np.asarray([vocabulary.piece_id(p) for p in pieces], np.int32)
+
   found = []
   for chunk in ([[j] for j in jobs] if one_call else [jobs]):
-    found += translator.translate_nbest_ids(
-        [np.asarray([source.piece_id(p) for p in j["source"]], np.int32) for j in chunk],
-        [np.asarray([target.piece_id(j["target"])], np.int32) for j in chunk])
+    found += translator.translate_nbest_ids([ids(source, j["source"]) for j in chunk],
+                                            [ids(target, [j["target"]]) for j in chunk])
   print("RESULT " + json.dumps([[target.pieces(h[0][0]), float(h[0][1])] for h in found]))
 
 
 def run_jax(args, jobs: list[dict], dtype: str) -> list[list]:
-  with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-    json.dump(jobs, f)
-  return common.run_child(
-      [args.python, __file__, "--jax_side", f"--jobs={f.name}", f"--dtype={dtype}",
-       f"--workdir={args.folder}_workdir", f"--max_extra={args.max_extra}"],
-      f"the JAX search ({dtype})", env={**os.environ, "PYTHONPATH": str(common.ROOT)})
+  with tempfile.TemporaryDirectory() as scratch:
+    path = Path(scratch) / "jobs.json"
+    path.write_text(json.dumps(jobs))
+    return common.run_child(
+        [args.python, __file__, "--jax_side", f"--jobs={path}", f"--dtype={dtype}",
+         f"--workdir={args.folder}_workdir", f"--max_extra={args.max_extra}"],
+        f"the JAX search ({dtype})", env={**os.environ, "PYTHONPATH": str(common.ROOT)})
 
 
 def generate(model, tokenizer, jobs: list[dict], max_extra: int, batch: int) -> list[list]:
