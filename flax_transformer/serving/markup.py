@@ -45,7 +45,7 @@ from html5lib.constants import voidElements
 from html5lib.serializer import HTMLSerializer
 
 from flax_transformer.translation.inline_runs import (PROTECTED, Gap, Inline, Run, fill, has_letters,
-                                                  placed)
+                                                      kept_spans, placed)
 
 VOID = frozenset(voidElements)
 KEEP = frozenset("code pre kbd samp var textarea script style svg math".split())
@@ -107,7 +107,8 @@ def _piece(element) -> str | None:
   if not _element(element) or any(not _element(node) or node.tag not in INLINE | PIECES
                                   for node in element.iter()):
     return None
-  if element.tag not in PIECES and not _kept(element) and _open_text(element).strip():
+  if element.tag not in PIECES and not _kept(element) and PROTECTED.sub("", _open_text(
+      element)).strip():  # A link whose text is only a URL (href aside): no words, kept.
     return None  # Words to translate: a joinable element's, or one ending its run.
   text = _all_text(element)
   if has_letters(text) and len(text.split()) <= PIECE_WORDS and not PROTECTED.search(text):
@@ -166,8 +167,9 @@ class _Reader:
       self.cut()
       parts.append(text)
       return
-    for i, piece in enumerate(PROTECTED.split(text)):
-      if i % 2:  # Left as it is, where it stands in its sentence.
+    cuts = [0, *(at for span in kept_spans(text) for at in span), len(text)]
+    for i, piece in enumerate(text[start:end] for start, end in zip(cuts, cuts[1:])):
+      if i % 2:  # Left as it is, where it stands in its sentence ("(https://x.org)" too).
         parts.append(piece)
         self.keep("")
         continue
@@ -234,9 +236,10 @@ class Document:
   @property
   def texts(self) -> list[str]:
     """Each run's text, then each inline element's within them (to locate them), but
-    for kept elements standing for no text."""
-    return [run.text for run in self._runs] + [
-        own for run in self._runs for own in map(run.written, run.inline) if own]
+    for kept elements standing for no text; as the model reads them (Run.said: one space
+    where a kept element standing for nothing stood between words)."""
+    return [run.said() for run in self._runs] + [
+        run.said(e.first, e.last) for run in self._runs for e in run.inline if run.written(e)]
 
   def render(self, translations: list[str]) -> str:
     """The document with its texts replaced by `translations` (in `texts`' order)."""

@@ -87,6 +87,24 @@ class Run:
   def written(self, element: Inline) -> str:
     return self.text[slice(*self.span(element))]
 
+  def said(self, first: int = 0, last: int | None = None) -> str:
+    """What the model translates of gaps first..last-1: their text, where kept elements
+    stand for nothing one space between two words, none before closing punctuation ("A
+    cat <img> sits", "Hi @bob, see": "A cat sits", "Hi, see"; not "A cat  sits"); its
+    ends as they are."""
+    text, cut = "", False
+    for gap in self.gaps[first:last]:
+      if gap.kept and not gap.source:
+        cut = True
+        continue
+      words = gap.source
+      if cut and text.strip() and words.strip():
+        text, words = text.rstrip(), words.lstrip()
+        text += "" if words[0] in CLOSING else " "
+      cut = cut and not words.strip()
+      text += words
+    return text
+
   def translated(self) -> bool:
     return has_letters(self.prose)
 
@@ -171,14 +189,18 @@ def _anchor(source: str, span: tuple[int, int], parent: tuple[int, int], transla
   """Where a kept element goes in translation[lo:hi] when none of its text is there
   (`parent`: where its source text may be, from its previous sibling's end to its parent's
   end): at the start (the end) if no letter stood before (after) it there, past what
-  stood there if the translation has it too ("Hi <img>!": before the "!"); else in the
-  space between two words nearest `near`, split as the spaces around it were (at `near`
-  if it stood within a word)."""
+  stood there if the translation has it too ("Hi <img>!": before the "!"); before the
+  punctuation it stood before, nearest `near`, if the translation has it ("it 😀, really":
+  "es 😀, wirklich", not "es, 😀 wirklich"); else in the space between two words nearest
+  `near`, split as the spaces around it were (at `near` if it stood within a word)."""
   before, after = source[parent[0]:span[0]], source[span[1]:parent[1]]
   if not has_letters(before):
     return lo + len(before) if translation[lo:hi].startswith(before) else lo
   if not has_letters(after):
     return hi - len(after) if translation[lo:hi].endswith(after) else hi
+  marks = [lo + i for i, char in enumerate(translation[lo:hi]) if char == after[:1]]
+  if after[:1] in CLOSING and marks:  # "it 😀, really": before the nearest "," there.
+    return min(marks, key=lambda mark: abs(mark - near))
   if not before[-1:].isspace() and not after[:1].isspace():  # Within a word ("x<wbr>y").
     return min(max(lo, near), hi)
   spaces = [(m.start(), m.end()) for m in SPACES.finditer(translation, lo, hi)
@@ -238,7 +260,7 @@ def _spaced(run: Run, spans: list[tuple[int, int]]) -> None:
   """A kept element placed with none of its text found is not glued to a word it was not
   glued to: a space on each side where one stood in its source ("Eine Katze <img> sitzt",
   "Sie schläft 😀.", not "Katze <img>sitzt", "schläft😀."), and, if it stood between
-  words, where a letter or digit now stands and none did ("Hi 👋, how": "Hallo, 👋 wie");
+  words, where a letter or digit now stands and none did ("Hi 👋, how": "Hallo 👋 wie");
   the spaces between two placed at one place kept ("a@b.org 😀"), one if words stood
   between them ("Follow @bob and #tag": "@bob #tag Folgen", not "@bob#tag")."""
   source = run.text
@@ -269,7 +291,8 @@ def _glued(now: str, was: str, between: bool) -> bool:
       was.isspace() or between and now.isalnum() and not was.isalnum())
 
 
-def _kept_spans(text: str, unknown: Callable[[str], bool] | None) -> list[tuple[int, int]]:
+def kept_spans(text: str, unknown: Callable[[str], bool] | None = None
+               ) -> list[tuple[int, int]]:
   """Where text's PROTECTED pieces are, and (`unknown`: whether the model cannot spell a
   character) its words with a character the model cannot spell, each a run of letters,
   digits and such characters, with the punctuation within it ("Zoë", "$12.99" whole, for
@@ -299,15 +322,16 @@ def _joined(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 class TextRun(Run):
-  """A plain text as a run: its prose in gaps, each kept piece (`_kept_spans`) a kept
+  """A plain text as a run: its prose in gaps, each kept piece (`kept_spans`) a kept
   element standing for nothing, put back as it is where it stood in `render`'s
   translation."""
 
   def __init__(self, text: str, unknown: Callable[[str], bool] | None = None):
     super().__init__()
+    self.whole = text  # Its pieces included.
     self.pieces: list[str] = []
     at = 0
-    for start, end in _kept_spans(text, unknown):
+    for start, end in kept_spans(text, unknown):
       self.gaps.append(Gap(text[at:start]))
       self.inline.append(Inline(len(self.gaps), None, kept=True))
       self.gaps.append(Gap("", kept=True))
@@ -317,26 +341,15 @@ class TextRun(Run):
 
   @property
   def model_text(self) -> str:
-    """What the model translates: the prose, where pieces stood one space between two
-    words, none before closing punctuation ("A cat 😀 sleeps 😀." -> "A cat sleeps.")."""
-    text, cut = "", False
-    for gap in self.gaps:
-      cut = cut or gap.kept
-      if gap.kept or not gap.source:
-        continue
-      words = gap.source
-      if cut:
-        text, words = text.rstrip(), words.lstrip()
-        if text and words and words[0] not in CLOSING:
-          text += " "
-      text, cut = text + words, False
-    return text.strip()
+    """What the model translates: `said`, stripped ("A cat 😀 sleeps 😀." -> "A cat
+    sleeps.")."""
+    return self.said().strip()
 
   def render(self, translation: str) -> str:
     """The text with `translation` (of `model_text`) for its prose, its pieces in place."""
-    source = self.text
+    source = self.whole  # Its spaces at the ends, as found (not a piece's: "A 😀" for "").
     translation = (source[:len(source) - len(source.lstrip())] + translation
-                   + source[len(source.rstrip()):])  # Its spaces at the ends, as found.
+                   + source[len(source.rstrip()):])
     fill(self, translation, placed(self, translation, [""] * len(self.inline)))
     pieces = iter(self.pieces)
     return "".join(next(pieces) if gap.kept else gap.value for gap in self.gaps)
