@@ -36,6 +36,8 @@ flags.DEFINE_integer("max_sentences", 64, "Most sentences in one request.", lowe
 flags.DEFINE_integer("max_chars", 5000, "LibreTranslate's --char-limit: most characters in one "
                      "of a request's q texts (over: a 400); -1: no limit. /frontend/settings "
                      "reports it as charLimit.", lower_bound=-1)
+flags.DEFINE_integer("max_body_bytes", 1 << 20, "Largest request body (JSON or form) in bytes; "
+                     "over: a 413. Bounds a request whatever --max_chars says.", lower_bound=1)
 flags.DEFINE_integer("max_tokens", 64, "Longest source sentence in tokens (EOS included), "
                      "capped by the model's max_len; every width up to it is compiled at start.",
                      lower_bound=1)
@@ -79,7 +81,7 @@ def main(argv):
               floats={name: FLAGS[name].value for name in ("alpha_step", "drain_s",
                                                            "body_timeout_s", "max_wait_ms")},
               max_beam=FLAGS.max_beam, max_sentences=FLAGS.max_sentences,
-              max_chars=FLAGS.max_chars,
+              max_chars=FLAGS.max_chars, max_body_bytes=FLAGS.max_body_bytes,
               max_tokens=FLAGS.max_tokens, max_batch=FLAGS.max_batch,
               max_configs=FLAGS.max_configs, languages=FLAGS.languages,
               compilation_cache_dir=FLAGS.compilation_cache_dir,

@@ -25,6 +25,7 @@ from flax_transformer.translation.translator import Translator
 
 PARAGRAPH = SENTENCES[:5]  # Over --max_tokens=16 together; each within it alone.
 MAX_CHARS = 1000  # --max_chars: LibreTranslate's --char-limit (default 5000 here).
+MAX_BODY_BYTES = 20_000  # --max_body_bytes (default 1 MiB).
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,8 @@ def server(trained_tiny, tmp_path_factory):
         [sys.executable, str(ROOT / "serve.py"), f"--workdir={trained_tiny}", "--port=0",
          "--cpu_devices=2", "--max_tokens=16", "--max_batch=8",
          f"--max_sentences={MAX_SENTENCES}", "--max_extra=5", "--max_wait_ms=50",
-         f"--max_chars={MAX_CHARS}", f"--compilation_cache_dir={conftest.XLA_CACHE}"],
+         f"--max_chars={MAX_CHARS}", f"--max_body_bytes={MAX_BODY_BYTES}",
+         f"--compilation_cache_dir={conftest.XLA_CACHE}"],
         stdout=out, stderr=subprocess.STDOUT, env=dict(cpu_env(), SERVE_TOKEN=TOKEN))
   deadline = time.time() + 240
   while not (serving := re.search(r"Serving \S+ on (http://127\.0\.0\.1:\d+)/", log.read_text())):
@@ -173,6 +175,9 @@ def test_frontend_settings_and_errors_naming_the_q_item(server):
                      f"({MAX_CHARS}): q's texts together (--max_chars)"})
   assert _post(server, {"q": ["A dog.", "a" * (MAX_CHARS - 6)], "source": "en",
                         "target": "de"})[0] == 200
+  # --max_body_bytes bounds the body itself, before its texts are counted.
+  status, answer = _post(server, {"q": "a" * MAX_BODY_BYTES, "source": "en", "target": "de"})
+  assert status == 413 and answer["error"].endswith(f"bytes is over {MAX_BODY_BYTES}"), answer
   assert _post(server, {"q": ["A.\nB.\nC.", "\ud800"], "source": "en", "target": "de"}) == (
       400, {"error": "Invalid request: q[1] is not valid text: surrogates not allowed at "
                      "character 0"})

@@ -80,8 +80,8 @@ def _check_pair(workdir: str, languages: Sequence[str]) -> None:
 def run_serve(*, workdir: str, ensemble: Sequence[str], host: str, port: int,
               token: str | None, search: SearchConfig, average_last: int | None,
               checkpoint_step: int | None, floats: dict[str, float], max_beam: int,
-              max_sentences: int, max_chars: int, max_tokens: int, max_batch: int,
-              max_configs: int,
+              max_sentences: int, max_chars: int, max_body_bytes: int, max_tokens: int,
+              max_batch: int, max_configs: int,
               languages: Sequence[str] | None, compilation_cache_dir: str,
               compilation_cache_max_mb: int) -> None:
   """serve.py's body, its flags as arguments (floats: as `check_floats`')."""
@@ -110,6 +110,7 @@ def run_serve(*, workdir: str, ensemble: Sequence[str], host: str, port: int,
   batcher.check_fits(search)  # Warming compiles every shape: none that cannot fit.
   batcher.warm()
   limits = Limits(max_sentences=max_sentences, max_chars=max_chars, max_beam=max_beam,
+                  max_body_bytes=max_body_bytes,
                   body_timeout_s=floats["body_timeout_s"], alpha_step=floats["alpha_step"])
   token = (token if token is not None else os.environ.get(TOKEN_VARIABLE)) or None
   in_flight = drain.Drain()
