@@ -58,7 +58,7 @@ PHRASES = [
     ("docs/decoding.md", "`--nbest` above 1", "a setting's bound"),
     ("docs/decoding.md", "in their ISO 639 form", "a standard's name"),
     ("docs/decoding.md", "`charLimit` (5000)", "serve.py's text limit (a setting)"),
-    ("docs/decoding.md", "over a fixed 1 MiB", "serve.py's body limit (a setting)"),
+    ("docs/decoding.md", "(1 MiB by default)", "serve.py's --max_body_bytes default (a setting)"),
     ("docs/decoding.md", "the beam widened to N + 1 if narrower; N at most `--max_beam` - 1",
      "the alternatives' bounds"),
     ("docs/provenance.md", "BPE (EN-DE, 37k) / word-piece (EN-FR, 32k)", PAPER),
