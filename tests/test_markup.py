@@ -45,9 +45,10 @@ class _Tags(HTMLParser):
 def test_a_page_of_mastodon_posts_keeps_markup_mentions_hashtags_links_and_emoji():
   document = Document(MASTODON)
   # The mention, the emoji, the links and the <code> stay in their sentences, left as they
-  # are: the <code>'s text is translated with its sentence, and found there.
-  assert document.texts == ["Good morning ! The dog runs in the park  and two men play "
-                            "football.", "Photos: ", "A cat sleeps.  Tom & Jerry <3 rm -rf ok",
+  # are: the <code>'s text is translated with its sentence, and found there; the model
+  # reads one space where a kept one stood between words ("park and", not "park  and").
+  assert document.texts == ["Good morning! The dog runs in the park and two men play "
+                            "football.", "Photos: ", "A cat sleeps. Tom & Jerry <3 rm -rf ok",
                             "two men play", "men", "rm -rf"]
   out = document.render([text.upper() for text in document.texts])
   assert _Tags(out).events == _Tags(MASTODON).events  # Every tag and attribute, in place.
@@ -149,8 +150,8 @@ def test_mentions_and_hashtags_whose_href_does_not_spell_their_text_are_kept():
             'example/@Bob" class="u-url mention">@<span>bob@other.example</span></a></span> '
             'sowie <a href="https://social.example/tags/CATS">#<span>cats</span></a></p>')
   document = Document(source)
-  assert document.texts == ["Heute  und  sowie "]  # One sentence, the names in place.
-  assert document.render(["Today  and  plus "]) == source.replace("Heute ", "Today ").replace(
+  assert document.texts == ["Heute und sowie "]  # One sentence, the names in place.
+  assert document.render(["Today and plus "]) == source.replace("Heute ", "Today ").replace(
       " und ", " and ").replace(" sowie ", " plus ")
 
 
@@ -250,16 +251,16 @@ def test_images_mentions_urls_and_emoji_within_a_sentence_do_not_cut_it():
              'class="u-url mention">@<span>anna</span></a></span>')
   cases = {
       '<p>A cat <img src="c.png" alt="cat"> sits on the mat.</p>':
-          (["A cat  sits on the mat."], ["Eine Katze sitzt auf der Matte."],
+          (["A cat sits on the mat."], ["Eine Katze sitzt auf der Matte."],
            '<p>Eine Katze <img src="c.png" alt="cat"> sitzt auf der Matte.</p>'),
       f"<p>Thanks {mention} for the tip!</p>":
-          (["Thanks  for the tip!"], ["Danke für den Tipp!"],
+          (["Thanks for the tip!"], ["Danke für den Tipp!"],
            f"<p>Danke {mention} für den Tipp!</p>"),
       '<p><img src="a.png"> A dog <i class="icon"></i>runs 🐕 fast.</p>':
-          ([" A dog runs  fast."], [" Ein Hund rennt schnell."],
+          ([" A dog runs fast."], [" Ein Hund rennt schnell."],
            '<p><img src="a.png"> Ein Hund <i class="icon"></i>rennt 🐕 schnell.</p>'),
       "<p>Hi @bob@x.org, see https://x.org/a now!</p>":
-          (["Hi , see  now!"], ["Hallo , siehe  jetzt!"],
+          (["Hi, see now!"], ["Hallo, siehe jetzt!"],
            "<p>Hallo @bob@x.org, siehe https://x.org/a jetzt!</p>"),
       "<p>Line one<br>line two</p>":
           (["Line one", "line two"], ["Zeile eins", "Zeile zwei"],
@@ -270,3 +271,37 @@ def test_images_mentions_urls_and_emoji_within_a_sentence_do_not_cut_it():
     assert document.texts == texts
     assert document.render(german) == out
     assert _Tags(out).nested and Document(source).render(Document(source).texts) == source
+
+
+def _inputs(source: str) -> list[str]:
+  """What serve.py's format=html gives the model for `source` (libretranslate._html: each
+  of the document's texts split into sentences), and the document."""
+  from flax_transformer.translation import sentences
+
+  document = Document(source)
+  return sentences.layout(document.texts, "en", 100, len)[0], document
+
+
+def test_urls_links_and_images_leave_their_sentence_one_input_as_in_format_text():
+  """A sentence reaches the model as format=text gives it ("See for details."), whatever
+  kept piece stands in it: a link whose text is only a URL, its href another (a
+  shortener's, "https://" where the text has "www."; it cut the sentence in two: "See"
+  and "for details."); a URL in brackets within a text node (the model got "See () for
+  details."); an <img> ("A cat  sits", two spaces). Each comes back as it was, in place."""
+  cases = {
+      '<p>See <a href="https://t.co/x">https://x.org</a> for details.</p>': "<a[^>]*>.*?</a>",
+      '<p>See <a href="https://x.org/a">www.x.org/a</a> for details.</p>': "<a[^>]*>.*?</a>",
+      "<p>See (https://x.org) for details.</p>": r"\(https://x.org\)",
+      '<p>See <img src="x.png"> for details.</p>': "<img[^>]*>",
+  }
+  for source, kept in cases.items():
+    inputs, document = _inputs(source)
+    assert inputs == ["See for details."], source
+    out = document.render(["Siehe für Details."])
+    assert out == source.replace("See", "Siehe").replace("for details", "für Details"), out
+    assert re.search(kept, out)
+  inputs, document = _inputs('<p>A cat <img src="c.png"> sits on <b>the <img src="m.png"> '
+                             'mat</b>.</p>')
+  assert inputs == ["A cat sits on the mat.", "the mat"]
+  assert document.render(["Eine Katze sitzt auf der Matte.", "der Matte"]) == (
+      '<p>Eine Katze <img src="c.png"> sitzt auf <b>der <img src="m.png"> Matte</b>.</p>')

@@ -188,3 +188,28 @@ def test_a_models_own_language_code_splits_by_that_languages_rules():
   assert sentences.split(text, "deu_Latn") == sentences.split(text, "deu") == sentences.split(
       text, "de")
   assert sentences.split(text, "de")[1::2] == NEWS_DE
+
+
+def test_an_empty_translation_leaves_no_space_where_a_piece_stood():
+  """A model that answers a sentence with nothing (the tiny model does, for some): its
+  kept pieces come back alone, with no space of the words it dropped (the space before a
+  final emoji was taken for the sentence's own: "A dog 😀" came back " 😀", and "Two men
+  play. Mail a@b.org 😀 now." as "Zwei Männer spielen.  a@b.org 😀")."""
+  texts = ["A dog 😀", "Two men play. Mail a@b.org 😀 now.", "😀 A dog runs 🙂"]
+  inputs, layouts = sentences.layout(texts, "en", 100, len)
+  assert inputs == ["A dog", "Two men play.", "Mail now.", "A dog runs"]
+  assert sentences.join(layouts, ["", "Zwei Männer spielen.", "", ""]) == [
+      "😀", "Zwei Männer spielen. a@b.org 😀", "😀 🙂"]
+
+
+def test_a_piece_before_punctuation_stays_before_it():
+  """An emoji or a mention that ends a clause ("I love it 😀, really") goes before the
+  same punctuation in the translation, not after it ("Ich liebe es, 😀 wirklich"); where
+  the model wrote none, between the words nearest its place, as before."""
+  texts = ["I love it 😀, really.", "Hi @bob, see https://x.org/a now!"]
+  inputs, layouts = sentences.layout(texts, "en", 100, len)
+  assert inputs == ["I love it, really.", "Hi, see now!"]
+  assert sentences.join(layouts, ["Ich liebe es, wirklich.", "Hallo, siehe jetzt!"]) == [
+      "Ich liebe es 😀, wirklich.", "Hallo @bob, siehe https://x.org/a jetzt!"]
+  assert sentences.join(layouts, ["Ich liebe es wirklich.", "Hallo siehe jetzt!"]) == [
+      "Ich liebe es 😀 wirklich.", "Hallo @bob siehe https://x.org/a jetzt!"]
