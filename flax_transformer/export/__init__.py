@@ -35,10 +35,12 @@ def write_manifest(folder: str | Path, manifest: dict) -> dict:
   return manifest
 
 
-def write_vocabulary(folder: str | Path, tokenizer) -> dict:
+def write_vocabulary(folder: str | Path, tokenizer, languages=None) -> dict:
   """What the runner tokenizes with, into `folder`: a trained model's vocab.model, or an
   imported Marian model's files (pretrained.tokenizers; their kind goes into the
-  manifest: the manifest entries are returned). Other imported tokenizers are refused."""
+  manifest: the manifest entries are returned), with `languages` (the workdir's record)
+  where its target is a tag before the source (OPUS-MT's '>>fra<<': the runner's
+  --target_lang puts it). Other imported tokenizers are refused."""
   folder = Path(folder)
   spec = getattr(tokenizer, "spec", None)
   if spec is None:
@@ -51,5 +53,6 @@ def write_vocabulary(folder: str | Path, tokenizer) -> dict:
                       "it with decode.py or serve.py")
   for name in spec["files"]:
     (folder / name).write_bytes((tokenizer.path / name).read_bytes())
-  return {"tokenizer": spec}
+  tagged = languages is not None and languages.target_by == "source_tag"
+  return {"tokenizer": spec, **({"languages": languages.to_json()} if tagged else {})}
 

@@ -199,7 +199,7 @@ def convert(config: TransformerConfig, params: dict[str, Any], tokenizer: Tokeni
   if _kind(tokenizer) == "m2m100":
     vocabulary = m2m100_files(out, tokenizer, languages)
   else:
-    vocabulary = write_vocabulary(out, tokenizer)
+    vocabulary = write_vocabulary(out, tokenizer, languages)
     shutil.copyfile(Path(__file__).with_name("runner.py"), out / "translate.py")
   manifest = {"format": CT2_FORMAT, "quantization": quantization, "max_len": config.max_len,
               "pad_id": PAD_ID, "eos_id": EOS_ID,

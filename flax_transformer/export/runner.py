@@ -1,11 +1,14 @@
 """Translate with an exported model, without flax_transformer, flax or orbax.
 
-  python translate.py [--model DIR] [--input FILE|-] [--output FILE|-]
+  python translate.py [--model DIR] [--input FILE|-] [--output FILE|-] [--target_lang CODE]
 
 DIR (default: this file's folder) holds what export.py wrote: StableHLO (needs
 jax, numpy, sentencepiece) or CTranslate2 (needs ctranslate2, sentencepiece).
 One output line per input line; an empty line translates to an empty one. As a
-library: `open_model(DIR).translate(["A dog runs."])`.
+library: `open_model(DIR).translate(["A dog runs."])`. An imported OPUS-MT model that
+chooses its target by a tag before the source ('>>fra<< A dog runs.'): --target_lang=fra
+(translate(lines, target_lang="fra")) puts the tag before each line, as decode.py's
+--target_lang does; the manifest's languages record names the codes.
 """
 
 from __future__ import annotations
@@ -122,7 +125,24 @@ class _Model:
                   else _SentencePieceVocabulary(folder))
     self.eos_id, self.pad_id = self.manifest["eos_id"], self.manifest["pad_id"]
     self.max_len = self.manifest["max_len"]
+    self.languages = self.manifest.get("languages") or {}
     self.truncated = 0
+
+  def tagged(self, lines: list[str], target_lang: str | None) -> list[str]:
+    """`lines` with the target's tag before each non-empty one (an OPUS-MT model's
+    '>>fra<<', as decode.py --target_lang puts it); as they are where target_lang is None."""
+    if target_lang is None:
+      return lines
+    languages = self.languages
+    if languages.get("target_by") != "source_tag":
+      raise SystemExit(f"error: --target_lang={target_lang}: this model takes no target tag "
+                       "(its manifest.json has no source_tag languages record); its target "
+                       "is the one it was trained into")
+    tag = languages["target_tokens"].get(target_lang)
+    if tag is None:
+      raise SystemExit(f"error: --target_lang={target_lang}: the model translates into "
+                       f"{', '.join(languages['targets'])}")
+    return [f"{tag} {line}" if line.strip() else line for line in lines]
 
   def ids(self, line: str) -> list[int]:
     """Source ids, EOS-terminated, cut at max_len (as decode.py)."""
@@ -193,9 +213,10 @@ class Runner(_Model):
     self.widths = sorted(self._searches)
     self.load_seconds = time.perf_counter() - start
 
-  def translate(self, lines: list[str]) -> list[str]:
+  def translate(self, lines: list[str], target_lang: str | None = None) -> list[str]:
     """One translation per line, in order; each batch shaped as one of decode.py's."""
     np = self._np
+    lines = self.tagged(lines, target_lang)
     results = [""] * len(lines)
     chunks: list[tuple[int, list[tuple[int, list[int]]]]] = []
     for i, ids in self.sorted_sources(lines):
@@ -244,9 +265,11 @@ class Ct2Runner(_Model):
     self.max_batch_size = max_batch_size
     self.load_seconds = time.perf_counter() - start
 
-  def translate(self, lines: list[str], *, beam_size: int | None = None,
-                alpha: float | None = None, max_extra: int | None = None) -> list[str]:
+  def translate(self, lines: list[str], target_lang: str | None = None, *,
+                beam_size: int | None = None, alpha: float | None = None,
+                max_extra: int | None = None) -> list[str]:
     """Beam search (default: the manifest's settings; beam_size=1 is greedy)."""
+    lines = self.tagged(lines, target_lang)
     search = self.manifest["search"]
     beam_size = search["beam_size"] if beam_size is None else beam_size
     alpha = search["alpha"] if alpha is None else alpha
@@ -306,6 +329,8 @@ def main(argv: list[str] | None = None) -> None:
                       help="CTranslate2: threads per worker")
   parser.add_argument("--compute_type", default="default",
                       help="CTranslate2: int8, float32, ... (default: as converted)")
+  parser.add_argument("--target_lang", default=None,
+                      help="an OPUS-MT model's target: its tag ('>>fra<<') before each line")
   args = parser.parse_args(argv)
   _use_cpu_cores(args.devices)
   if args.input != "-" and not Path(args.input).is_file():
@@ -314,7 +339,7 @@ def main(argv: list[str] | None = None) -> None:
                       workers=args.workers)
   lines = _read_lines(args.input)
   start = time.perf_counter()
-  out = runner.translate(lines)
+  out = runner.translate(lines, args.target_lang)
   seconds = time.perf_counter() - start
   text = "".join(line + "\n" for line in out)
   if args.output == "-":

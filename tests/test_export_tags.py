@@ -1,0 +1,83 @@
+"""export.py of an imported OPUS-MT model whose target is a tag before the source
+('>>fra<< A dog runs.': tests/fixtures/marian_swish_shared, >>deu<< and >>fra<<): the
+StableHLO and CTranslate2 folders' translate.py --target_lang puts the tag as decode.py
+--target_lang does, and translates as transformers did with the tagged sources
+(references.json, written by tests/fixtures/make_pretrained.py)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flax_transformer.pretrained import importer
+from flax_transformer.workdir import languages as workdir_languages
+from test_export import BLOCKED_RUN, run
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "marian_swish_shared"
+FORMATS = ["stablehlo", "ctranslate2"]
+
+
+@pytest.fixture(scope="module")
+def tagged_sentences():
+  """transformers' greedy outputs of the fixture's tagged sources, by target code: (the
+  sources without their tag, transformers' texts)."""
+  ref = json.loads((FIXTURE / "references.json").read_text(encoding="utf-8"))
+  by_code: dict[str, tuple[list[str], list[str]]] = {}
+  for source, text in zip(ref["sources"], ref["greedy_text"]):
+    if source.startswith(">>"):
+      code, bare = source[2:source.index("<<")], source[source.index("<<") + 3:]
+      by_code.setdefault(code, ([], []))
+      by_code[code][0].append(bare)
+      by_code[code][1].append(text)
+  assert sorted(by_code) == ["deu", "fra"]
+  return by_code
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+  """The fixture imported, then exported greedy (references.json's search: max_extra 20)
+  in each format."""
+  folder = tmp_path_factory.mktemp("tags")
+  importer.import_model(FIXTURE, folder / "run")
+  out = {}
+  for fmt in FORMATS:
+    done = run(ROOT / "export.py", f"--workdir={folder / 'run'}", f"--out={folder / fmt}",
+               f"--format={fmt}", "--beam_size=1", "--max_extra=20", "--batch_tokens=256")
+    assert done.returncode == 0, done.stderr[-3000:]
+    out[fmt] = folder / fmt
+  return folder / "run", out
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_translate_py_target_lang_puts_the_tag_as_transformers_read_it(
+    fmt, exports, tagged_sentences, tmp_path):
+  """Before: the manifest had no languages and translate.py no --target_lang (argparse:
+  'unrecognized arguments'), so an export could only be told its target by a user who
+  knew to write '>>fra<<' into every line."""
+  workdir, folders = exports
+  folder = folders[fmt]
+  manifest = json.loads((folder / "manifest.json").read_text())
+  assert manifest["languages"] == workdir_languages(workdir).to_json()
+  for code, (bare, theirs) in tagged_sentences.items():
+    source, output = tmp_path / f"{code}.en", tmp_path / f"{code}.out"
+    source.write_text("".join(s + "\n" for s in [bare[0], "", *bare[1:]]), encoding="utf-8")
+    done = run("-c", BLOCKED_RUN, folder / "translate.py", f"--input={source}",
+               f"--output={output}", f"--target_lang={code}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "loaded: []" in done.stderr
+    ours = output.read_text(encoding="utf-8").splitlines()
+    assert ours == [theirs[0], "", *theirs[1:]], code  # An empty line stays empty.
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_target_the_model_has_no_tag_for_is_one_line_naming_those_it_has(
+    fmt, exports, tmp_path):
+  _, folders = exports
+  source = tmp_path / "in.en"
+  source.write_text("A dog runs.\n")
+  done = run(folders[fmt] / "translate.py", f"--input={source}", "--target_lang=ita",
+             f"--output={tmp_path / 'out'}")
+  assert done.returncode != 0 and not (tmp_path / "out").exists()
+  assert done.stderr.strip().splitlines()[-1] == (
+      "error: --target_lang=ita: the model translates into deu, fra")
