@@ -74,8 +74,7 @@ def export_stablehlo(translator: Translator, out_dir: str | Path, *, batch_token
                       "(or greedy, beam_size=1) is")
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
-  # Refuses before the long work.
-  vocabulary = write_vocabulary(out, translator.tokenizer, translator.languages)
+  vocabulary = write_vocabulary(out, translator.tokenizer, translator.languages)  # Refuses first.
   leaves, treedef = jax.tree_util.tree_flatten(translator.params)
   # Run on a --platforms machine: bounded by its devices' memory, not this host's.
   bound = search_memory.export_bound(platforms)
