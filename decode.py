@@ -1,8 +1,9 @@
 """Translate with a trained workdir: python decode.py --workdir=DIR < in.en > out.de
 
 Reads the model config and vocabulary from the workdir. Writes exactly one
-output line per input line (empty in, empty out); with --nbest=K, K lines per
-input as 'index ||| translation ||| score'. Progress goes to stderr.
+output line per input line (empty in, empty out), ending as the input line did
+(CRLF in a Windows file); with --nbest=K, K lines per input as
+'index ||| translation ||| score'. Progress goes to stderr.
 
 --prefix=FILE (one line per input line): each translation starts with its line
 (tokenized as targets are; an empty line forces nothing), the search goes on

@@ -70,8 +70,15 @@ def test_decode_py_split_sentences_and_the_translators_texts(trained_tiny, tmp_p
     return done.stdout
 
   best = decode("lines.en").splitlines()  # The same sentences, a line each.
-  assert decode("in.en", "--split_sentences") == f"{best[0]}  {best[1]}\n\n{best[2]}\n"
-  assert decode("in.en").count("\n") == 3  # Off by default: a line is one input.
+  split, plain = decode("in.en", "--split_sentences"), decode("in.en")
+  assert split == f"{best[0]}  {best[1]}\n\n{best[2]}\n"
+  assert plain.count("\n") == 3  # Off by default: a line is one input.
+  # A Windows file's lines end as they did ("\r\n", not "\n"), one output line each; a
+  # last line without a newline gets the one before's.
+  (tmp_path / "crlf.en").write_bytes(f"{said[0]}  {said[1]}\r\n\r\n{said[2]}".encode())
+  for flags, lf in ((["--split_sentences"], split), ([], plain)):
+    decode("crlf.en", f"--output={tmp_path / 'out'}", *flags)
+    assert (tmp_path / "out").read_bytes() == lf.replace("\n", "\r\n").encode()
   translator = Translator.from_workdir(trained_tiny, search=SearchConfig(max_extra=5))
   long = " ".join(["dog"] * (translator.max_len + 5))
   with caplog.at_level(logging.WARNING, "flax_transformer.sentences"):

@@ -7,7 +7,7 @@ import sys
 from typing import BinaryIO, TextIO
 
 from flax_transformer import compilation
-from flax_transformer.cli.translate import direction_of, output_lines
+from flax_transformer.cli.translate import direction_of, line_endings, output_lines
 from flax_transformer.data.sources import split_lines_lenient
 from flax_transformer.errors import DataError
 from flax_transformer.translation.translator import Translator
@@ -46,7 +46,7 @@ def run_interactive(*, workdir: str, output_path: str, compilation_cache_dir: st
       if invalid:
         logging.warning("input line %d is not valid UTF-8 (bad bytes replaced)", index + 1)
       hyps = translator.translate_nbest(lines or [""], **direction)[0]
-      out.writelines(output_lines(index, hyps, nbest))
+      out.writelines(output_lines(index, hyps, nbest, line_endings(raw)[0]))
       out.flush()
   except KeyboardInterrupt:  # Ctrl-C is how a user leaves the loop: no traceback.
     raise SystemExit(130) from None

@@ -21,6 +21,23 @@ METRICS = ("bleu", "chrf", "ter")
 
 
 def _read(path: str, what: str) -> list[str]:
+  return _read_ended(path, what)[0]
+
+
+def line_endings(raw: bytes) -> list[str]:
+  """Each line's ending, as split_lines_lenient splits `raw`: CRLF where it was (a
+  Windows file's), else LF; a last line with none, the line's before it. Each output
+  line ends as its input line did."""
+  parts = raw.split(b"\n")
+  last = parts.pop()  # What follows the last newline: "", or a line with none.
+  endings = ["\r\n" if part.endswith(b"\r") else "\n" for part in parts]
+  if last:
+    endings.append("\r\n" if last.endswith(b"\r") else (endings or ["\n"])[-1])
+  return endings
+
+
+def _read_ended(path: str, what: str) -> tuple[list[str], list[str]]:
+  """A file's lines ("-": stdin's), and each one's ending (`line_endings`)."""
   if path == "-":
     raw = sys.stdin.buffer.read()
   else:
@@ -35,7 +52,7 @@ def _read(path: str, what: str) -> list[str]:
     shown = ", ".join(map(str, invalid[:10])) + (" ..." if len(invalid) > 10 else "")
     logging.warning("%s %s: %d line(s) are not valid UTF-8 (bad bytes replaced): line %s",
                     what, path, len(invalid), shown)
-  return lines
+  return lines, line_endings(raw)
 
 
 def _read_aligned(path: str, flag: str, input_path: str, count: int) -> list[str]:
@@ -73,12 +90,13 @@ def _one_line(text: str) -> str:
   return " ".join(text.splitlines()) if ("\n" in text or "\r" in text) else text
 
 
-def output_lines(index: int, hyps: Sequence[tuple[str, float]], nbest: int) -> list[str]:
+def output_lines(index: int, hyps: Sequence[tuple[str, float]], nbest: int, end: str = "\n"
+                 ) -> list[str]:
   """decode.py's lines for input line `index`: its best translation, or with nbest > 1
-  one 'index ||| translation ||| score' line per hypothesis."""
+  one 'index ||| translation ||| score' line per hypothesis; each ending with `end`."""
   if nbest == 1:
-    return [_one_line(hyps[0][0]) + "\n"]
-  return [f"{index} ||| {_one_line(text)} ||| {value:.4f}\n" for text, value in hyps]
+    return [_one_line(hyps[0][0]) + end]
+  return [f"{index} ||| {_one_line(text)} ||| {value:.4f}{end}" for text, value in hyps]
 
 
 def score(hypotheses: Sequence[str], references: Sequence[str], metrics: Sequence[str],
@@ -115,15 +133,16 @@ def run_decode(*, workdir: str, input_path: str, output_path: str, reference: st
     if given:
       raise DataError(f"--score scores the given targets and translates nothing: drop "
                       f"{', '.join(given)}")
-  sentences = _read(input_path, "input")
+  sentences, endings = _read_ended(input_path, "input")
   if split_sentences:
     run_split(workdir, sentences, output_path, prefix_path, score_path, attention_plot, reference,
-              compilation_cache_dir=compilation_cache_dir, direction=direction, **from_workdir)
+              compilation_cache_dir=compilation_cache_dir, direction=direction,
+              endings=endings, **from_workdir)
     return
   if score_path:
     targets = _read_aligned(score_path, "--score", input_path, len(sentences))
     run_score(Translator.from_workdir(workdir, **from_workdir), sentences, targets,
-              score_path, output_path, compilation_cache_dir, direction)
+              score_path, output_path, compilation_cache_dir, direction, endings)
     return
   prefixes = (_read_aligned(prefix_path, "--prefix", input_path, len(sentences))
               if prefix_path else None)
@@ -145,7 +164,7 @@ def run_decode(*, workdir: str, input_path: str, output_path: str, reference: st
     results = translator.translate_nbest(sentences, progress, prefixes, **direction)
   with _output(output_path) as out:
     for i, hyps in enumerate(results):
-      out.writelines(output_lines(i, hyps, nbest))
+      out.writelines(output_lines(i, hyps, nbest, endings[i]))
   if references is not None:
     best = [hyps[0][0] for hyps in results]
     for name, value, signature in score(best, references, metrics, sacrebleu_tokenize):
@@ -168,7 +187,7 @@ def direction_of(workdir: str, source_lang: str | None, target_lang: str | None)
 
 def run_split(workdir: str, texts: Sequence[str], output_path: str, *others,
               compilation_cache_dir: str = "", direction: dict | None = None,
-              **from_workdir) -> None:
+              endings: Sequence[str] | None = None, **from_workdir) -> None:
   """decode.py --split_sentences: each line a text of sentences (the workdir's source
   language's rules; English's where it records none), one translated line per line."""
   given = [f for f, v in zip(("--prefix", "--score", "--attention_plot", "--reference"), others)
@@ -186,12 +205,13 @@ def run_split(workdir: str, texts: Sequence[str], output_path: str, *others,
     translations = translator.translate_texts(texts, language, progress,
                                               target_lang=direction.get("target_lang"))
   with _output(output_path) as out:
-    out.writelines(_one_line(text) + "\n" for text in translations)
+    out.writelines(_one_line(text) + end
+                   for text, end in zip(translations, endings or ["\n"] * len(texts)))
 
 
 def run_score(translator: Translator, sentences: Sequence[str], targets: Sequence[str],
               targets_path: str, output_path: str, compilation_cache_dir: str,
-              direction: dict | None = None) -> None:
+              direction: dict | None = None, endings: Sequence[str] | None = None) -> None:
   """decode.py --score: per pair one line 'logprob<TAB>tokens' (natural log, EOS counted)."""
   compilation.enable_cache(compilation_cache_dir)
   logging.info("Scoring on %d %s device(s)", len(translator.devices),
@@ -200,8 +220,8 @@ def run_score(translator: Translator, sentences: Sequence[str], targets: Sequenc
             mininterval=5.0, dynamic_ncols=True) as progress, _naming("--score", targets_path):
     results = translator.score(sentences, targets, progress, **(direction or {}))
   with _output(output_path) as out:
-    for log_prob, tokens in results:
-      out.write(f"{log_prob:.4f}\t{tokens}\n")
+    for (log_prob, tokens), end in zip(results, endings or ["\n"] * len(results)):
+      out.write(f"{log_prob:.4f}\t{tokens}{end}")
 
 
 def attention_plot_paths(sentences: Sequence[str], path: str, count: int
