@@ -135,10 +135,9 @@ def run_decode(*, workdir: str, input_path: str, output_path: str, reference: st
                       f"{', '.join(given)}")
   sentences, endings = _read_ended(input_path, "input")
   if split_sentences:
-    run_split(workdir, sentences, output_path, prefix_path, score_path, attention_plot, reference,
-              compilation_cache_dir=compilation_cache_dir, direction=direction,
-              endings=endings, **from_workdir)
-    return
+    return run_split(workdir, sentences, output_path, prefix_path, score_path, attention_plot,
+                     reference, compilation_cache_dir=compilation_cache_dir,
+                     direction=direction, endings=endings, **from_workdir)
   if score_path:
     targets = _read_aligned(score_path, "--score", input_path, len(sentences))
     run_score(Translator.from_workdir(workdir, **from_workdir), sentences, targets,
