@@ -79,7 +79,7 @@ def _write(fmt: str, translator: Translator, folder: Path, target: Path, *,
     module = m2m100 if imported_m2m100 else marian
     module.convert(config, params, translator.tokenizer, folder,
                    search={"beam_size": search.beam_size, "alpha": search.alpha},
-                   provenance=record)
+                   provenance=record, languages=translator.languages)
     return (f"Wrote a transformers {module.ARCHITECTURE} folder (steps "
             f"{translator.checkpoint_steps[0]} averaged) to {target}; load it with "
             f"{module.LOADED_BY}")

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from flax_transformer.export import layout, write_manifest
+from flax_transformer.languages import Languages
 
 # Our attention projections as transformers names them, and which of each one's sides is
 # the model dimension (reads: its input, writes: its output), which a permutation of the
@@ -62,6 +63,15 @@ def layer_tensors(model: layout.Model, perm: np.ndarray | None = None
     if stack.final_norm is not None:  # Pre-norm only.
       norm(f"model.{side}.layer_norm", stack.final_norm)
   return out
+
+
+def languages_entry(languages: Languages | None) -> dict[str, Any]:
+  """manifest.json's "languages": the workdir's record (flax_transformer.languages), where
+  it states any; import_model.py reads it back (transformers' files cannot say that a
+  model trained here chooses its target by '<2de>' forced first)."""
+  if languages is None or not languages.stated:
+    return {}
+  return {"languages": languages.to_json()}
 
 
 def write_folder(out_dir: str | Path, files: dict[str, Any], manifest: dict) -> Path:

@@ -27,6 +27,7 @@ import numpy as np
 
 from flax_transformer.errors import ConfigError
 from flax_transformer.export import bart, layout
+from flax_transformer.languages import Languages
 from flax_transformer.network import config_fields
 from flax_transformer.network.activations import ACTIVATIONS
 from flax_transformer.network.config import TransformerConfig
@@ -173,9 +174,11 @@ def tokenizer_files(config: TransformerConfig, tokenizer) -> dict[str, Any]:
 
 
 def convert(config: TransformerConfig, params: dict[str, Any], tokenizer, out_dir: str | Path,
-            *, search: dict[str, Any], provenance: dict | None = None) -> Path:
+            *, search: dict[str, Any], provenance: dict | None = None,
+            languages: Languages | None = None) -> Path:
   """Writes an M2M100ForConditionalGeneration folder to `out_dir` (the module's docstring).
-  search: beam_size, alpha (generation_config.json's num_beams, length_penalty)."""
+  search: beam_size, alpha (generation_config.json's num_beams, length_penalty).
+  languages: the workdir's record, into manifest.json."""
   from safetensors.numpy import save
 
   check(config)
@@ -185,4 +188,5 @@ def convert(config: TransformerConfig, params: dict[str, Any], tokenizer, out_di
   tensors = _tensors(config, layout.unpack(config, params))
   files["model.safetensors"] = save(tensors, metadata={"format": "pt"})
   return bart.write_folder(out_dir, files, {"format": FORMAT, "max_len": config.max_len,
-                                            "search": search, **(provenance or {})})
+                                            "search": search, **bart.languages_entry(languages),
+                                            **(provenance or {})})

@@ -59,6 +59,14 @@ How our model becomes transformers' Marian (models/marian/modeling_marian.py, 5.
   ((5 + length) / 6) ** alpha as we do: length_penalty is set to alpha, the same
   exponent on another rule. max_length allows max_len tokens (our positions), with
   EOS forced at the limit (forced_eos_token_id) as our search forces it.
+- Languages. A model trained here on several languages is told its target by the
+  target side's tokens of '<2de>' ('▁', '<2de>': a sentencepiece user-defined symbol
+  after the space marker, as training's targets start) forced after the start token.
+  transformers' configs force one token at most (forced_bos_token_id), so no file of
+  theirs can say it; generate takes it per call, as its decoder_input_ids (generate
+  puts the start token first): tokenizer(text_target="<2de>",
+  add_special_tokens=False).input_ids, whose tokens the output then starts with.
+  manifest.json holds the workdir's languages record (import_model.py reads it back).
 """
 
 from __future__ import annotations
@@ -72,12 +80,14 @@ import numpy as np
 from flax_transformer.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from flax_transformer.errors import ConfigError
 from flax_transformer.export import bart, layout
+from flax_transformer.languages import Languages
 from flax_transformer.network import config_fields
 from flax_transformer.network.activations import ACTIVATIONS
 from flax_transformer.network.config import TransformerConfig
 from flax_transformer.network.layers import sinusoidal_position_encoding
+from flax_transformer.pretrained.marian import EXPORTED
 
-FORMAT = "flax_transformer.transformers/1"
+FORMAT = EXPORTED  # manifest.json's (import_model.py reads its languages back).
 ARCHITECTURE = "MarianMTModel"  # config.json's; export.py names it.
 LOADED_BY = "MarianMTModel.from_pretrained and MarianTokenizer.from_pretrained"
 LAYER_NORM_EPSILON = 1e-5  # torch.nn.LayerNorm's default, which Marian's layers keep.
@@ -230,11 +240,13 @@ def tokenizer_files(config: TransformerConfig, tokenizer) -> dict[str, Any]:
 
 
 def convert(config: TransformerConfig, params: dict[str, Any], tokenizer, out_dir: str | Path,
-            *, search: dict[str, Any], provenance: dict | None = None) -> Path:
+            *, search: dict[str, Any], provenance: dict | None = None,
+            languages: Languages | None = None) -> Path:
   """Writes a MarianMTModel folder to `out_dir` (see the module's docstring).
 
   tokenizer: the workdir's (`tokenizer_files`). search: beam_size, alpha
-  (generation_config.json's num_beams, length_penalty).
+  (generation_config.json's num_beams, length_penalty). languages: the workdir's
+  record, into manifest.json.
   """
   from safetensors.numpy import save
 
@@ -258,5 +270,12 @@ def convert(config: TransformerConfig, params: dict[str, Any], tokenizer, out_di
   files["generation_config.json"] = generation_config(config.without_vocab_padding(), search)
   # As bytes: safetensors' save_file makes its file private (0600), unlike the others.
   files["model.safetensors"] = save(_tensors(config, model, perm), metadata={"format": "pt"})
+  if languages is not None and languages.target_by == "decoder_prefix":
+    token = languages.target_tokens[languages.targets[0]]
+    logging.info("Its target is chosen by a token after the start token: in transformers, "
+                 "generate(..., decoder_input_ids=tokenizer(text_target=%r, "
+                 "add_special_tokens=False, return_tensors='pt').input_ids) (the codes' tokens: "
+                 "manifest.json's languages)", token)
   return bart.write_folder(out_dir, files, {"format": FORMAT, "max_len": config.max_len,
-                                            "search": search, **(provenance or {})})
+                                            "search": search, **bart.languages_entry(languages),
+                                            **(provenance or {})})

@@ -67,6 +67,10 @@ TOKENIZER_FIELDS: dict = {
 }
 
 
+# manifest.json's format in a folder export.py --format=transformers wrote (export/marian.py).
+EXPORTED = "flax_transformer.transformers/1"
+
+
 def import_folder(folder: Path) -> convert.Imported:
   """The model, tokenizer and config of the transformers Marian folder `folder`."""
   config = convert.read_config(folder, ARCHITECTURE, CLASSES)
@@ -115,7 +119,19 @@ def import_folder(folder: Path) -> convert.Imported:
                           {"kind": "marian", "separate_vocabularies": not shared, **(
                               {"clean_up_tokenization_spaces": True} if tokenizer_config.get(
                                   "clean_up_tokenization_spaces") else {})}, files, notes,
-                          languages.from_marian(source_vocab, tokenizer_config))
+                          _languages(folder, source_vocab, tokenizer_config))
+
+
+def _languages(folder: Path, pieces, tokenizer_config: dict) -> languages.Languages:
+  """The folder's languages: the record export.py wrote into its manifest.json (a model
+  trained here on several languages, told its target by '<2de>' forced first, which no
+  file of transformers' states), else its >>xx<< tags or its tokenizer_config's pair."""
+  if (folder / "manifest.json").is_file():
+    manifest = convert.read_json(folder, "manifest.json")
+    if isinstance(manifest, dict) and manifest.get("format") == EXPORTED and (
+        "languages" in manifest):
+      return languages.Languages.from_json(manifest["languages"], str(folder / "manifest.json"))
+  return languages.from_marian(pieces, tokenizer_config)
 
 
 def _check_legacy_token_files(folder: Path, tokenizer_config: dict) -> None:
