@@ -118,16 +118,11 @@ def test_score_greedy_and_beam_are_transformers(imported):
 
   beam = translator(workdir, beam_size=4, alpha=0.0, eos_within_beam=True)
   found = beam.translate_nbest_ids(sources)
-  # generate forces EOS at the length limit and scores it 0 (here: its log-probability),
-  # so hypotheses that reach the limit rank differently: the few such are left out.
-  kept = [i for i, at in enumerate(ref["at_limit"][len(sources):]) if not at]
-  assert len(kept) >= 26
-  expected = theirs(ref["beam4"])
-  assert [found[i][0][0] for i in kept] == [expected[i] for i in kept]
-  assert [beam.tokenizer.target.detokenize(found[i][0][0]) for i in kept] == [
-      ref["beam4_text"][i] for i in kept]
-  np.testing.assert_allclose([found[i][0][1] for i in kept],
-                             [ref["beam4_scores"][i] for i in kept], atol=1e-3, rtol=0)
+  # Every line, those that end at their length limit too: generate's references score the
+  # EOS there by its log-probability, as the search does (make_pretrained.eos_at_limit).
+  assert [h[0][0] for h in found] == theirs(ref["beam4"])
+  assert [beam.tokenizer.target.detokenize(h[0][0]) for h in found] == ref["beam4_text"]
+  np.testing.assert_allclose([h[0][1] for h in found], ref["beam4_scores"], atol=1e-3, rtol=0)
 
 
 @pytest.mark.devices(8)
@@ -253,10 +248,11 @@ def test_eight_devices_fsdp_by_tensor_equal_one_device(tmp_path):
                              atol=1e-4)
   np.testing.assert_allclose(sharded_scores[0], ref["log_probs"][:8], atol=1e-3)
   best = np.asarray(sharded.sequences)[:, 0]
-  kept = [i for i in rows if not ref["at_limit"][len(ref["sources"]) + i]]
-  assert len(kept) >= 6
-  for i in kept:  # transformers' beam output.
+  assert ref["at_limit"][len(ref["sources"]) + 7]  # Row 7's output ends at its limit.
+  for i in rows:  # transformers' beam output and score.
     assert best[i][best[i] != 0].tolist() == target_map[ref["beam4"][i]].tolist(), i
+  np.testing.assert_allclose(np.asarray(sharded.scores)[:, 0], ref["beam4_scores"][:8],
+                             atol=1e-3, rtol=0)
 
 
 def test_bad_folders_are_one_line_naming_the_problem(tmp_path):
@@ -453,10 +449,7 @@ def test_beam_search_under_jax_enable_x64_is_transformers(tmp_path):
   done = subprocess.run([sys.executable, "-c", X64_DECODE, str(folder), str(tmp_path / "run")],
                         capture_output=True, text=True, timeout=300, cwd=ROOT)
   assert done.returncode == 0, done.stderr[-2000:]
-  kept = [i for i, at in enumerate(ref["at_limit"][len(ref["sources"]):]) if not at]
-  assert len(kept) >= 26
-  for name, found in json.loads(done.stdout.splitlines()[-1]).items():
-    assert [found[i][0][0] for i in kept] == [ref["beam4_text"][i] for i in kept], name
-    np.testing.assert_allclose([found[i][0][1] for i in kept],
-                               [ref["beam4_scores"][i] for i in kept], atol=1e-3, rtol=0,
-                               err_msg=name)
+  for name, found in json.loads(done.stdout.splitlines()[-1]).items():  # Every line.
+    assert [h[0][0] for h in found] == ref["beam4_text"], name
+    np.testing.assert_allclose([h[0][1] for h in found], ref["beam4_scores"], atol=1e-3,
+                               rtol=0, err_msg=name)
