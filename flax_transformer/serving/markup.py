@@ -17,11 +17,14 @@ Text is translated by blocks: a run of text and of the inline elements within it
 sentence does not cut it; each inline element's own text is translated too, and its tags
 put around it in its block's translation (inline_runs.py says how it is found). Kept inline
 elements (<code>, <kbd>, <samp>, <var>, translate="no" or class "notranslate" on an inline
-element, mentions' and hashtags' links, an <img>, a <wbr>, an inline element with no text)
-and URLs, e-mail addresses, @mentions, #hashtags and emoji within text (inline_runs.PROTECTED)
-do not cut it either: left as they are, in place in their sentence
-(inline_runs.py). Runs end at block elements, `<br>` (a line break: it ends a sentence, as
-a newline does in format=text), comments, and the rest of what is not translated. Left as
+element, mentions' and hashtags' links, an <img>, a <wbr>, an inline element with no text
+or whose text is only URLs, mentions or emoji, as a link to a URL spelt out) and URLs,
+e-mail addresses, @mentions, #hashtags and emoji within text (inline_runs.kept_spans: with
+the brackets around one alone in them) do not cut it either: left as they are, in place in
+their sentence, which reaches the model as format=text's would (Run.said: "A cat sits.",
+not "A cat  sits." for "A cat <img> sits."; inline_runs.py). Runs end at block elements,
+`<br>` (a line break: it ends a sentence, as a newline does in format=text), comments,
+and the rest of what is not translated. Left as
 they are: the text of <code>, <pre>, <kbd>, <samp>, <var>, <textarea>, <script>, <style>,
 <svg>, <math>, of an element with translate="no" (HTML's attribute) or class "notranslate",
 text with no letter (emoji, numbers, punctuation), URLs, e-mail addresses, @mentions and
