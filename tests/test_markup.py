@@ -305,3 +305,8 @@ def test_urls_links_and_images_leave_their_sentence_one_input_as_in_format_text(
   assert inputs == ["A cat sits on the mat.", "the mat"]
   assert document.render(["Eine Katze sitzt auf der Matte.", "der Matte"]) == (
       '<p>Eine Katze <img src="c.png"> sitzt auf <b>der <img src="m.png"> Matte</b>.</p>')
+  # Within a word (a <wbr>, an icon glued to its words): no space where none stood.
+  assert _inputs('<p>A super<wbr>cali dog runs.</p>')[0] == ["A supercali dog runs."]
+  glued = '<p>A dog<i class="icon"></i>house stands.</p>'
+  assert _inputs(glued)[0] == ["A doghouse stands."]
+  assert Document(glued).render(Document(glued).texts) == glued

@@ -87,10 +87,11 @@ class Run:
   def written(self, element: Inline) -> str:
     return self.text[slice(*self.span(element))]
 
-  def said(self, first: int = 0, last: int | None = None) -> str:
+  def said(self, first: int = 0, last: int | None = None, apart: bool = False) -> str:
     """What the model translates of gaps first..last-1: their text, where kept elements
     stand for nothing one space between two words, none before closing punctuation ("A
-    cat <img> sits", "Hi @bob, see": "A cat sits", "Hi, see"; not "A cat  sits"); its
+    cat <img> sits", "Hi @bob, see": "A cat sits", "Hi, see"; not "A cat  sits"), none
+    where none stood ("super<wbr>cali") but with `apart` ("Dogs🐕run": "Dogs run"); its
     ends as they are."""
     text, cut = "", False
     for gap in self.gaps[first:last]:
@@ -99,8 +100,9 @@ class Run:
         continue
       words = gap.source
       if cut and text.strip() and words.strip():
+        spaced = apart or text[-1].isspace() or words[0].isspace()
         text, words = text.rstrip(), words.lstrip()
-        text += "" if words[0] in CLOSING else " "
+        text += " " if spaced and words[0] not in CLOSING else ""
       cut = cut and not words.strip()
       text += words
     return text
@@ -343,7 +345,7 @@ class TextRun(Run):
   def model_text(self) -> str:
     """What the model translates: `said`, stripped ("A cat 😀 sleeps 😀." -> "A cat
     sleeps.")."""
-    return self.said().strip()
+    return self.said(apart=True).strip()
 
   def render(self, translation: str) -> str:
     """The text with `translation` (of `model_text`) for its prose, its pieces in place."""
