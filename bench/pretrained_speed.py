@@ -14,7 +14,8 @@ pieces in one vocab.json padded with unused pieces to 58101 ids (so the embeddin
 the output layer have opus-mt-en-de's size). Then import_model.py into FOLDER_workdir.
 On the first --sentences of test 2016, beam 4 with the length rule both have (sum of
 log-probabilities: length_penalty 0 there, --alpha=0 --eos_within_beam here; longest
-output source tokens + --max_extra, EOS forced there), alternating rounds of:
+output source tokens + --max_extra, only EOS there, scored by its log-probability:
+tests/fixtures/make_pretrained.py's `eos_at_limit` in generate), alternating rounds of:
 - decode.py, one process launch as a user runs it (load, compile, translate; its own
   compilation cache, fresh per bench run: round 1 compiles, later rounds read it);
 - Translator.translate in a process kept alive, after a warm-up call (steady state);
@@ -139,8 +140,7 @@ def main() -> None:
   def transformers_generate() -> None:
     for call in calls:
       batch = tokenizer([texts[i] for i in call], return_tensors="pt")
-      kwargs = {**generation_kwargs(model, batch["input_ids"][0], 4, 0),
-                "max_new_tokens": batch["input_ids"].shape[1] + args.max_extra,
+      kwargs = {**generation_kwargs(model, batch["input_ids"][0], 4, 0, args.max_extra),
                 "return_dict_in_generate": False, "output_scores": False}
       for i, out in zip(call, model.generate(**batch, **kwargs)):
         pieces[i] = [p for p in tokenizer.convert_ids_to_tokens(out[1:]) if p != "<pad>"]
