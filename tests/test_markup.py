@@ -310,3 +310,19 @@ def test_urls_links_and_images_leave_their_sentence_one_input_as_in_format_text(
   glued = '<p>A dog<i class="icon"></i>house stands.</p>'
   assert _inputs(glued)[0] == ["A doghouse stands."]
   assert Document(glued).render(Document(glued).texts) == glued
+
+
+def test_a_sentence_translated_as_nothing_leaves_no_double_space():
+  """A model that answers a sentence with nothing (the tiny model does, for some): its
+  kept pieces come back with one space of the two around it ("<p> 😀</p>", "ZWEI.  KATZE
+  <img>." before), as in format=text."""
+  from flax_transformer.translation import sentences
+
+  found, layouts = sentences.layout(Document("<p>A dog 😀</p>").texts, "en", 100, len)
+  assert found == ["A dog"]
+  assert Document("<p>A dog 😀</p>").render(sentences.join(layouts, [""])) == "<p>😀</p>"
+  source = "<p>Two men play. A dog runs <img src='x.png'>. A cat.</p>"
+  found, layouts = sentences.layout(Document(source).texts, "en", 100, len)
+  assert found == ["Two men play.", "A dog runs.", "A cat."]
+  out = Document(source).render(sentences.join(layouts, ["ZWEI.", "", "KATZE."]))
+  assert re.sub(' ?<img src="x.png">', "", out) == "<p>ZWEI. KATZE.</p>" and "  " not in out

@@ -102,17 +102,23 @@ class Layout:
   def join(self, outputs: Iterator[str]) -> str:
     """The text with each sentence replaced by its pieces' translations (taken from
     `outputs` in order, a space between pieces, its kept pieces put back); a sentence of
-    no pieces as it is."""
+    no pieces as it is. One translated as nothing leaves one of the two spaces around it
+    (the one with the most newlines, else the shorter: "A. B. C." -> "X.  Z." no more)."""
     counts, runs = iter(self.pieces), iter(self.runs)
 
     def sentence(part: str) -> str:
       count, run = next(counts), next(runs)
       if not count:
         return part
-      translation = " ".join(next(outputs) for _ in range(count))
-      return run.render(translation) if run else translation
+      said = [text for text in (next(outputs) for _ in range(count)) if text.strip()]
+      return run.render(" ".join(said)) if run else " ".join(said)
 
-    return "".join(sentence(part) if i % 2 else part for i, part in enumerate(self.parts))
+    done = [sentence(part) if i % 2 else part for i, part in enumerate(self.parts)]
+    for i in range(1, len(done), 2):
+      if not done[i].strip():
+        done[i - 1:i + 2] = ["", "", min(done[i - 1], done[i + 1],
+                                         key=lambda gap: (-gap.count("\n"), len(gap)))]
+    return "".join(done)
 
 
 class Unknown:
