@@ -220,3 +220,7 @@ def test_a_piece_before_punctuation_stays_before_it():
       "Ich liebe es 😀, wirklich.", "Hallo @bob, siehe https://x.org/a jetzt!"]
   assert sentences.join(layouts, ["Ich liebe es wirklich.", "Hallo siehe jetzt!"]) == [
       "Ich liebe es 😀 wirklich.", "Hallo @bob siehe https://x.org/a jetzt!"]
+  # The same mark, counted ("One, two 😀,": before the second ","), not the nearest one.
+  inputs, layouts = sentences.layout(["One, two 😀, three."], "en", 100, len)
+  assert sentences.join(layouts, ["Eins eins eins eins eins eins, zwei, drei."]) == [
+      "Eins eins eins eins eins eins, zwei 😀, drei."]

@@ -192,8 +192,9 @@ def _anchor(source: str, span: tuple[int, int], parent: tuple[int, int], transla
   (`parent`: where its source text may be, from its previous sibling's end to its parent's
   end): at the start (the end) if no letter stood before (after) it there, past what
   stood there if the translation has it too ("Hi <img>!": before the "!"); before the
-  punctuation it stood before, nearest `near`, if the translation has it ("it 😀, really":
-  "es 😀, wirklich", not "es, 😀 wirklich"); else in the space between two words nearest
+  punctuation it stood before, if the translation has it ("it 😀, really": "es 😀,
+  wirklich", not "es, 😀 wirklich"; its n-th "," if it has as many, else the one nearest
+  `near`); else in the space between two words nearest
   `near`, split as the spaces around it were (at `near` if it stood within a word)."""
   before, after = source[parent[0]:span[0]], source[span[1]:parent[1]]
   if not has_letters(before):
@@ -201,7 +202,9 @@ def _anchor(source: str, span: tuple[int, int], parent: tuple[int, int], transla
   if not has_letters(after):
     return hi - len(after) if translation[lo:hi].endswith(after) else hi
   marks = [lo + i for i, char in enumerate(translation[lo:hi]) if char == after[:1]]
-  if after[:1] in CLOSING and marks:  # "it 😀, really": before the nearest "," there.
+  if after[:1] in CLOSING and marks:  # "it 😀, really": before the same "," there,
+    if len(marks) == (before + after).count(after[0]):  # counted, or the nearest.
+      return marks[before.count(after[0])]
     return min(marks, key=lambda mark: abs(mark - near))
   if not before[-1:].isspace() and not after[:1].isspace():  # Within a word ("x<wbr>y").
     return min(max(lo, near), hi)
