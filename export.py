@@ -14,7 +14,9 @@
   python export.py --workdir=DIR --out=HF --format=transformers
       A transformers MarianMTModel folder (config.json, model.safetensors, source.spm,
       target.spm, vocab.json, tokenizer_config.json): MarianMTModel.from_pretrained(HF),
-      MarianTokenizer.from_pretrained(HF). What cannot be expressed is refused.
+      MarianTokenizer.from_pretrained(HF). What cannot be expressed is refused. A run on
+      several languages: manifest.json's languages record names each target's token,
+      given to generate as decoder_input_ids (docs/decoding.md).
       A workdir imported from an M2M100 / NLLB-200 folder goes out as one again
       (M2M100ForConditionalGeneration: config.json, model.safetensors without the
       import's vocabulary padding, sentencepiece.bpe.model, tokenizer_config.json).

@@ -240,6 +240,12 @@ FIGURES = {
     'export_transformers_ct2_greedy_equal_decode_py': r'{bench("export_transformers").ctranslate2.greedy_equal_lines_to_decode_py}',
     'trained_start_greedy_equal_lines': r'{bench("export_transformers_trained_start").greedy_equal_lines}',
     'trained_start_ct2_beam_1_equal_lines': r'{bench("export_transformers_trained_start").ctranslate2.beam_1_equal_lines}',
+    'export_multilingual_sentences': r'{load("bench/export_multilingual.json").sentences}',
+    'export_multilingual_directions': r'{len(load("bench/export_multilingual.json").directions)}',
+    'export_multilingual_versions': r'{load("bench/export_multilingual.json").versions.transformers} and {load("bench/export_multilingual_transformers4.json").versions.transformers}',
+    'export_multilingual_greedy_equal': r'{" and ".join(sorted({f"{sum(d.greedy_equal_lines for d in r.directions.values())} of {r.sentences * len(r.directions)}" for r in (load("bench/export_multilingual.json"), load("bench/export_multilingual_transformers4.json"))}))}',
+    'export_multilingual_score_max_abs_diff': r'{max(d.score_max_abs_diff for r in (load("bench/export_multilingual.json"), load("bench/export_multilingual_transformers4.json")) for d in r.directions.values()):.1e}',
+    'export_multilingual_bos_only_equal': r'{sum(d.forced_bos_only_equal_lines for d in load("bench/export_multilingual.json").directions.values())}',
     'trained_start_ct2_greedy_equal_zero_start': r'{bench("export_transformers_trained_start").ctranslate2.greedy_equal_lines_to_transformers_with_zero_start}',
     # --- docs/provenance.md: The test suite
     'suite_63bb179_tests': r'{suite("ci/2026-11-29_fresh_clone_620_63bb179.log").tests} tests',
