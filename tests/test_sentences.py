@@ -224,3 +224,13 @@ def test_a_piece_before_punctuation_stays_before_it():
   inputs, layouts = sentences.layout(["One, two 😀, three."], "en", 100, len)
   assert sentences.join(layouts, ["Eins eins eins eins eins eins, zwei, drei."]) == [
       "Eins eins eins eins eins eins, zwei 😀, drei."]
+
+
+def test_pieces_side_by_side_before_punctuation_stay_before_it():
+  """Two kept pieces together before a mark ("@bob 😀!", "@bob (https://y.org).") go before
+  it as one does (they went after it: "Ruf an! @bob 😀", "Ich sah. @bob (https://y.org)")."""
+  texts = ["Call @bob 😀!", "I saw @bob (https://y.org).", "See https://x.org 😀, then go."]
+  inputs, layouts = sentences.layout(texts, "en", 100, len)
+  assert inputs == ["Call!", "I saw.", "See, then go."]
+  assert sentences.join(layouts, ["Ruf an!", "Ich sah.", "Siehe, dann geh."]) == [
+      "Ruf an @bob 😀!", "Ich sah @bob (https://y.org).", "Siehe https://x.org 😀, dann geh."]

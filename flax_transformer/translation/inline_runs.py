@@ -197,14 +197,16 @@ def _anchor(source: str, span: tuple[int, int], parent: tuple[int, int], transla
   `near`); else in the space between two words nearest
   `near`, split as the spaces around it were (at `near` if it stood within a word)."""
   before, after = source[parent[0]:span[0]], source[span[1]:parent[1]]
+  mark = after.lstrip()  # Past the spaces between it and the pieces after it ("@bob 😀!").
   if not has_letters(before):
     return lo + len(before) if translation[lo:hi].startswith(before) else lo
   if not has_letters(after):
-    return hi - len(after) if translation[lo:hi].endswith(after) else hi
-  marks = [lo + i for i, char in enumerate(translation[lo:hi]) if char == after[:1]]
-  if after[:1] in CLOSING and marks:  # "it 😀, really": before the same "," there,
-    if len(marks) == (before + after).count(after[0]):  # counted, or the nearest.
-      return marks[before.count(after[0])]
+    ends = [end for end in (after, mark) if end and translation[lo:hi].endswith(end)]
+    return hi - len(ends[0]) if ends else hi
+  marks = [lo + i for i, char in enumerate(translation[lo:hi]) if char == mark[:1]]
+  if mark[:1] in CLOSING and marks:  # "it 😀, really": before the same "," there,
+    if len(marks) == (before + after).count(mark[0]):  # counted, or the nearest.
+      return marks[before.count(mark[0])]
     return min(marks, key=lambda mark: abs(mark - near))
   if not before[-1:].isspace() and not after[:1].isspace():  # Within a word ("x<wbr>y").
     return min(max(lo, near), hi)
