@@ -59,15 +59,17 @@ def test_translate_py_target_lang_puts_the_tag_as_transformers_read_it(
   folder = folders[fmt]
   manifest = json.loads((folder / "manifest.json").read_text())
   assert manifest["languages"] == workdir_languages(workdir).to_json()
-  for code, (bare, theirs) in tagged_sentences.items():
+  for (code, (bare, theirs)), end in zip(tagged_sentences.items(), ["\n", "\r\n"]):
     source, output = tmp_path / f"{code}.en", tmp_path / f"{code}.out"
-    source.write_text("".join(s + "\n" for s in [bare[0], "", *bare[1:]]), encoding="utf-8")
+    source.write_bytes("".join(s + end for s in [bare[0], "", *bare[1:]]).encode())
     done = run("-c", BLOCKED_RUN, folder / "translate.py", f"--input={source}",
                f"--output={output}", f"--target_lang={code}")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "loaded: []" in done.stderr
-    ours = output.read_text(encoding="utf-8").splitlines()
-    assert ours == [theirs[0], "", *theirs[1:]], code  # An empty line stays empty.
+    # An empty line stays empty; each line ends as its input line did (a Windows file's
+    # "\r\n", as decode.py's: it wrote "\n").
+    assert output.read_bytes() == "".join(t + end for t in [theirs[0], "", *theirs[1:]]
+                                          ).encode(), code
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -305,15 +305,19 @@ def open_model(model_dir: str | Path, **ct2_options) -> Runner | Ct2Runner:
   return Ct2Runner(model_dir, **ct2_options) if fmt == CT2_FORMAT else Runner(model_dir)
 
 
-def _read_lines(path: str) -> list[str]:
-  # decode.py's reading (data.sources.split_lines_lenient), restated: this file
-  # travels without the package.
+def _read_lines(path: str) -> tuple[list[str], list[str]]:
+  """The lines and each one's ending: decode.py's reading (data.sources.split_lines_lenient,
+  cli.translate.line_endings: "\r\n" where it was, a last line with none the one's before),
+  restated: this file travels without the package."""
   raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
   parts = raw.split(b"\n")
-  if parts and parts[-1] == b"":
-    parts.pop()
+  last = parts.pop()  # What follows the last newline: "", or a line with none.
+  endings = ["\r\n" if p.endswith(b"\r") else "\n" for p in parts]
+  if last:
+    parts.append(last)
+    endings.append("\r\n" if last.endswith(b"\r") else (endings or ["\n"])[-1])
   return [p[:-1].decode("utf-8", "replace") if p.endswith(b"\r") else
-          p.decode("utf-8", "replace") for p in parts]
+          p.decode("utf-8", "replace") for p in parts], endings
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -337,15 +341,15 @@ def main(argv: list[str] | None = None) -> None:
     raise SystemExit(f"error: --input {args.input} does not exist")
   runner = open_model(args.model, compute_type=args.compute_type, threads=args.threads,
                       workers=args.workers)
-  lines = _read_lines(args.input)
+  lines, endings = _read_lines(args.input)
   start = time.perf_counter()
   out = runner.translate(lines, args.target_lang)
   seconds = time.perf_counter() - start
-  text = "".join(line + "\n" for line in out)
+  text = "".join(line + end for line, end in zip(out, endings))  # Each as its input's.
   if args.output == "-":
     sys.stdout.write(text)
   else:
-    Path(args.output).write_text(text, encoding="utf-8")
+    Path(args.output).write_text(text, encoding="utf-8", newline="")
   if runner.truncated:
     print(f"warning: {runner.truncated} sentence(s) longer than max_len={runner.max_len} "
           "tokens were truncated", file=sys.stderr)
