@@ -100,7 +100,8 @@ def main(argv):
           workdir=FLAGS.workdir, output_path=FLAGS.output, search=search, seed=FLAGS.seed,
           compilation_cache_dir=FLAGS.compilation_cache_dir, average_last=FLAGS.average_last,
           checkpoint_step=FLAGS.checkpoint_step, ensemble=FLAGS.ensemble,
-          source_lang=FLAGS.source_lang, target_lang=FLAGS.target_lang)
+          source_lang=FLAGS.source_lang, target_lang=FLAGS.target_lang,
+          split_sentences=FLAGS.split_sentences)
       return
     run_decode(workdir=FLAGS.workdir, input_path=FLAGS.input, output_path=FLAGS.output,
                reference=FLAGS.reference, metrics=FLAGS.metrics,

@@ -436,6 +436,24 @@ def test_interactive_decode_answers_each_line_before_the_next_is_written(trained
       process.wait()
 
 
+def test_interactive_split_sentences_translates_each_line_as_a_text(trained_tiny, tmp_path):
+  """decode.py --interactive --split_sentences: each line split into its sentences, its
+  kept pieces in place, as decode.py --split_sentences does (Translator.translate_texts);
+  the flag was ignored (the line one sentence, the emoji given to the model)."""
+  import io
+
+  from flax_transformer.cli import interactive
+
+  text = "A dog runs in the park. A cat 😀 sleeps."
+  out = tmp_path / "out.de"
+  interactive.run_interactive(workdir=str(trained_tiny), output_path=str(out),
+                              stdin=io.BytesIO(text.encode() + b"\r\n"),
+                              split_sentences=True, search=SEARCH)
+  texts = Translator.from_workdir(trained_tiny, search=SEARCH).translate_texts([text], "en")
+  assert "😀" in texts[0]
+  assert out.read_bytes() == texts[0].encode() + b"\r\n"
+
+
 def test_interactive_is_the_default_on_a_terminal_and_refuses_batch_flags():
   from flax_transformer.cli import interactive
   from flax_transformer.errors import DataError

@@ -7,7 +7,7 @@ import sys
 from typing import BinaryIO, TextIO
 
 from flax_transformer import compilation
-from flax_transformer.cli.translate import direction_of, line_endings, output_lines
+from flax_transformer.cli.translate import direction_of, line_endings, one_line, output_lines
 from flax_transformer.data.sources import split_lines_lenient
 from flax_transformer.errors import DataError
 from flax_transformer.translation.translator import Translator
@@ -24,9 +24,11 @@ def wanted(flag: bool | None, input_path: str, stdin=None, batch_only=()) -> boo
 
 def run_interactive(*, workdir: str, output_path: str, compilation_cache_dir: str = "",
                     stdin: BinaryIO | None = None, source_lang: str | None = None,
-                    target_lang: str | None = None, **from_workdir) -> None:
+                    target_lang: str | None = None, split_sentences: bool = False,
+                    **from_workdir) -> None:
   """Reads stdin a line at a time; writes each line's translation (nbest: K lines
-  'index ||| translation ||| score', as decode.py) and flushes it before reading on.
+  'index ||| translation ||| score', as decode.py; `split_sentences`: the line a text of
+  sentences, as decode.py --split_sentences) and flushes it before reading on.
 
   Each line is its own batch of one row per device (no waiting for a batch to
   fill); `from_workdir` goes to `Translator.from_workdir`, its batch_tokens aside;
@@ -37,6 +39,8 @@ def run_interactive(*, workdir: str, output_path: str, compilation_cache_dir: st
   translator = Translator.from_workdir(workdir, **from_workdir)
   compilation.enable_cache(compilation_cache_dir)  # Before the first search compiles.
   nbest = translator.search.nbest
+  if split_sentences and nbest > 1:
+    raise DataError("--split_sentences translates whole texts: drop --nbest")
   stdin = stdin or sys.stdin.buffer
   out: TextIO = sys.stdout if output_path == "-" else open(output_path, "w", encoding="utf-8")
   logging.info("Interactive: one translation per input line, as each line arrives")
@@ -45,8 +49,13 @@ def run_interactive(*, workdir: str, output_path: str, compilation_cache_dir: st
       lines, invalid = split_lines_lenient(raw)
       if invalid:
         logging.warning("input line %d is not valid UTF-8 (bad bytes replaced)", index + 1)
-      hyps = translator.translate_nbest(lines or [""], **direction)[0]
-      out.writelines(output_lines(index, hyps, nbest, line_endings(raw)[0]))
+      if split_sentences:  # Its sentences, kept pieces in place (Translator.translate_texts).
+        text = translator.translate_texts(lines or [""], direction.get("source_lang") or "en",
+                                          target_lang=direction.get("target_lang"))[0]
+        out.write(one_line(text) + line_endings(raw)[0])
+      else:
+        hyps = translator.translate_nbest(lines or [""], **direction)[0]
+        out.writelines(output_lines(index, hyps, nbest, line_endings(raw)[0]))
       out.flush()
   except KeyboardInterrupt:  # Ctrl-C is how a user leaves the loop: no traceback.
     raise SystemExit(130) from None

@@ -85,7 +85,7 @@ def _output(path: str):
       out.close()
 
 
-def _one_line(text: str) -> str:
+def one_line(text: str) -> str:
   # A translation must never add output lines.
   return " ".join(text.splitlines()) if ("\n" in text or "\r" in text) else text
 
@@ -95,8 +95,8 @@ def output_lines(index: int, hyps: Sequence[tuple[str, float]], nbest: int, end:
   """decode.py's lines for input line `index`: its best translation, or with nbest > 1
   one 'index ||| translation ||| score' line per hypothesis; each ending with `end`."""
   if nbest == 1:
-    return [_one_line(hyps[0][0]) + end]
-  return [f"{index} ||| {_one_line(text)} ||| {value:.4f}{end}" for text, value in hyps]
+    return [one_line(hyps[0][0]) + end]
+  return [f"{index} ||| {one_line(text)} ||| {value:.4f}{end}" for text, value in hyps]
 
 
 def score(hypotheses: Sequence[str], references: Sequence[str], metrics: Sequence[str],
@@ -204,7 +204,7 @@ def run_split(workdir: str, texts: Sequence[str], output_path: str, *others,
     translations = translator.translate_texts(texts, language, progress,
                                               target_lang=direction.get("target_lang"))
   with _output(output_path) as out:
-    out.writelines(_one_line(text) + end
+    out.writelines(one_line(text) + end
                    for text, end in zip(translations, endings or ["\n"] * len(texts)))
 
 
