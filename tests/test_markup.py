@@ -262,6 +262,11 @@ def test_images_mentions_urls_and_emoji_within_a_sentence_do_not_cut_it():
       "<p>Hi @bob@x.org, see https://x.org/a now!</p>":
           (["Hi, see now!"], ["Hallo, siehe jetzt!"],
            "<p>Hallo @bob@x.org, siehe https://x.org/a jetzt!</p>"),
+      # After an inline element's close, before punctuation: its space kept (was lost:
+      # "<i>Hunde</i>@bob!").
+      "<p><i>Dogs</i> @bob! Cats run.</p>":
+          (["Dogs! Cats run.", "Dogs"], ["Hunde! Katzen rennen.", "Hunde"],
+           "<p><i>Hunde</i> @bob! Katzen rennen.</p>"),
       "<p>Line one<br>line two</p>":
           (["Line one", "line two"], ["Zeile eins", "Zeile zwei"],
            "<p>Zeile eins<br>Zeile zwei</p>"),
@@ -293,6 +298,10 @@ def test_urls_links_and_images_leave_their_sentence_one_input_as_in_format_text(
       '<p>See <a href="https://x.org/a">www.x.org/a</a> for details.</p>': "<a[^>]*>.*?</a>",
       "<p>See (https://x.org) for details.</p>": r"\(https://x.org\)",
       '<p>See <img src="x.png"> for details.</p>': "<img[^>]*>",
+      # A link's or an inline element's URL alone in brackets: kept with them, as in text
+      # (the link cut its sentence: "See", "for details.").
+      '<p>See <a href="https://x.org">(https://x.org)</a> for details.</p>': r"<a[^>]*>\(",
+      '<p>See <b>(https://x.org)</b> for details.</p>': r"<b>\(https://x.org\)</b>",
   }
   for source, kept in cases.items():
     inputs, document = _inputs(source)

@@ -110,13 +110,19 @@ def _piece(element) -> str | None:
   if not _element(element) or any(not _element(node) or node.tag not in INLINE | PIECES
                                   for node in element.iter()):
     return None
-  if element.tag not in PIECES and not _kept(element) and PROTECTED.sub("", _open_text(
-      element)).strip():  # A link whose text is only a URL (href aside): no words, kept.
+  if element.tag not in PIECES and not _kept(element) and _prose(_open_text(element)).strip():
     return None  # Words to translate: a joinable element's, or one ending its run.
   text = _all_text(element)
   if has_letters(text) and len(text.split()) <= PIECE_WORDS and not PROTECTED.search(text):
     return text  # A name, a command: words of the sentence.
   return ""  # An image, a mention, a URL, a long snippet: no words of the sentence.
+
+
+def _prose(text: str) -> str:
+  """`text` without its kept pieces (kept_spans: "(https://x.org)" with its brackets): a
+  link whose text is only a URL, href aside, has none."""
+  cuts = [0, *(at for span in kept_spans(text) for at in span), len(text)]
+  return "".join(text[start:end] for start, end in zip(cuts[::2], cuts[1::2]))
 
 
 def _open_text(element) -> str | None:

@@ -278,7 +278,7 @@ def _spaced(run: Run, spans: list[tuple[int, int]]) -> None:
     between = has_letters(source[:begin]) and has_letters(source[finish:])
     if element.first > 0:
       before = run.gaps[element.first - 1]
-      if _glued(before.value[-1:], before.source[-1:], between):
+      if _glued(_last_char(run, element.first - 1), source[:begin][-1:], between):
         before.value += " "
     if element.last < len(run.gaps):
       after = run.gaps[element.last]
@@ -289,6 +289,14 @@ def _spaced(run: Run, spans: list[tuple[int, int]]) -> None:
         after.value = " "
       elif _glued(after.value[:1], after.source[:1], between):
         after.value = " " + after.value
+
+
+def _last_char(run: Run, i: int) -> str:
+  """The last character rendered up to gap `i`: its own, or (empty: between tags) that of
+  the nearest text before it ("<i>dog</i> @bob!": the "g" before "</i>")."""
+  while i > 0 and not run.gaps[i].value and not run.gaps[i].kept:
+    i -= 1
+  return run.gaps[i].value[-1:]
 
 
 def _glued(now: str, was: str, between: bool) -> bool:
