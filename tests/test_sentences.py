@@ -151,6 +151,21 @@ def test_a_url_in_parentheses_leaves_them_balanced():
       "EIN MÄDCHEN (https://x.org/a_(b)) LÄCHELT."]
 
 
+def test_a_url_in_other_brackets_or_quotes_goes_around_the_model_with_them():
+  """"<https://x.org>", "[https://x.org]", "{...}": the URL took the closing bracket, so
+  the model got "See < now." and the bracket rule never applied; in quotes it got 'See "
+  " now.'. A URL holds no "<", ">", "{", "}" and only balanced square brackets (an IPv6
+  host's), and quotes go around the model as brackets do."""
+  texts = ["See <https://x.org> now.", "See [https://x.org] now.", "See {https://x.org} now.",
+           'See "https://x.org" now.', "Er sagt „https://x.org“ oft.",
+           "Open http://[::1]:8080/ now."]
+  inputs, layouts = sentences.layout(texts, "en", 100, len)
+  assert inputs == ["See now."] * 4 + ["Er sagt oft.", "Open now."]
+  assert sentences.join(layouts, [s.upper() for s in inputs]) == [
+      "SEE <https://x.org> NOW.", "SEE [https://x.org] NOW.", "SEE {https://x.org} NOW.",
+      'SEE "https://x.org" NOW.', "ER SAGT „https://x.org“ OFT.", "OPEN http://[::1]:8080/ NOW."]
+
+
 def test_keycaps_and_subdivision_flags_are_kept_whole():
   """A keycap emoji (a digit, # or *, U+FE0F, U+20E3) and a subdivision flag (U+1F3F4 and
   tag characters) are one emoji each: the model got "Press 1 \u20e3 now." (the keycap cut

@@ -30,16 +30,19 @@ WINDOW = 40  # Words either side of an inline element's place in proportion, sea
 # #hashtags, emoji runs (a keycap, 1 U+FE0F U+20E3, and a flag's tag characters, U+E0020
 # to U+E007F, within them). Left as they are, in place (a model without them in its
 # vocabulary would drop them; one with them has nothing to translate there). A URL ends
-# before the sentence's punctuation and holds only balanced parentheses ("(see
-# https://x.org/a_(b))": its ")" is the text's); each starts where the one before could
-# not (the lookbehinds): linear time, "@" * 5000 included.
-PROTECTED = re.compile(r"((?:https?://|www\.)(?:\([^\s()]*\)|[^\s()])*"
-                       r"(?:\([^\s()]*\)|[^\s().,;:!?'\"])|"
+# before the sentence's punctuation, holds only balanced parentheses and square brackets
+# ("(see https://x.org/a_(b))": its ")" is the text's; "http://[::1]/") and no "<", ">",
+# "{" or "}" (which a URL cannot hold unencoded: "<https://x.org>"'s are the text's);
+# each starts where the one before could not (the lookbehinds): linear time, "@" * 5000
+# included.
+PROTECTED = re.compile(r"((?:https?://|www\.)(?:\([^\s()]*\)|\[[^\s\[\]]*\]|[^\s()\[\]<>{}])*"
+                       r"(?:\([^\s()]*\)|\[[^\s\[\]]*\]|[^\s().,;:!?'\"\[\]<>{}“”‘’«»„])|"
                        r"(?<![\w.+-])[\w.+-]*\w@[\w-]+(?:\.[\w-]+)+|(?<![.@-])[@#][\w.@-]*\w|"
                        r"(?:[0-9#*]\uFE0F?\u20E3|[\U0001F000-\U0001FAFF\u2600-\u27BF\u2B00-\u2BFF"
                        r"\uFE0F\u200D\u20E3\U000E0020-\U000E007F])+)")
 SPACES = re.compile(r"\s+")
-BRACKETS = frozenset(("()", "[]", "<>", "{}"))  # Around a kept piece alone: kept with it.
+# Around a kept piece alone: kept with it (quotes too: the model got 'See " " now.').
+BRACKETS = frozenset(("()", "[]", "<>", "{}", '""', "“”", "«»", "„“"))
 # Punctuation a word is written against: where a piece stood before it, no space.
 CLOSING = frozenset(".,;:!?…)]}»”’。、，！？：；")
 
