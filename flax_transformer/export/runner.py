@@ -321,6 +321,18 @@ def _read_lines(path: str) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> None:
+  """translate.py: a usage or data error (SystemExit with its one line) exits 2, as
+  argparse's own and the project's scripts do."""
+  try:
+    _translate_files(argv)
+  except SystemExit as e:
+    if not isinstance(e.code, str):
+      raise
+    print(e.code, file=sys.stderr)
+    raise SystemExit(2) from None
+
+
+def _translate_files(argv: list[str] | None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--model", default=str(Path(__file__).resolve().parent))
   parser.add_argument("--input", default="-")
