@@ -249,3 +249,18 @@ def test_pieces_side_by_side_before_punctuation_stay_before_it():
   assert inputs == ["Call!", "I saw.", "See, then go."]
   assert sentences.join(layouts, ["Ruf an!", "Ich sah.", "Siehe, dann geh."]) == [
       "Ruf an @bob 😀!", "Ich sah @bob (https://y.org).", "Siehe https://x.org 😀, dann geh."]
+
+
+def test_pieces_with_only_punctuation_between_them_go_around_the_model_as_one():
+  """Kept pieces with only punctuation and spaces between them ("@bob, @bob") are one
+  piece, the marks with them: the model got "and park the,." and they came back after
+  it ("and park the,. @bob @bob"), their comma lost. Brackets around them all go with
+  them; a sentence of pieces and punctuation alone is no input, as before."""
+  texts = ["and park the @bob, @bob.", "Thanks @alice, @bob and @carol!",
+           "Links: https://a.org, https://b.org.", "Ask (@alice, @carol) now.", "😀, 😀!"]
+  inputs, layouts = sentences.layout(texts, "en", 100, len)
+  assert inputs == ["and park the.", "Thanks and!", "Links:.", "Ask now."]
+  assert sentences.join(layouts, inputs) == texts
+  assert sentences.join(layouts, ["und parke den.", "Danke und!", "Links:.", "Frag jetzt."]) == [
+      "und parke den @bob, @bob.", "Danke @alice, @bob und @carol!",
+      "Links: https://a.org, https://b.org.", "Frag (@alice, @carol) jetzt.", "😀, 😀!"]

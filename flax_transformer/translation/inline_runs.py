@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import unicodedata
 from typing import Callable
 
 SIMILAR = 0.6  # difflib's ratio from which words are taken for an inline element's text.
@@ -43,6 +44,8 @@ PROTECTED = re.compile(r"((?:https?://|www\.)(?:\([^\s()]*\)|\[[^\s\[\]]*\]|[^\s
 SPACES = re.compile(r"\s+")
 # Around a kept piece alone: kept with it (quotes too: the model got 'See " " now.').
 BRACKETS = frozenset(("()", "[]", "<>", "{}", '""', "“”", "«»", "„“"))
+# Between kept pieces, kept with them ("@bob, @alice"); no bracket or quote (Ps, Pe, Pi, Pf).
+BETWEEN = frozenset(("Pc", "Pd", "Po", "Sc", "Sk", "Sm", "So"))
 # Punctuation a word is written against: where a piece stood before it, no space.
 CLOSING = frozenset(".,;:!?…)]}»”’。、，！？：；")
 
@@ -315,7 +318,8 @@ def kept_spans(text: str, unknown: Callable[[str], bool] | None = None
   character) its words with a character the model cannot spell, each a run of letters,
   digits and such characters, with the punctuation within it ("Zoë", "$12.99" whole, for
   a vocabulary without "ë", "$"; an emoji is PROTECTED's, alone: "Dogs🐕run" keeps
-  "🐕"); in order, those that overlap joined."""
+  "🐕"); in order, those that overlap joined, and those with only punctuation and spaces
+  between them (`_together`)."""
   spans = [m.span() for m in PROTECTED.finditer(text)]
   odd = sorted(c for c in set(text) if not c.isspace() and unknown and unknown(c)
                and not PROTECTED.fullmatch(c))
@@ -323,9 +327,32 @@ def kept_spans(text: str, unknown: Callable[[str], bool] | None = None
     chars = "".join(map(re.escape, odd))
     word = re.compile(rf"[\w{chars}]+(?:[.,:'’/-][\w{chars}]+)*")
     spans += [m.span() for m in word.finditer(text) if any(c in odd for c in m.group())]
-  # One alone in brackets, with them ("(https://x.org)"): the model gets no empty "()".
-  return _joined([(start - 1, end + 1) if 0 < start and text[start - 1] + text[end:end + 1]
-                  in BRACKETS else (start, end) for start, end in _joined(spans)])
+  once = _joined(_bracketed(text, _joined(spans)))
+  return _joined(_bracketed(text, _together(text, once), skip=set(once)))
+
+
+def _bracketed(text: str, spans: list[tuple[int, int]], skip: set | frozenset = frozenset()
+               ) -> list[tuple[int, int]]:
+  """`spans`, one alone in brackets (not in `skip`) with them ("(https://x.org)"): the
+  model gets no empty "()"."""
+  return [(start - 1, end + 1) if (start, end) not in skip and 0 < start
+          and text[start - 1] + text[end:end + 1] in BRACKETS else (start, end)
+          for start, end in spans]
+
+
+def _together(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+  """`spans` (in order, apart), those with only spaces and punctuation (BETWEEN, one mark
+  at least) between them joined: the marks separate the pieces, not the model's words
+  ("the @bob, @bob." reached it as "the,.", its pieces came back after the ",.")."""
+  joined: list[tuple[int, int]] = []
+  for start, end in spans:
+    between = text[joined[-1][1]:start] if joined else ""
+    if between.strip() and all(c.isspace() or unicodedata.category(c) in BETWEEN
+                               and c not in "\"'" for c in between):
+      joined[-1] = joined[-1][0], end
+    else:
+      joined.append((start, end))
+  return joined
 
 
 def _joined(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
