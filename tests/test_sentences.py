@@ -264,3 +264,24 @@ def test_pieces_with_only_punctuation_between_them_go_around_the_model_as_one():
   assert sentences.join(layouts, ["und parke den.", "Danke und!", "Links:.", "Frag jetzt."]) == [
       "und parke den @bob, @bob.", "Danke @alice, @bob und @carol!",
       "Links: https://a.org, https://b.org.", "Frag (@alice, @carol) jetzt.", "😀, 😀!"]
+
+
+def test_pieces_either_side_of_a_sentence_end_are_not_joined_over_it():
+  """Kept pieces joined over the punctuation between them (`_together`) are never joined
+  over a sentence's end: an HTML text node is split into sentences after its pieces are
+  taken out, so "I met @bob. @alice was there." reached the model as one sentence, "I met
+  was there." (its "." gone; 0516829), not as "I met." and "was there."."""
+  from flax_transformer.serving.markup import Document
+
+  texts = ["I met @bob. @alice was there too.", "Is it @bob? @alice says yes!",
+           "Love it 😀! 🎉 Party time."]
+  for text in texts:
+    document = Document(f"<p>{text}</p>")
+    inputs, layouts = sentences.layout(document.texts, "en", 100, len)
+    assert len(inputs) == 2, inputs
+    assert document.render(sentences.join(layouts, inputs)) == f"<p>{text}</p>"
+  document = Document("<p>Contact: a@b.org, c@d.org. Thanks @a, @b and @c!</p>")
+  inputs, layouts = sentences.layout(document.texts, "en", 100, len)
+  assert inputs == ["Contact:.", "Thanks and!"]  # Within a sentence, still one piece.
+  assert document.render(sentences.join(layouts, [s.upper() for s in inputs])) == (
+      "<p>CONTACT: a@b.org, c@d.org. THANKS @a, @b AND @c!</p>")

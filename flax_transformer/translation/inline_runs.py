@@ -342,13 +342,13 @@ def _bracketed(text: str, spans: list[tuple[int, int]], skip: set | frozenset = 
 
 def _together(text: str, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
   """`spans` (in order, apart), those with only spaces and punctuation (BETWEEN, one mark
-  at least) between them joined: the marks separate the pieces, not the model's words
-  ("the @bob, @bob." reached it as "the,.", its pieces came back after the ",.")."""
+  at least, no sentence's end: an HTML text is split after) between them joined ("the
+  @bob, @bob." reached the model as "the,.", its pieces came back after the ",.")."""
   joined: list[tuple[int, int]] = []
   for start, end in spans:
     between = text[joined[-1][1]:start] if joined else ""
-    if between.strip() and all(c.isspace() or unicodedata.category(c) in BETWEEN
-                               and c not in "\"'" for c in between):
+    if between.strip() and not re.search(r"[.!?]\s|[。！？]", between) and all(
+        c.isspace() or unicodedata.category(c) in BETWEEN and c not in "\"'" for c in between):
       joined[-1] = joined[-1][0], end
     else:
       joined.append((start, end))
