@@ -83,3 +83,18 @@ def test_a_target_the_model_has_no_tag_for_is_one_line_naming_those_it_has(
   assert done.returncode == 2 and not (tmp_path / "out").exists()
   assert done.stderr.strip().splitlines() == [
       "error: --target_lang=ita: the model translates into deu, fra"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_an_output_that_cannot_be_written_is_one_line_before_translating(fmt, exports, tmp_path):
+  """--output a folder, or a file in a folder that does not exist: a traceback (exit 1)
+  once every line was translated, the work lost; now one line and exit 2, at once."""
+  _, folders = exports
+  source = tmp_path / "in.en"
+  source.write_text("A dog runs.\n")
+  for output in (tmp_path, tmp_path / "missing" / "out.de"):
+    done = run(folders[fmt] / "translate.py", f"--input={source}", f"--output={output}",
+               "--target_lang=deu")
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        f"error: --output {output}: not a file in an existing folder"]

@@ -351,6 +351,9 @@ def _translate_files(argv: list[str] | None) -> None:
   _use_cpu_cores(args.devices)
   if args.input != "-" and not Path(args.input).is_file():
     raise SystemExit(f"error: --input {args.input} does not exist")
+  output = Path(args.output)
+  if args.output != "-" and (output.is_dir() or not output.parent.is_dir()):
+    raise SystemExit(f"error: --output {args.output}: not a file in an existing folder")
   runner = open_model(args.model, compute_type=args.compute_type, threads=args.threads,
                       workers=args.workers)
   lines, endings = _read_lines(args.input)
