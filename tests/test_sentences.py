@@ -241,6 +241,20 @@ def test_a_piece_before_punctuation_stays_before_it():
       "Eins eins eins eins eins eins, zwei 😀, drei."]
 
 
+def test_a_piece_between_numbers_stays_between_them():
+  """Digits place a piece as letters do: with only a number between two pieces, or after
+  one, they went together or to the end ("Numbers @bob @alice 5 here.", "Pay $5, $3. @bob
+  @alice"); translated as itself, each text now comes back as it was."""
+  texts = ["Numbers @bob 5 @alice here.", "The score was @bob 3-2 @alice today.",
+           "Pay @bob $5, @alice $3."]
+  inputs, layouts = sentences.layout(texts, "en", 100, len)
+  assert inputs == ["Numbers 5 here.", "The score was 3-2 today.", "Pay $5, $3."]
+  assert sentences.join(layouts, inputs) == texts
+  assert sentences.join(layouts, ["Zahlen 5 hier.", "Es stand 3-2 heute.", "Zahle 5 $, 3 $."]
+                        ) == ["Zahlen @bob 5 @alice hier.", "Es stand @bob 3-2 @alice heute.",
+                              "Zahle @bob 5 $, @alice 3 $."]
+
+
 def test_pieces_side_by_side_before_punctuation_stay_before_it():
   """Two kept pieces together before a mark ("@bob 😀!", "@bob (https://y.org).") go before
   it as one does (they went after it: "Ruf an! @bob 😀", "Ich sah. @bob (https://y.org)")."""

@@ -196,7 +196,7 @@ def _anchor(source: str, span: tuple[int, int], parent: tuple[int, int], transla
             lo: int, hi: int, near: int) -> int:
   """Where a kept element goes in translation[lo:hi] when none of its text is there
   (`parent`: where its source text may be, from its previous sibling's end to its parent's
-  end): at the start (the end) if no letter stood before (after) it there, past what
+  end): at the start (the end) if no letter or digit stood before (after) it, past what
   stood there if the translation has it too ("Hi <img>!": before the "!"); before the
   punctuation it stood before, if the translation has it ("it 😀, really": "es 😀,
   wirklich", not "es, 😀 wirklich"; its n-th "," if it has as many, else the one nearest
@@ -204,9 +204,9 @@ def _anchor(source: str, span: tuple[int, int], parent: tuple[int, int], transla
   `near`, split as the spaces around it were (at `near` if it stood within a word)."""
   before, after = source[parent[0]:span[0]], source[span[1]:parent[1]]
   mark = after.lstrip()  # Past the spaces between it and the pieces after it ("@bob 😀!").
-  if not has_letters(before):
+  if not any(c.isalnum() for c in before):  # Digits too: "@bob 5 @alice" keeps its 5 between.
     return lo + len(before) if translation[lo:hi].startswith(before) else lo
-  if not has_letters(after):
+  if not any(c.isalnum() for c in after):
     ends = [end for end in (after, mark) if end and translation[lo:hi].endswith(end)]
     return hi - len(ends[0]) if ends else hi
   marks = [lo + i for i, char in enumerate(translation[lo:hi]) if char == mark[:1]]
