@@ -118,11 +118,16 @@ def _piece(element) -> str | None:
   return ""  # An image, a mention, a URL, a long snippet: no words of the sentence.
 
 
-def _prose(text: str) -> str:
-  """`text` without its kept pieces (kept_spans: "(https://x.org)" with its brackets): a
-  link whose text is only a URL, href aside, has none."""
+def _split_kept(text: str) -> list[str]:
+  """`text` cut at its kept pieces (kept_spans: "(https://x.org)" with its brackets), as
+  re.split with a group cuts: prose, piece, prose, ..., prose."""
   cuts = [0, *(at for span in kept_spans(text) for at in span), len(text)]
-  return "".join(text[start:end] for start, end in zip(cuts[::2], cuts[1::2]))
+  return [text[start:end] for start, end in zip(cuts, cuts[1:])]
+
+
+def _prose(text: str) -> str:
+  """`text` without its kept pieces: a link whose text is only a URL, href aside, has none."""
+  return "".join(_split_kept(text)[::2])
 
 
 def _open_text(element) -> str | None:
@@ -176,8 +181,7 @@ class _Reader:
       self.cut()
       parts.append(text)
       return
-    cuts = [0, *(at for span in kept_spans(text) for at in span), len(text)]
-    for i, piece in enumerate(text[start:end] for start, end in zip(cuts, cuts[1:])):
+    for i, piece in enumerate(_split_kept(text)):
       if i % 2:  # Left as it is, where it stands in its sentence ("(https://x.org)" too).
         parts.append(piece)
         self.keep("")
