@@ -7,6 +7,7 @@ import_model.py of the folder must translate each direction as transformers did,
 export.py of that import must write the folder again."""
 
 import json
+import shutil
 from pathlib import Path
 
 import jax
@@ -87,3 +88,17 @@ def test_the_import_exports_back_to_the_same_folder(imported, tmp_path):
     assert (tmp_path / "hf" / name).read_bytes() == (FOLDER / name).read_bytes(), name
   manifest = json.loads((tmp_path / "hf" / "manifest.json").read_text())
   assert manifest["languages"] == json.loads((FOLDER / "manifest.json").read_text())["languages"]
+
+
+def test_a_manifest_json_that_is_not_json_is_another_tools_and_left_unread(tmp_path):
+  """A transformers folder (here OPUS-MT's, its targets >>deu<< and >>fra<<) may hold
+  another tool's manifest.json: one that is not JSON is no export.py record, and the
+  folder imports with the languages its own files state. Before: import_model.py refused
+  the folder ('manifest.json: not JSON'), which it imported before the record was read."""
+  folder = tmp_path / "opus"
+  shutil.copytree(ROOT / "tests" / "fixtures" / "marian_swish_shared", folder)
+  (folder / "manifest.json").write_text("name: a dataset card\nfiles: [config.json]\n")
+  importer.import_model(folder, tmp_path / "run")
+  record = Languages.from_json(json.loads((tmp_path / "run" / "run.json").read_text())[
+      "languages"])
+  assert (record.targets, record.target_by) == (("deu", "fra"), "source_tag")

@@ -127,7 +127,10 @@ def _languages(folder: Path, pieces, tokenizer_config: dict) -> languages.Langua
   trained here on several languages, told its target by '<2de>' forced first, which no
   file of transformers' states), else its >>xx<< tags or its tokenizer_config's pair."""
   if (folder / "manifest.json").is_file():
-    manifest = convert.read_json(folder, "manifest.json")
+    try:
+      manifest = convert.read_json(folder, "manifest.json")
+    except DataError:  # Not JSON: another tool's file (export.py's is JSON), not read.
+      manifest = None
     if isinstance(manifest, dict) and manifest.get("format") == EXPORTED and (
         "languages" in manifest):
       return languages.Languages.from_json(manifest["languages"], str(folder / "manifest.json"))
