@@ -98,3 +98,17 @@ def test_an_output_that_cannot_be_written_is_one_line_before_translating(fmt, ex
     assert done.returncode == 2, done.stderr[-3000:]
     assert done.stderr.strip().splitlines() == [
         f"error: --output {output}: not a file in an existing folder"]
+
+
+def test_an_output_that_fails_when_written_is_one_line(exports, tmp_path):
+  """An --output whose folder exists but whose write fails (a full disk: Linux's
+  /dev/full; a read-only file system, no permission) passes the check made first: the
+  write's error is one line and exit 2, not a traceback (exit 1)."""
+  _, folders = exports
+  source = tmp_path / "in.en"
+  source.write_text("A dog runs.\n")
+  done = run(folders["ctranslate2"] / "translate.py", f"--input={source}",
+             "--output=/dev/full", "--target_lang=deu")
+  assert done.returncode == 2, done.stderr[-3000:]
+  assert done.stderr.strip().splitlines() == [
+      "error: --output /dev/full: No space left on device"]

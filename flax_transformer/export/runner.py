@@ -364,7 +364,10 @@ def _translate_files(argv: list[str] | None) -> None:
   if args.output == "-":
     sys.stdout.write(text)
   else:
-    Path(args.output).write_text(text, encoding="utf-8", newline="")
+    try:
+      Path(args.output).write_text(text, encoding="utf-8", newline="")
+    except OSError as e:  # A full disk, a read-only file system: past the check made first.
+      raise SystemExit(f"error: --output {args.output}: {e.strerror or e}") from None
   if runner.truncated:
     print(f"warning: {runner.truncated} sentence(s) longer than max_len={runner.max_len} "
           "tokens were truncated", file=sys.stderr)
