@@ -42,7 +42,8 @@ def run_interactive(*, workdir: str, output_path: str, compilation_cache_dir: st
   if split_sentences and nbest > 1:
     raise DataError("--split_sentences translates whole texts: drop --nbest")
   stdin = stdin or sys.stdin.buffer
-  out: TextIO = sys.stdout if output_path == "-" else open(output_path, "w", encoding="utf-8")
+  out: TextIO = sys.stdout if output_path == "-" else open(output_path, "w", encoding="utf-8",
+                                                             newline="")  # Endings as written.
   logging.info("Interactive: one translation per input line, as each line arrives")
   try:
     for index, raw in enumerate(iter(stdin.readline, b"")):

@@ -77,7 +77,8 @@ def _naming(flag: str, path: str | None):
 
 @contextlib.contextmanager
 def _output(path: str):
-  out = sys.stdout if path == "-" else open(path, "w", encoding="utf-8")
+  # newline="": each line's own ending as written ("\r\n" stays one, on Windows too).
+  out = sys.stdout if path == "-" else open(path, "w", encoding="utf-8", newline="")
   try:
     yield out
   finally:
