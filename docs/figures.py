@@ -248,9 +248,9 @@ FIGURES = {
     'export_multilingual_bos_only_equal': r'{sum(d.forced_bos_only_equal_lines for d in load("bench/export_multilingual.json").directions.values())}',
     'trained_start_ct2_greedy_equal_zero_start': r'{bench("export_transformers_trained_start").ctranslate2.greedy_equal_lines_to_transformers_with_zero_start}',
     # --- docs/provenance.md: The test suite
-    'suite_2376291_tests': r'{suite("ci/2026-11-29_fresh_clone_645_2376291.log").tests} tests',
-    'suite_2376291_minutes': r'{suite("ci/2026-11-29_fresh_clone_645_2376291.log").minutes:.1f} minutes',
-    'suite_2376291_job_minutes': r'{suite("ci/2026-11-29_fresh_clone_645_2376291.log").job_minutes:.1f} minutes with the venv',
+    'suite_91f92aa_tests': r'{suite("ci/2026-11-29_fresh_clone_647_91f92aa.log").tests} tests',
+    'suite_91f92aa_minutes': r'{suite("ci/2026-11-29_fresh_clone_647_91f92aa.log").minutes:.1f} minutes',
+    'suite_91f92aa_job_minutes': r'{suite("ci/2026-11-29_fresh_clone_647_91f92aa.log").job_minutes:.1f} minutes with the venv',
     'suite_f73b9a8_tests': r'{suite("ci/2026-11-29_fresh_clone_609_f73b9a8.log").tests} tests',
     'suite_f73b9a8_minutes': r'{suite("ci/2026-11-29_fresh_clone_609_f73b9a8.log").minutes:.1f} minutes',
     'suite_f73b9a8_job_minutes': r'{suite("ci/2026-11-29_fresh_clone_609_f73b9a8.log").job_minutes:.1f} minutes with the venv',
